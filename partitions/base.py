@@ -1,0 +1,56 @@
+"""Common base of Basin's label-based partitioners.
+
+Each scheme is a flwr-datasets ``Partitioner`` (so it plugs into
+``flwr_datasets.FederatedDataset`` for hub datasets) whose arithmetic lives in one
+method, :meth:`LabelPartitioner.assign`, that maps a label vector to per-client index
+arrays. Basin's own loaders hold data as tensors and call ``assign`` directly.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import numpy as np
+from flwr_datasets.partitioner import Partitioner
+
+
+class LabelPartitioner(Partitioner):
+    """A seeded partitioner that splits a dataset by its label column.
+
+    Parameters
+    ----------
+    num_partitions : int
+        Number of clients K.
+    seed : int
+        Seed of the partition's random generator; equal seeds give equal partitions.
+    partition_by : str
+        Name of the label column when used through flwr-datasets.
+    """
+
+    def __init__(self, num_partitions: int, seed: int = 0, partition_by: str = "label"):
+        super().__init__()
+        if not isinstance(num_partitions, int) or num_partitions < 1:
+            raise ValueError(f"num_partitions must be an integer >= 1, got {num_partitions!r}")
+        self._num_partitions = num_partitions
+        self._seed = seed
+        self._partition_by = partition_by
+        self._indices: list[np.ndarray] | None = None
+
+    @property
+    def num_partitions(self) -> int:
+        return self._num_partitions
+
+    @abstractmethod
+    def assign(self, labels: np.ndarray) -> list[np.ndarray]:
+        """Return, for each client, the sorted indices of its samples."""
+
+    def load_partition(self, partition_id: int):
+        if self._indices is None:
+            labels = np.asarray(self.dataset[self._partition_by])
+            self._indices = self.assign(labels)
+        return self.dataset.select(self._indices[partition_id].tolist())
+
+
+def client_class_counts(labels: np.ndarray, indices: list[np.ndarray], num_classes: int) -> np.ndarray:
+    """Per-client class counts: an array of shape (num_clients, num_classes)."""
+    return np.stack([np.bincount(labels[idx], minlength=num_classes) for idx in indices])

@@ -1,0 +1,111 @@
+"""The run config: every key, what it allows, and validation with clear errors.
+
+Defaults live in ``pyproject.toml`` (``[tool.flwr.app.config]``); presets and
+``--run-config`` override them. :func:`validate_run_config` is called by the launcher
+before Flower or Ray start and again by the ServerApp (for plain ``flwr run .``), so a
+bad value fails fast with the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from clients.models import MODEL_NAMES, REQUIRED_INPUT, resolve_model_name
+from partitions.datasets import BUILTIN_DATASETS, is_known_dataset
+from partitions.stats import PARTITION_SCHEMES
+
+STRATEGY_NAMES = ("fedavg",)
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A run-config value is missing, of the wrong type, or out of range."""
+
+
+@dataclass(frozen=True)
+class Option:
+    kind: type
+    allowed: str
+    check: Callable[[Any], bool] = lambda _: True
+
+
+def _one_of(*names: str) -> Option:
+    return Option(str, "one of " + ", ".join(repr(n) for n in names), lambda v: v in names)
+
+
+SCHEMA: dict[str, Option] = {
+    "dataset": Option(str, f"one of {', '.join(BUILTIN_DATASETS)} or 'hf:<hub id or local path>'", is_known_dataset),
+    "data-dir": Option(str, "a directory path, or '' for the default location"),
+    "model": _one_of("auto", *MODEL_NAMES),
+    "partition": _one_of(*PARTITION_SCHEMES),
+    "alpha": Option(float, "a number >= 0 (Dirichlet concentration; 0 = one class per client)", lambda v: v >= 0),
+    "classes-per-client": Option(int, "an integer >= 1", lambda v: v >= 1),
+    "min-partition-size": Option(int, "an integer >= 0", lambda v: v >= 0),
+    "num-clients": Option(int, "an integer >= 1", lambda v: v >= 1),
+    "participation": Option(float, "a number in (0, 1]", lambda v: 0 < v <= 1),
+    "num-rounds": Option(int, "an integer >= 1", lambda v: v >= 1),
+    "local-epochs": Option(int, "an integer >= 1", lambda v: v >= 1),
+    "batch-size": Option(int, "an integer >= 1", lambda v: v >= 1),
+    "lr": Option(float, "a number > 0", lambda v: v > 0),
+    "lr-decay": Option(float, "a number in (0, 1] (client lr of round t is lr * lr-decay^(t-1))", lambda v: 0 < v <= 1),
+    "momentum": Option(float, "a number in [0, 1)", lambda v: 0 <= v < 1),
+    "weight-decay": Option(float, "a number >= 0", lambda v: v >= 0),
+    "grad-clip": Option(float, "a number >= 0 (max gradient norm; 0 = no clipping)", lambda v: v >= 0),
+    "strategy": _one_of(*STRATEGY_NAMES),
+    "seed": Option(int, "an integer >= 0", lambda v: v >= 0),
+    "target-accuracy": Option(float, "a number in [0, 1]", lambda v: 0 <= v <= 1),
+    "summary-last-k": Option(int, "an integer >= 1 (rounds averaged in the summary)", lambda v: v >= 1),
+    "device": _one_of(*DEVICES),
+    "output-dir": Option(str, "a directory path, or '' for ~/basin-runs/<run id>"),
+    "round-timeout": Option(float, "a number of seconds > 0", lambda v: v > 0),
+}
+
+
+def _coerce(key: str, value: Any) -> Any:
+    option = SCHEMA[key]
+    ok_type = isinstance(value, option.kind) and not isinstance(value, bool)
+    if option.kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok_type = float(value), True
+    if not ok_type:
+        raise ConfigError(
+            f"run config key '{key}' = {value!r} has type {type(value).__name__}; "
+            f"allowed: {option.allowed}"
+        )
+    if not option.check(value):
+        raise ConfigError(f"run config key '{key}' = {value!r} is not allowed; allowed: {option.allowed}")
+    return value
+
+
+def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a checked copy of the run config or raise :class:`ConfigError`."""
+    unknown = sorted(set(run_config) - set(SCHEMA))
+    if unknown:
+        raise ConfigError(f"unknown run config key(s) {', '.join(unknown)}; allowed keys: {', '.join(SCHEMA)}")
+    missing = sorted(set(SCHEMA) - set(run_config))
+    if missing:
+        raise ConfigError(f"run config is missing key(s) {', '.join(missing)}")
+    config = {key: _coerce(key, value) for key, value in run_config.items()}
+
+    model = resolve_model_name(config["model"], config["dataset"])
+    shape = {"digits": (1, 8, 8), "fashion-mnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
+    needed, has = REQUIRED_INPUT.get(model), shape.get(config["dataset"])
+    if needed and has and needed != has:
+        raise ConfigError(
+            f"run config key 'model' = {config['model']!r} needs {needed} inputs but dataset "
+            f"{config['dataset']!r} has {has}; allowed for it: 'auto' or a model that fits"
+        )
+    if config["partition"] == "shards" and config["classes-per-client"] < 1:
+        raise ConfigError("run config key 'classes-per-client' must be >= 1 for partition 'shards'")
+    if round(config["participation"] * config["num-clients"]) < 1:
+        raise ConfigError(
+            f"run config key 'participation' = {config['participation']} samples no client out of "
+            f"num-clients = {config['num-clients']}; allowed: participation * num-clients >= 0.5"
+        )
+    return config
+
+
+def cohort_size(config: Mapping[str, Any]) -> int:
+    """Clients sampled per round: participation · K rounded, at least one."""
+    return max(1, round(config["participation"] * config["num-clients"]))

@@ -1,0 +1,95 @@
+"""What a run writes to its output directory, incrementally so a dying run loses nothing.
+
+- ``config.json``: the resolved run config (written first).
+- ``results.csv``: one row per round, appended and flushed as each round ends.
+- ``summary.json``: status (``running`` → ``completed`` | ``failed`` with the error),
+  last-k mean accuracy, best accuracy, first round reaching the target; replaced
+  atomically.
+- ``final_model.pt``: the final global model's state dict (``torch.load(weights_only=True)``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+ROUND_COLUMNS = (
+    "round", "lr", "test-accuracy", "test-loss", "train-loss",
+    "clients-ok", "clients-failed", "local-steps", "round-seconds",
+)
+
+
+def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
+    """Write JSON to a temporary file and rename it over ``path`` (never half-written)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def summarize(rows: list[Mapping[str, Any]], last_k: int, target: float) -> dict[str, Any]:
+    """Summary metrics of per-round rows (uses ``test-accuracy``)."""
+    accuracies = [float(r["test-accuracy"]) for r in rows]
+    if not accuracies:
+        return {"rounds": 0}
+    tail = accuracies[-last_k:]
+    best = max(range(len(accuracies)), key=accuracies.__getitem__)
+    reached = next((int(r["round"]) for r in rows if float(r["test-accuracy"]) >= target), None)
+    return {
+        "rounds": len(rows),
+        f"last-{last_k}-accuracy": sum(tail) / len(tail),
+        "last-k": last_k,
+        "best-accuracy": accuracies[best],
+        "best-round": int(rows[best]["round"]),
+        "final-accuracy": accuracies[-1],
+        "target-accuracy": target,
+        "round-reaching-target": reached,
+    }
+
+
+class RunRecorder:
+    """Writes a run's config, per-round rows and summary into ``directory``."""
+
+    def __init__(self, directory: Path, config: Mapping[str, Any], last_k: int, target: float):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.last_k, self.target = last_k, target
+        self.rows: list[dict[str, Any]] = []
+        self.started = time.time()
+        write_json_atomic(self.directory / "config.json", dict(config))
+        self.results_path = self.directory / "results.csv"
+        with open(self.results_path, "w", newline="") as f:
+            csv.writer(f).writerow(ROUND_COLUMNS)
+        self._write_summary("running")
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        row = {column: row.get(column, math.nan) for column in ROUND_COLUMNS}
+        self.rows.append(row)
+        with open(self.results_path, "a", newline="") as f:
+            csv.writer(f).writerow([row[c] for c in ROUND_COLUMNS])
+            f.flush()
+            os.fsync(f.fileno())
+
+    def complete(self) -> dict[str, Any]:
+        return self._write_summary("completed")
+
+    def fail(self, error: BaseException) -> dict[str, Any]:
+        return self._write_summary("failed", error=f"{type(error).__name__}: {error}")
+
+    def _write_summary(self, status: str, **extra: Any) -> dict[str, Any]:
+        summary = {
+            "status": status,
+            "wall-seconds": time.time() - self.started,
+            **summarize(self.rows, self.last_k, self.target),
+            **extra,
+        }
+        write_json_atomic(self.directory / "summary.json", summary)
+        return summary

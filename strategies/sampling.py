@@ -1,0 +1,106 @@
+"""Seeded client sampling through partition ids, and order-independent aggregation.
+
+Node ids are random per start of a federation, so a seed alone cannot make Flower's
+``random.sample`` over node ids reproducible. Basin asks every node once for its
+partition id (a ``query`` message), samples *partition ids* with a generator seeded by
+(seed, round), and sorts replies by partition id before aggregating, so floating-point
+sums happen in the same order in every run and in every engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+
+class NodeDiscoveryError(RuntimeError):
+    """The connected nodes do not form the federation the run config describes."""
+
+
+def discover_partitions(grid: Grid, num_clients: int, timeout: float) -> dict[int, int]:
+    """Wait for ``num_clients`` nodes, ask each for its partition id, return {node id: partition id}."""
+    deadline = time.monotonic() + timeout
+    while len(node_ids := sorted(grid.get_node_ids())) < num_clients:
+        if time.monotonic() > deadline:
+            raise NodeDiscoveryError(
+                f"only {len(node_ids)} of num-clients = {num_clients} nodes connected within {timeout:.0f} s; "
+                "start the simulation with --federation-config 'num-supernodes=<num-clients>'"
+            )
+        time.sleep(0.5)
+    messages = [
+        Message(content=RecordDict({"config": ConfigRecord()}), dst_node_id=node_id, message_type=MessageType.QUERY)
+        for node_id in node_ids
+    ]
+    partition_of_node: dict[int, int] = {}
+    for reply in grid.send_and_receive(messages, timeout=timeout):
+        if reply.has_error():
+            raise NodeDiscoveryError(f"node {reply.metadata.src_node_id} failed to report its partition: {reply.error.reason}")
+        info = reply.content["partition"]
+        if int(info["num-partitions"]) != num_clients:
+            raise NodeDiscoveryError(
+                f"node {reply.metadata.src_node_id} has num-partitions = {info['num-partitions']} but the run "
+                f"config says num-clients = {num_clients}; they must match"
+            )
+        partition_of_node[reply.metadata.src_node_id] = int(info["partition-id"])
+    found = sorted(partition_of_node.values())
+    if found != list(range(num_clients)):
+        raise NodeDiscoveryError(f"nodes report partition ids {found[:20]}…, expected each of 0..{num_clients - 1} once")
+    return partition_of_node
+
+
+class CohortGrid:
+    """A view of a Grid whose connected nodes are only the round's sampled cohort.
+
+    Passed to an unmodified Flower strategy's ``configure_train`` (with
+    ``fraction_train=1``), it makes the strategy address exactly the cohort Basin chose
+    while every hook of the strategy (FedOpt's bookkeeping, FedProx's config) still runs.
+    """
+
+    def __init__(self, grid: Grid, node_ids: list[int]):
+        self._grid = grid
+        self._node_ids = node_ids
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self._node_ids)
+
+    def __getattr__(self, name: str):
+        return getattr(self._grid, name)
+
+
+class CohortSampling:
+    """Mixin, listed before a Flower strategy class, that samples seeded cohorts.
+
+    Call :meth:`bind_partitions` once before the first round.
+    """
+
+    partition_of_node: dict[int, int]
+    cohort_size: int
+    seed: int
+
+    def bind_partitions(self, partition_of_node: dict[int, int], cohort_size: int, seed: int) -> None:
+        self.partition_of_node = dict(partition_of_node)
+        self.cohort_size = cohort_size
+        self.seed = seed
+        self.round_clients: dict[str, int] = {}
+
+    def sample_partitions(self, server_round: int) -> list[int]:
+        """The sorted partition ids of a round's cohort (depends only on seed and round)."""
+        rng = np.random.default_rng([self.seed, server_round])
+        chosen = rng.choice(len(self.partition_of_node), size=self.cohort_size, replace=False)
+        return sorted(int(p) for p in chosen)
+
+    def configure_train(self, server_round, arrays, config, grid):
+        node_of_partition = {p: n for n, p in self.partition_of_node.items()}
+        cohort = [node_of_partition[p] for p in self.sample_partitions(server_round)]
+        return super().configure_train(server_round, arrays, config, CohortGrid(grid, cohort))
+
+    def aggregate_train(self, server_round, replies):
+        replies = list(replies)
+        failed = [r for r in replies if r.has_error()]
+        ok = sorted((r for r in replies if not r.has_error()), key=lambda r: self.partition_of_node[r.metadata.src_node_id])
+        self.round_clients = {"clients-ok": len(ok), "clients-failed": len(failed)}
+        return super().aggregate_train(server_round, ok + failed)
