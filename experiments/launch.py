@@ -1,0 +1,208 @@
+"""Launch one Basin run as a real ``flwr run`` simulation and check that it succeeded.
+
+Each launch gets its own ``FLWR_HOME`` and free ports for the local SuperLink that
+``flwr run`` starts, and stops that SuperLink (by PID) when the run ends, so runs do not
+leak background processes or collide. ``flwr run --stream`` exits 0 even when the
+ServerApp failed, so success is read from the run's ``summary.json`` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from strategies.config import validate_run_config
+
+APP_DIR = Path(__file__).resolve().parents[1]
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+
+
+class RunFailed(RuntimeError):
+    """A Flower run ended without a completed summary."""
+
+
+@dataclass(frozen=True)
+class ClientResources:
+    """Ray resources of one virtual client; fractional GPUs let clients share a GPU."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+
+    def federation_config(self, num_supernodes: int) -> str:
+        return (
+            f"num-supernodes={num_supernodes} client-resources-num-cpus={self.num_cpus:g} "
+            f"client-resources-num-gpus={self.num_gpus:g}"
+        )
+
+
+def default_run_config() -> dict[str, Any]:
+    """The run-config defaults declared in pyproject.toml."""
+    with open(APP_DIR / "pyproject.toml", "rb") as f:
+        return dict(tomllib.load(f)["tool"]["flwr"]["app"]["config"])
+
+
+def load_preset(name_or_path: str) -> dict[str, Any]:
+    """A preset's overrides: a name from experiments/presets/ or a TOML file path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PRESETS_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.toml")))
+        raise FileNotFoundError(f"preset {name_or_path!r} not found; known presets: {known}")
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """Parse ``key=value`` strings with TOML value syntax (strings may be left unquoted)."""
+    overrides = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise ValueError(f"override {pair!r} is not of the form key=value")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        overrides[key.strip()] = value
+    return overrides
+
+
+def resolve_config(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Defaults, then each layer of overrides, validated (raises ConfigError)."""
+    config = default_run_config()
+    for layer in layers:
+        config.update(layer)
+    return validate_run_config(config)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pids_listening_with(marker: str) -> list[int]:
+    """PIDs of flower-superlink processes whose command line contains ``marker``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "flower-superlink" in cmdline and marker in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
+def _stop_superlink(port: int) -> None:
+    for pid in _pids_listening_with(f"--port {port}"):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        for _ in range(50):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+
+
+def _read_summary(out_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((out_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _count_rounds(out_dir: Path) -> int:
+    try:
+        with open(out_dir / "results.csv") as f:
+            return max(sum(1 for _ in f) - 1, 0)
+    except OSError:
+        return 0
+
+
+def launch(
+    config: Mapping[str, Any],
+    out_dir: Path,
+    resources: ClientResources = ClientResources(),
+    progress: bool = True,
+    label: str = "",
+) -> dict[str, Any]:
+    """Run one validated config with ``flwr run``; return its summary or raise RunFailed."""
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = validate_run_config({**config, "output-dir": str(out_dir)})
+    (out_dir / "summary.json").unlink(missing_ok=True)
+    run_config_path = out_dir / "run-config.toml"
+    run_config_path.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in config.items()))
+
+    http_port, control_port = _free_port(), _free_port()
+    bin_dir = Path(sys.executable).parent
+    with tempfile.TemporaryDirectory(prefix="basin-flwr-home-") as flwr_home:
+        env = {
+            **os.environ,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            "FLWR_HOME": flwr_home,
+            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
+            "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+        }
+        command = [
+            str(bin_dir / "flwr"), "run", str(APP_DIR), "--stream",
+            "--run-config", str(run_config_path),
+            "--federation-config", resources.federation_config(config["num-clients"]),
+        ]
+        log_path = out_dir / "flwr.log"
+        try:
+            with open(log_path, "w") as log:
+                process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=APP_DIR)
+                _follow(process, out_dir, config["num-rounds"], progress, label)
+        finally:
+            if "process" in locals() and process.poll() is None:
+                process.terminate()
+            _stop_superlink(http_port)
+
+    summary = _read_summary(out_dir)
+    if summary is None or summary.get("status") != "completed":
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
+        reason = summary.get("error") if summary else "no summary.json was written"
+        raise RunFailed(f"run in {out_dir} failed: {reason}\n--- last lines of {log_path} ---\n{tail}")
+    return summary
+
+
+def _follow(process: subprocess.Popen, out_dir: Path, num_rounds: int, progress: bool, label: str) -> None:
+    """Wait for ``flwr run``, drawing a progress bar of rounds written to results.csv."""
+    from tqdm import tqdm
+
+    with tqdm(total=num_rounds, desc=label or out_dir.name, unit="round", disable=not progress) as bar:
+        while process.poll() is None:
+            bar.update(_count_rounds(out_dir) - bar.n)
+            time.sleep(0.5)
+        bar.update(_count_rounds(out_dir) - bar.n)

@@ -1,0 +1,48 @@
+"""Tables and figures of finished runs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+
+def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per run label: last-k, best and final accuracy, round reaching target, time."""
+    rows = []
+    for label, s in summaries.items():
+        k = s.get("last-k", 10)
+        rows.append({
+            "run": label,
+            f"acc last {k}": s.get(f"last-{k}-accuracy"),
+            "best acc": s.get("best-accuracy"),
+            "best round": s.get("best-round"),
+            "final acc": s.get("final-accuracy"),
+            f"round to {s.get('target-accuracy')}": s.get("round-reaching-target"),
+            "rounds": s.get("rounds"),
+            "seconds": s.get("wall-seconds"),
+        })
+    return pd.DataFrame(rows).set_index("run")
+
+
+def plot_accuracy(curves: Mapping[str, pd.DataFrame], path: Path, title: str = "") -> Path:
+    """Central test accuracy per round, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, frame in curves.items():
+        ax.plot(frame["round"], frame["test-accuracy"], label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(title or "central test accuracy per round")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
