@@ -1,0 +1,26 @@
+"""Shared fixtures: small label vectors and the location of Fashion-MNIST for tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# Tests (not the project) may use the copy in ../shared; the project reads data-dir.
+FASHION_MNIST_DIRS = [Path("/usr/share/datasets/fashion-mnist"), REPO.parent / "shared" / "data" / "fashion-mnist"]
+
+
+@pytest.fixture
+def labels() -> np.ndarray:
+    """6 000 labels, 10 balanced classes, in a shuffled order."""
+    return np.random.default_rng(1).permutation(np.repeat(np.arange(10), 600))
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist_dir() -> Path:
+    for directory in FASHION_MNIST_DIRS:
+        if (directory / "train-images-idx3-ubyte.gz").is_file() or (directory / "train-images-idx3-ubyte").is_file():
+            return directory
+    pytest.skip("Fashion-MNIST IDX files not found (apt-get install dataset-fashion-mnist)")

@@ -1,0 +1,107 @@
+"""Partitions: disjoint, complete, sized, seeded; heterogeneity follows alpha and #C."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from partitions import DirichletPartitioner, IidPartitioner, ShardPartitioner, class_count_table, plot_class_counts
+from partitions.stats import build_partitioner
+
+
+def _check_disjoint(parts):
+    joined = np.concatenate(parts)
+    assert len(joined) == len(np.unique(joined)), "a sample is in two partitions"
+    return joined
+
+
+def _mean_entropy(labels, parts):
+    table = class_count_table(labels, parts, 10).drop(columns="total").to_numpy()
+    p = table / table.sum(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.nanmean(-np.nansum(np.where(p > 0, p * np.log(p), 0), axis=1)))
+
+
+def test_iid_is_complete_balanced_and_shuffled(labels):
+    parts = IidPartitioner(7, seed=3).assign(labels)
+    joined = _check_disjoint(parts)
+    assert sorted(joined.tolist()) == list(range(len(labels)))
+    sizes = [len(p) for p in parts]
+    assert max(sizes) - min(sizes) <= 1
+    # Shuffled: partition 0 does not hold the first samples in storage order.
+    assert not np.array_equal(parts[0], np.arange(len(parts[0])))
+    assert _mean_entropy(labels, parts) > 0.95 * np.log(10)
+
+
+def test_dirichlet_is_complete_with_minimum_size(labels):
+    parts = DirichletPartitioner(20, alpha=0.3, min_partition_size=50, seed=0).assign(labels)
+    joined = _check_disjoint(parts)
+    assert sorted(joined.tolist()) == list(range(len(labels)))
+    assert min(len(p) for p in parts) >= 50
+    assert len({len(p) for p in parts}) > 1, "Dirichlet sizes should be unequal"
+
+
+def test_dirichlet_heterogeneity_grows_as_alpha_shrinks(labels):
+    entropies = [
+        _mean_entropy(labels, DirichletPartitioner(20, alpha=a, min_partition_size=1, seed=0).assign(labels))
+        for a in (100.0, 1.0, 0.1)
+    ]
+    assert entropies[0] > entropies[1] > entropies[2]
+
+
+def test_dirichlet_alpha_zero_gives_one_class_per_client(labels):
+    parts = DirichletPartitioner(20, alpha=0, seed=0).assign(labels)
+    _check_disjoint(parts)
+    table = class_count_table(labels, parts, 10)
+    assert ((table.drop(columns="total") > 0).sum(axis=1) == 1).all()
+    assert table["total"].sum() == len(labels)
+    assert (table["total"] == 300).all()  # 600 per class, two clients per class
+
+
+def test_dirichlet_impossible_minimum_is_a_clear_error(labels):
+    with pytest.raises(ValueError, match="min-partition-size"):
+        DirichletPartitioner(50, alpha=0.01, min_partition_size=500, max_redraws=5).assign(labels)
+
+
+def test_shards_equal_sizes_and_at_most_k_classes(labels):
+    parts = ShardPartitioner(30, shards_per_client=2, seed=0).assign(labels)
+    _check_disjoint(parts)
+    assert {len(p) for p in parts} == {200}  # 6000 / 60 shards = 100 per shard, 2 shards
+    table = class_count_table(labels, parts, 10)
+    assert ((table.drop(columns="total") > 0).sum(axis=1) <= 2).all()
+
+
+def test_partitions_are_seeded(labels):
+    for scheme in ("iid", "dirichlet", "shards"):
+        a = build_partitioner(scheme, 10, seed=5, alpha=0.5).assign(labels)
+        b = build_partitioner(scheme, 10, seed=5, alpha=0.5).assign(labels)
+        c = build_partitioner(scheme, 10, seed=6, alpha=0.5).assign(labels)
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+        assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+
+
+def test_works_as_flwr_datasets_partitioner(labels):
+    from datasets import Dataset
+
+    dataset = Dataset.from_dict({"label": labels.tolist(), "index": list(range(len(labels)))})
+    partitioner = ShardPartitioner(10, shards_per_client=2, seed=0)
+    partitioner.dataset = dataset
+    part = partitioner.load_partition(3)
+    assert part["index"] == partitioner.assign(labels)[3].tolist()
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="alpha"):
+        DirichletPartitioner(10, alpha=-1)
+    with pytest.raises(ValueError, match="num_partitions"):
+        IidPartitioner(0)
+    with pytest.raises(ValueError, match="shards_per_client"):
+        ShardPartitioner(10, shards_per_client=0)
+
+
+def test_class_count_figure(labels, tmp_path):
+    parts = DirichletPartitioner(10, alpha=0.5, seed=0).assign(labels)
+    table = class_count_table(labels, parts, 10)
+    assert table.shape == (10, 11)
+    path = plot_class_counts(table, tmp_path / "counts.png")
+    assert path.stat().st_size > 1000
