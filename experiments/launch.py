@@ -55,7 +55,7 @@ def default_run_config() -> dict[str, Any]:
 def load_preset(name_or_path: str) -> dict[str, Any]:
     """A preset's overrides: a name from experiments/presets/ or a TOML file path."""
     path = Path(name_or_path)
-    if not path.suffix:
+    if path.suffix != ".toml":
         path = PRESETS_DIR / f"{name_or_path}.toml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.toml")))

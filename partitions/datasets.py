@@ -137,7 +137,7 @@ def load_hub_dataset(hub_id: str) -> TensorDataset:
     from flwr_datasets.partitioner import IidPartitioner
 
     # The partitioner is unused: Basin partitions the labels itself (see partitions/).
-    fds = FederatedDataset(dataset=hub_id, partitioners={"train": IidPartitioner(1)})
+    fds = FederatedDataset(dataset=hub_id, partitioners={"train": IidPartitioner(1)}, shuffle=False)
     splits = {split: fds.load_split(split) for split in ("train", "test")}
     features = splits["train"].features
     image_key = next((k for k, f in features.items() if isinstance(f, Image)), None)

@@ -1,0 +1,102 @@
+"""Run-config validation: every bad value is refused with its key, value and what is allowed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from experiments.launch import default_run_config, load_preset, parse_overrides, resolve_config
+from strategies.config import SCHEMA, ConfigError, validate_run_config
+
+BAD_VALUES = [
+    ("dataset", "mnist"),
+    ("dataset", 3),
+    ("model", "resnet-9000"),
+    ("partition", "pachinko-typo"),
+    ("alpha", -0.1),
+    ("alpha", "0.1"),
+    ("classes-per-client", 0),
+    ("classes-per-client", 1.5),
+    ("min-partition-size", -1),
+    ("num-clients", 0),
+    ("participation", 0.0),
+    ("participation", 1.5),
+    ("num-rounds", 0),
+    ("local-epochs", -2),
+    ("batch-size", 0),
+    ("lr", 0),
+    ("lr", -0.01),
+    ("lr-decay", 1.5),
+    ("lr-decay", 0),
+    ("momentum", 1.0),
+    ("weight-decay", -1e-3),
+    ("grad-clip", -1),
+    ("strategy", "fedsomething"),
+    ("seed", -1),
+    ("seed", True),
+    ("target-accuracy", 1.2),
+    ("summary-last-k", 0),
+    ("device", "tpu"),
+    ("round-timeout", 0),
+]
+
+
+def test_defaults_are_valid_and_cover_the_schema():
+    config = default_run_config()
+    assert set(config) == set(SCHEMA)
+    validate_run_config(config)
+
+
+@pytest.mark.parametrize("key, value", BAD_VALUES)
+def test_bad_value_is_refused_with_key_value_and_allowed(key, value):
+    config = {**default_run_config(), key: value}
+    with pytest.raises(ConfigError) as error:
+        validate_run_config(config)
+    message = str(error.value)
+    assert f"'{key}'" in message and repr(value) in message and "allowed" in message
+
+
+def test_unknown_and_missing_keys():
+    with pytest.raises(ConfigError, match="unknown run config key.*learning-rate"):
+        validate_run_config({**default_run_config(), "learning-rate": 0.1})
+    config = default_run_config()
+    del config["lr"]
+    with pytest.raises(ConfigError, match="missing key.*lr"):
+        validate_run_config(config)
+
+
+def test_cross_key_checks():
+    with pytest.raises(ConfigError, match="'model'"):
+        resolve_config({"model": "fmnist-cnn"})  # digits are 8x8
+    with pytest.raises(ConfigError, match="'participation'"):
+        resolve_config({"num-clients": 4, "participation": 0.1})
+
+
+def test_integers_are_accepted_for_float_keys():
+    assert resolve_config({"lr": 1})["lr"] == 1.0
+
+
+def test_overrides_parse_toml_values():
+    assert parse_overrides(["lr=0.1", "dataset=digits", "partition='iid'", "num-rounds=3"]) == {
+        "lr": 0.1, "dataset": "digits", "partition": "iid", "num-rounds": 3,
+    }
+
+
+def test_presets_are_valid():
+    for name in ("ima-fmnist-shards", "ima-fmnist-dir0.1"):
+        config = resolve_config(load_preset(name))
+        assert config["num-clients"] == 100 and config["num-rounds"] == 300
+
+
+def test_launcher_refuses_bad_input_before_starting_flower():
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "--set", "lr=-1"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert "'lr' = -1" in result.stderr and "allowed" in result.stderr
+    assert "SuperLink" not in result.stdout + result.stderr
+    assert time.monotonic() - started < 60

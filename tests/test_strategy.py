@@ -1,0 +1,91 @@
+"""Seeded cohort sampling, partition-ordered aggregation, and the results files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+
+from flwr.supercore.task_identity import TaskIdentity
+
+from strategies.fedavg import FedAvg
+from strategies.results import RunRecorder, summarize
+
+
+@pytest.fixture(autouse=True)
+def server_identity():
+    """Messages are stamped with the sender's run and node id, as inside a ServerApp."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
+
+
+def _strategy(num_clients=10, cohort=3, seed=0):
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=0)
+    # Node ids are arbitrary; partition p lives on node 1000 + 7p.
+    strategy.bind_partitions({1000 + 7 * p: p for p in range(num_clients)}, cohort, seed)
+    return strategy
+
+
+class FakeGrid:
+    def __init__(self, node_ids):
+        self.node_ids = node_ids
+
+    def get_node_ids(self):
+        return list(self.node_ids)
+
+
+def test_cohort_depends_only_on_seed_and_round():
+    a, b = _strategy(seed=4), _strategy(seed=4)
+    assert a.sample_partitions(3) == b.sample_partitions(3)
+    assert len(set(a.sample_partitions(3))) == 3
+    assert any(a.sample_partitions(r) != a.sample_partitions(1) for r in range(2, 6))
+    assert _strategy(seed=5).sample_partitions(3) != a.sample_partitions(3) or _strategy(seed=6).sample_partitions(3) != a.sample_partitions(3)
+
+
+def test_configure_train_addresses_exactly_the_cohort():
+    strategy = _strategy()
+    grid = FakeGrid([1000 + 7 * p for p in range(10)])
+    messages = strategy.configure_train(1, ArrayRecord({"w": Array(np.zeros(2, np.float32))}), ConfigRecord({"lr": 0.1}), grid)
+    sent_to = sorted((m.metadata.dst_node_id - 1000) // 7 for m in messages)
+    assert sent_to == strategy.sample_partitions(1)
+
+
+def _reply(node_id, weights, n):
+    request = Message(content=RecordDict({"config": ConfigRecord()}), dst_node_id=node_id, message_type=MessageType.TRAIN)
+    content = RecordDict({
+        "arrays": ArrayRecord({"w": Array(np.asarray(weights, dtype=np.float32))}),
+        "metrics": MetricRecord({"num-examples": n, "train-loss": 1.0}),
+    })
+    return Message(content=content, reply_to=request)
+
+
+def test_aggregation_is_weighted_and_independent_of_reply_order():
+    strategy = _strategy()
+    replies = [_reply(1000, [1.0, 0.1], 1), _reply(1007, [3.0, 0.7], 3), _reply(1014, [0.3, 1e-3], 2)]
+    forward, _ = strategy.aggregate_train(1, replies)
+    backward, _ = strategy.aggregate_train(1, replies[::-1])
+    expected = (np.array([1.0, 0.1]) * 1 + np.array([3.0, 0.7]) * 3 + np.array([0.3, 1e-3]) * 2) / 6
+    np.testing.assert_allclose(forward["w"].numpy(), expected, rtol=1e-6)
+    assert forward["w"].numpy().tobytes() == backward["w"].numpy().tobytes()
+    assert strategy.round_clients == {"clients-ok": 3, "clients-failed": 0}
+
+
+def test_summary_of_hand_made_rows():
+    rows = [{"round": r, "test-accuracy": a} for r, a in enumerate([0.1, 0.5, 0.8, 0.7, 0.9], start=1)]
+    summary = summarize(rows, last_k=2, target=0.75)
+    assert summary["last-2-accuracy"] == (0.7 + 0.9) / 2
+    assert summary["best-accuracy"] == 0.9 and summary["best-round"] == 5
+    assert summary["round-reaching-target"] == 3
+
+
+def test_recorder_writes_rows_as_they_come_and_marks_failure(tmp_path):
+    recorder = RunRecorder(tmp_path, {"lr": 0.1}, last_k=10, target=0.5)
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "running"
+    recorder.append({"round": 1, "test-accuracy": 0.4})
+    assert len((tmp_path / "results.csv").read_text().splitlines()) == 2
+    recorder.fail(RuntimeError("boom"))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "boom" in summary["error"] and summary["rounds"] == 1
