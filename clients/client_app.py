@@ -60,6 +60,7 @@ def train(msg: Message, context: Context) -> Message:
             momentum=float(round_config["momentum"]),
             weight_decay=float(round_config["weight-decay"]),
             grad_clip=float(round_config["grad-clip"]),
+            proximal_mu=float(round_config.get("proximal-mu", 0.0)),
         ),
         generator,
     )

@@ -8,6 +8,9 @@ Local SGD (PyTorch's ``torch.optim.SGD``): for each epoch, a seeded permutation 
 partition is cut into batches; per batch g = ∇ CE(w; batch) (clipped to ``grad_clip`` in
 global 2-norm when > 0), then the SGD update with momentum and weight decay at the
 round's learning rate. The momentum buffer starts at zero every round.
+
+FedProx (Li et al. 2020, eq. 2): with ``proximal_mu`` μ > 0 the local objective is
+F_i(w) + (μ/2)‖w − w^t‖², whose gradient adds μ(w − w^t) to g before clipping.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class LocalTrainingConfig:
     momentum: float = 0.0
     weight_decay: float = 0.0
     grad_clip: float = 0.0
+    proximal_mu: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ def train_local(
     optimizer = torch.optim.SGD(
         model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
     )
+    global_params = [p.detach().clone() for p in model.parameters()] if config.proximal_mu > 0 else None
     num_examples = len(y)
     loss_sum = torch.zeros((), device=x.device)
     steps = 0
@@ -61,12 +66,21 @@ def train_local(
             loss = F.cross_entropy(model(x[batch]), y[batch])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if global_params is not None:
+                add_proximal_gradient(model.parameters(), global_params, config.proximal_mu)
             if config.grad_clip > 0:
                 nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             loss_sum += loss.detach()
             steps += 1
     return LocalTrainingResult(float(loss_sum) / max(steps, 1), steps, num_examples)
+
+
+@torch.no_grad()
+def add_proximal_gradient(params, anchors: list[torch.Tensor], mu: float) -> None:
+    """g ← g + μ(w − w^t): the gradient of FedProx's (μ/2)‖w − w^t‖²."""
+    for param, anchor in zip(params, anchors):
+        param.grad.add_(param - anchor, alpha=mu)
 
 
 @torch.no_grad()

@@ -15,8 +15,11 @@ from typing import Any
 from clients.models import MODEL_NAMES, REQUIRED_INPUT, resolve_model_name
 from partitions.datasets import BUILTIN_DATASETS, is_known_dataset
 from partitions.stats import PARTITION_SCHEMES
+from strategies.averaging import AVERAGING_SUBSETS
+from strategies.schedules import EXPLORATIONS
 
-STRATEGY_NAMES = ("fedavg",)
+STRATEGY_NAMES = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox")
+AVERAGING_NAMES = ("none", "ima", "wima", "swa")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -54,9 +57,22 @@ SCHEMA: dict[str, Option] = {
     "weight-decay": Option(float, "a number >= 0", lambda v: v >= 0),
     "grad-clip": Option(float, "a number >= 0 (max gradient norm; 0 = no clipping)", lambda v: v >= 0),
     "strategy": _one_of(*STRATEGY_NAMES),
+    "server-lr": Option(float, "a number >= 0 (0 = the method's default: 1 for fedavgm, 0.01 for fedadam/fedyogi/fedadagrad)", lambda v: v >= 0),
+    "server-momentum": Option(float, "a number in [0, 1) (FedAvgM's beta; FedOpt's beta_1)", lambda v: 0 <= v < 1),
+    "beta-2": Option(float, "a number in [0, 1) (FedAdam/FedYogi second moment)", lambda v: 0 <= v < 1),
+    "tau": Option(float, "a number > 0 (FedOpt adaptivity)", lambda v: v > 0),
+    "prox-mu": Option(float, "a number >= 0 (FedProx proximal weight)", lambda v: v >= 0),
+    "averaging": _one_of(*AVERAGING_NAMES),
+    "window": Option(int, "an integer >= 1 (IMA's P, WIMA's W)", lambda v: v >= 1),
+    "avg-start": Option(float, "a fraction of num-rounds in (0, 1), or a round number >= 1 (IMA t_s, SWA start)", lambda v: v > 0),
+    "avg-feedback": Option(bool, "true or false (WIMA: send the averaged model to clients)"),
+    "avg-subset": _one_of(*AVERAGING_SUBSETS),
+    "ima-exploration": _one_of(*EXPLORATIONS),
+    "ima-decay": Option(float, "a number in (0, 1] (client lr factor per round after t_s)", lambda v: 0 < v <= 1),
+    "swa-cycle": Option(int, "an integer >= 1 (SWA lr cycle length in rounds)", lambda v: v >= 1),
     "seed": Option(int, "an integer >= 0", lambda v: v >= 0),
     "target-accuracy": Option(float, "a number in [0, 1]", lambda v: 0 <= v <= 1),
-    "summary-last-k": Option(int, "an integer >= 1 (rounds averaged in the summary)", lambda v: v >= 1),
+    "summary-last-k": Option(int, "an integer >= 0 (rounds averaged in the summary; 0 = the method's paper horizon)", lambda v: v >= 0),
     "device": _one_of(*DEVICES),
     "output-dir": Option(str, "a directory path, or '' for ~/basin-runs/<run id>"),
     "round-timeout": Option(float, "a number of seconds > 0", lambda v: v > 0),
@@ -65,7 +81,7 @@ SCHEMA: dict[str, Option] = {
 
 def _coerce(key: str, value: Any) -> Any:
     option = SCHEMA[key]
-    ok_type = isinstance(value, option.kind) and not isinstance(value, bool)
+    ok_type = isinstance(value, option.kind) and (option.kind is bool) == isinstance(value, bool)
     if option.kind is float and isinstance(value, int) and not isinstance(value, bool):
         value, ok_type = float(value), True
     if not ok_type:
@@ -103,7 +119,30 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"run config key 'participation' = {config['participation']} samples no client out of "
             f"num-clients = {config['num-clients']}; allowed: participation * num-clients >= 0.5"
         )
+    if config["avg-start"] >= 1 and (config["avg-start"] != int(config["avg-start"]) or config["avg-start"] > config["num-rounds"]):
+        raise ConfigError(
+            f"run config key 'avg-start' = {config['avg-start']!r} is not allowed; allowed: a fraction in (0, 1) "
+            f"or a whole round number between 1 and num-rounds = {config['num-rounds']}"
+        )
     return config
+
+
+def averaging_start_round(config: Mapping[str, Any]) -> int:
+    """avg-start as a 1-based round: a fraction of num-rounds (rounded) or a round number."""
+    start = config["avg-start"]
+    if start < 1:
+        return max(1, round(start * config["num-rounds"]))
+    return int(start)
+
+
+def summary_horizon(config: Mapping[str, Any]) -> int:
+    """Rounds averaged in the summary: summary-last-k, or the method's paper horizon when 0
+    (WIMA: the last 100 rounds when the run has at least 200, else 10; others 10)."""
+    if config["summary-last-k"]:
+        return config["summary-last-k"]
+    if config["averaging"] == "wima" and config["num-rounds"] >= 200:
+        return 100
+    return 10
 
 
 def cohort_size(config: Mapping[str, Any]) -> int:

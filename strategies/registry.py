@@ -1,4 +1,4 @@
-"""Strategies by name: validated run config → strategy instance.
+"""Strategies by name: validated run config → strategy instance and client schedule.
 
 Methods never read the run config themselves; this is the one place that turns it into
 constructor arguments, so every strategy is usable from a user's own ServerApp.
@@ -11,14 +11,64 @@ from typing import Any
 
 from flwr.serverapp.strategy import Strategy
 
+from strategies.averaging import ModelAveraging
+from strategies.config import averaging_start_round
 from strategies.fedavg import FedAvg
+from strategies.fedavgm import FedAvgM
+from strategies.fedopt import FedAdagrad, FedAdam, FedYogi
+from strategies.fedprox import FedProx
+from strategies.schedules import ClientSchedule
+
+FEDOPT_CLASSES = {"fedadam": FedAdam, "fedyogi": FedYogi, "fedadagrad": FedAdagrad}
+DEFAULT_SERVER_LR = {"fedavgm": 1.0, "fedadam": 0.01, "fedyogi": 0.01, "fedadagrad": 0.01}
 
 
-def build_strategy(config: Mapping[str, Any]) -> Strategy:
-    """Build the strategy named by ``config['strategy']`` (config already validated)."""
+def build_base_strategy(config: Mapping[str, Any]) -> Strategy:
+    """The base method named by ``config['strategy']`` (config already validated)."""
     # Federated evaluation is off: the ServerApp evaluates the global model centrally.
     # fraction_train=1 and no minimum: the strategy addresses exactly the sampled cohort.
     common = dict(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=0)
-    if config["strategy"] == "fedavg":
+    name = config["strategy"]
+    server_lr = config["server-lr"] or DEFAULT_SERVER_LR.get(name, 1.0)
+    if name == "fedavg":
         return FedAvg(**common)
-    raise ValueError(f"unknown strategy {config['strategy']!r}")
+    if name == "fedprox":
+        return FedProx(**common, proximal_mu=config["prox-mu"])
+    if name == "fedavgm":
+        return FedAvgM(**common, server_learning_rate=server_lr, server_momentum=config["server-momentum"])
+    if name in FEDOPT_CLASSES:
+        moments = {} if name == "fedadagrad" else {"beta_1": config["server-momentum"], "beta_2": config["beta-2"]}
+        return FEDOPT_CLASSES[name](**common, eta=server_lr, eta_l=config["lr"], tau=config["tau"], **moments)
+    raise ValueError(f"unknown strategy {name!r}")
+
+
+def build_strategy(config: Mapping[str, Any]) -> Strategy:
+    """The base method, wrapped by the averaging component when ``averaging`` is set."""
+    base = build_base_strategy(config)
+    averaging, start = config["averaging"], averaging_start_round(config)
+    if averaging == "ima":
+        return ModelAveraging(base, config["window"], start, feedback=True, subset=config["avg-subset"])
+    if averaging == "wima":
+        return ModelAveraging(
+            base, config["window"], config["window"], feedback=config["avg-feedback"], subset=config["avg-subset"]
+        )
+    if averaging == "swa":
+        return ModelAveraging(
+            base, None, start, feedback=False, sample_every=config["swa-cycle"], subset=config["avg-subset"]
+        )
+    return base
+
+
+def build_client_schedule(config: Mapping[str, Any]) -> ClientSchedule:
+    """Client lr and epochs per round, including IMA exploration and SWA's cyclic lr."""
+    start = averaging_start_round(config)
+    return ClientSchedule(
+        lr=config["lr"],
+        decay=config["lr-decay"],
+        local_epochs=config["local-epochs"],
+        exploration=config["ima-exploration"] if config["averaging"] == "ima" else "none",
+        exploration_start=start if config["averaging"] == "ima" else 0,
+        exploration_decay=config["ima-decay"],
+        swa_start=start if config["averaging"] == "swa" else 0,
+        swa_cycle=config["swa-cycle"] if config["averaging"] == "swa" else 0,
+    )

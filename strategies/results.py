@@ -19,9 +19,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+# test-accuracy/-loss: the model the method reports (IMA: the one clients receive;
+# WIMA/SWA: the averaged shadow once it exists); base-*: the base method's model;
+# averaged-*: the window average (empty before it exists); sent-model: what clients
+# receive next round ("base" or "averaged").
 ROUND_COLUMNS = (
-    "round", "lr", "test-accuracy", "test-loss", "train-loss",
-    "clients-ok", "clients-failed", "local-steps", "round-seconds",
+    "round", "lr", "local-epochs", "test-accuracy", "test-loss",
+    "base-accuracy", "base-loss", "averaged-accuracy", "averaged-loss", "sent-model",
+    "train-loss", "clients-ok", "clients-failed", "local-steps", "round-seconds",
 )
 
 

@@ -19,8 +19,10 @@ from flwr.serverapp import Grid, ServerApp
 from clients.models import build_model, resolve_model_name
 from clients.training import evaluate, select_device
 from partitions import load_dataset
-from strategies.config import cohort_size, validate_run_config
-from strategies.registry import build_strategy
+from strategies.averaging import ModelAveraging
+from strategies.config import cohort_size, summary_horizon, validate_run_config
+from strategies.registry import build_client_schedule, build_strategy
+from strategies.schedules import ClientSchedule
 from strategies.results import RunRecorder
 from strategies.sampling import discover_partitions
 
@@ -33,11 +35,12 @@ def output_directory(config: dict[str, Any], run_id: int) -> Path:
     return Path.home() / "basin-runs" / str(run_id)
 
 
-def round_train_config(config: dict[str, Any], server_round: int) -> ConfigRecord:
+def round_train_config(config: dict[str, Any], schedule: ClientSchedule, server_round: int) -> ConfigRecord:
     """What clients receive with round ``server_round`` (1-based)."""
+    lr, local_epochs = schedule(server_round)
     return ConfigRecord({
-        "lr": config["lr"] * config["lr-decay"] ** (server_round - 1),
-        "local-epochs": config["local-epochs"],
+        "lr": lr,
+        "local-epochs": local_epochs,
         "batch-size": config["batch-size"],
         "momentum": config["momentum"],
         "weight-decay": config["weight-decay"],
@@ -50,7 +53,7 @@ def round_train_config(config: dict[str, Any], server_round: int) -> ConfigRecor
 def main(grid: Grid, context: Context) -> None:
     config = validate_run_config(context.run_config)
     recorder = RunRecorder(
-        output_directory(config, context.run_id), config, config["summary-last-k"], config["target-accuracy"]
+        output_directory(config, context.run_id), config, summary_horizon(config), config["target-accuracy"]
     )
     try:
         run(grid, config, recorder)
@@ -72,26 +75,27 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder) -> None:
     model.to(device)
 
     strategy = build_strategy(config)
+    schedule = build_client_schedule(config)
     strategy.bind_partitions(
         discover_partitions(grid, config["num-clients"], config["round-timeout"]), cohort_size(config), config["seed"]
     )
     for server_round in range(1, config["num-rounds"] + 1):
         started = time.perf_counter()
-        train_config = round_train_config(config, server_round)
+        train_config = round_train_config(config, schedule, server_round)
         replies = grid.send_and_receive(
             strategy.configure_train(server_round, arrays, train_config, grid), timeout=config["round-timeout"]
         )
         aggregated, metrics = strategy.aggregate_train(server_round, replies)
         if aggregated is not None:
             arrays = aggregated
-        model.load_state_dict(arrays.to_torch_state_dict())
-        test_loss, test_accuracy = evaluate(model, x_test, y_test)
+        evaluation = evaluate_round(strategy, arrays, model, x_test, y_test)
+        test_accuracy = evaluation["test-accuracy"]
         metrics = metrics or {}
         recorder.append({
             "round": server_round,
             "lr": train_config["lr"],
-            "test-accuracy": test_accuracy,
-            "test-loss": test_loss,
+            "local-epochs": train_config["local-epochs"],
+            **evaluation,
             "train-loss": metrics.get("train-loss", float("nan")),
             "local-steps": metrics.get("local-steps", float("nan")),
             "round-seconds": time.perf_counter() - started,
@@ -99,7 +103,31 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder) -> None:
         })
         print(
             f"[basin] round {server_round}/{config['num-rounds']} accuracy {test_accuracy:.4f} "
-            f"loss {test_loss:.4f} ({time.perf_counter() - started:.2f} s)",
+            f"({time.perf_counter() - started:.2f} s)",
             flush=True,
         )
-    torch.save(arrays.to_torch_state_dict(), recorder.directory / "final_model.pt")
+    final = strategy.averaged_arrays if isinstance(strategy, ModelAveraging) and strategy.averaged_arrays else arrays
+    torch.save(final.to_torch_state_dict(), recorder.directory / "final_model.pt")
+
+
+def evaluate_round(strategy, sent: ArrayRecord, model, x_test, y_test) -> dict[str, Any]:
+    """Central accuracy/loss of the base model and, when there is one, the averaged model.
+
+    The reported model is the averaged one when it exists (IMA: it is also the one sent),
+    else the base model.
+    """
+    def score(arrays: ArrayRecord) -> tuple[float, float]:
+        model.load_state_dict(arrays.to_torch_state_dict())
+        return evaluate(model, x_test, y_test)
+
+    averaging = strategy if isinstance(strategy, ModelAveraging) else None
+    base = averaging.base_arrays if averaging and averaging.base_arrays is not None else sent
+    base_loss, base_accuracy = score(base)
+    row = {"base-accuracy": base_accuracy, "base-loss": base_loss, "sent-model": "base",
+           "test-accuracy": base_accuracy, "test-loss": base_loss}
+    if averaging and averaging.averaged_arrays is not None:
+        averaged_loss, averaged_accuracy = score(averaging.averaged_arrays)
+        row.update({"averaged-accuracy": averaged_accuracy, "averaged-loss": averaged_loss,
+                    "test-accuracy": averaged_accuracy, "test-loss": averaged_loss})
+        row["sent-model"] = "averaged" if averaging.sends_average else "base"
+    return row

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from clients.models import build_model
-from clients.training import LocalTrainingConfig, evaluate, train_local
+from clients.training import LocalTrainingConfig, add_proximal_gradient, evaluate, train_local
 from partitions import load_dataset
 from strategies.server_app import round_train_config
-from experiments.launch import default_run_config
+from experiments.launch import resolve_config
+from strategies.registry import build_client_schedule
 
 
 def _train(seed: int, **overrides):
@@ -50,6 +51,28 @@ def test_gradient_clipping_bounds_the_first_step():
 
 
 def test_round_lr_follows_exponential_decay():
-    config = {**default_run_config(), "lr": 0.01, "lr-decay": 0.99}
-    assert round_train_config(config, 1)["lr"] == 0.01
-    assert abs(round_train_config(config, 11)["lr"] - 0.01 * 0.99**10) < 1e-15
+    config = resolve_config({"lr": 0.01, "lr-decay": 0.99})
+    schedule = build_client_schedule(config)
+    assert round_train_config(config, schedule, 1)["lr"] == 0.01
+    assert abs(round_train_config(config, schedule, 11)["lr"] - 0.01 * 0.99**10) < 1e-15
+
+
+def test_proximal_gradient_by_hand():
+    w = torch.nn.Parameter(torch.tensor([2.0, 3.0]))
+    w.grad = torch.tensor([1.0, 1.0])
+    add_proximal_gradient([w], [torch.tensor([1.0, 1.0])], mu=0.5)
+    # g + μ(w − w^t) = [1 + 0.5·1, 1 + 0.5·2]
+    assert w.grad.tolist() == [1.5, 2.0]
+
+
+def test_fedprox_keeps_clients_closer_to_the_global_model():
+    def drift(mu):
+        data = load_dataset("digits")
+        torch.manual_seed(0)
+        model = build_model("mlp", data.input_shape, 10)
+        start = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+        config = LocalTrainingConfig(lr=0.05, local_epochs=3, batch_size=32, proximal_mu=mu)
+        train_local(model, data.x_train[:200], data.y_train[:200], config, torch.Generator().manual_seed(0))
+        return float(torch.linalg.vector_norm(torch.cat([p.detach().flatten() for p in model.parameters()]) - start))
+
+    assert drift(1.0) < drift(0.0)

@@ -1,0 +1,198 @@
+"""Windowed model averaging over rounds, composable with any strategy: IMA, WIMA, SWA.
+
+One component wraps a *base* strategy (FedAvg, FedAvgM, FedAdam, FedProx, …) and keeps
+averages of the global models the base produces — never of its own outputs:
+
+- **IMA** (Zhou, Lin, Zhang, Tsang; METHODS.md §1.1, their eq. 4): from round t_s on,
+  w_IMA^t = (1/P) Σ_{i=0}^{P−1} w^{t−i}; the window starts filling at round t_s − P + 1
+  and the average is **sent to the clients** in place of the base model.
+- **WIMA** (Caldarola, Caputo, Ciccone; §1.2, their eq. 4): w_WIMA = (1/W) Σ of the last
+  W base models, from round W on; a server-side **shadow** model (evaluated, not sent)
+  unless ``feedback=True``. Optionally only the feature extractor or only the classifier
+  is averaged (their Table 5); the other parameters are the base model's.
+- **Server SWA** (Caldarola et al. 2022; §1.3): from the start round on, at the end of
+  each lr cycle of length c: w_SWA ← (n·w_SWA + w)/(n + 1); evaluation-only.
+
+The component's state (window, running average, counters) lives here and round-trips
+through :meth:`state_dict` / :meth:`load_state_dict` for checkpoints. Because the round
+loop sends whatever :meth:`aggregate_train` returned, a base that keeps its own copy of
+the current model must take its pseudo-gradient against the arrays it is given in
+``configure_train`` (Flower's FedOpt family does; Basin's FedAvgM is fixed to).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+AVERAGING_SUBSETS = ("all", "features", "classifier")
+
+
+def to_numpy(arrays: ArrayRecord) -> dict[str, np.ndarray]:
+    return {key: array.numpy() for key, array in arrays.items()}
+
+
+def to_arrays(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({key: Array(np.ascontiguousarray(value)) for key, value in arrays.items()})
+
+
+def window_mean(models: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Element-wise mean of models (same keys, shapes and dtypes)."""
+    models = list(models)
+    return {key: (sum(m[key] for m in models) / len(models)).astype(models[0][key].dtype) for key in models[0]}
+
+
+class ModelAveraging(Strategy):
+    """Average the base strategy's global models over a window of rounds.
+
+    Parameters
+    ----------
+    base : Strategy
+        The strategy whose global models are averaged.
+    window_size : int or None
+        P (IMA) or W (WIMA): the last ``window_size`` sampled models are averaged.
+        ``None``: a running average of every sampled model (SWA).
+    start_round : int
+        First round (1-based) whose output is an average.
+    feedback : bool
+        Send the average to the clients (IMA) instead of the base model (WIMA, SWA).
+    sample_every : int
+        Sample the base model when ``(round − 1) mod sample_every == sample_every − 1``
+        (SWA: the end of each lr cycle); 1 samples every round.
+    subset : str
+        'all', 'features' (all but the classifier) or 'classifier': which parameters are
+        averaged; the others are taken from the newest base model.
+    classifier_prefix : str
+        Name prefix of the classifier's arrays.
+    """
+
+    def __init__(
+        self,
+        base: Strategy,
+        window_size: int | None,
+        start_round: int,
+        feedback: bool,
+        sample_every: int = 1,
+        subset: str = "all",
+        classifier_prefix: str = "classifier.",
+    ) -> None:
+        if window_size is not None and window_size < 1:
+            raise ValueError(f"window_size must be >= 1 or None, got {window_size}")
+        if start_round < 1:
+            raise ValueError(f"start_round must be >= 1, got {start_round}")
+        if sample_every < 1:
+            raise ValueError(f"sample_every must be >= 1, got {sample_every}")
+        if subset not in AVERAGING_SUBSETS:
+            raise ValueError(f"subset must be one of {AVERAGING_SUBSETS}, got {subset!r}")
+        self.base = base
+        self.window_size = window_size
+        self.start_round = start_round
+        self.feedback = feedback
+        self.sample_every = sample_every
+        self.subset = subset
+        self.classifier_prefix = classifier_prefix
+        self.window: deque[dict[str, np.ndarray]] = deque(maxlen=window_size)
+        self.running_mean: dict[str, np.ndarray] | None = None
+        self.num_averaged = 0
+        self.base_arrays: ArrayRecord | None = None
+        self.averaged_arrays: ArrayRecord | None = None
+
+    def __getattr__(self, name: str):
+        # Everything the component does not define (sampling hooks, per-round client
+        # counts, …) is the base strategy's.
+        if name == "base":
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    # -- what the round loop asks -------------------------------------------------------
+    def first_sampled_round(self) -> int:
+        if self.window_size is None:
+            return self.start_round
+        return max(1, self.start_round - self.window_size + 1)
+
+    def is_sampled(self, server_round: int) -> bool:
+        on_cycle_end = (server_round - 1) % self.sample_every == self.sample_every - 1
+        return server_round >= self.first_sampled_round() and on_cycle_end
+
+    def is_active(self, server_round: int) -> bool:
+        """Whether the round's output includes an average."""
+        return server_round >= self.start_round and (self.window or self.num_averaged > 0)
+
+    @property
+    def sends_average(self) -> bool:
+        return self.feedback and self.averaged_arrays is not None
+
+    # -- Strategy hooks -----------------------------------------------------------------
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self.base.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        base_arrays, metrics = self.base.aggregate_train(server_round, replies)
+        if base_arrays is None:
+            return None, metrics
+        self.base_arrays = base_arrays
+        if self.is_sampled(server_round):
+            self._sample(to_numpy(base_arrays))
+        self.averaged_arrays = None
+        if self.is_active(server_round):
+            self.averaged_arrays = to_arrays(self._average(to_numpy(base_arrays)))
+        return (self.averaged_arrays if self.sends_average else base_arrays), metrics
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        return self.base.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round, replies):
+        return self.base.aggregate_evaluate(server_round, replies)
+
+    def summary(self) -> None:
+        self.base.summary()
+
+    # -- arithmetic ---------------------------------------------------------------------
+    def _sample(self, model: dict[str, np.ndarray]) -> None:
+        if self.window_size is not None:
+            self.window.append(model)
+            return
+        if self.running_mean is None:
+            self.running_mean = {k: v.copy() for k, v in model.items()}
+        else:
+            n = self.num_averaged
+            self.running_mean = {
+                k: ((n * self.running_mean[k] + model[k]) / (n + 1)).astype(model[k].dtype) for k in model
+            }
+        self.num_averaged += 1
+
+    def _averaged_keys(self, keys: Iterable[str]) -> set[str]:
+        in_classifier = {k for k in keys if k.startswith(self.classifier_prefix)}
+        if self.subset == "classifier":
+            return in_classifier
+        if self.subset == "features":
+            return set(keys) - in_classifier
+        return set(keys)
+
+    def _average(self, newest: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        mean = window_mean(self.window) if self.window_size is not None else self.running_mean
+        averaged = self._averaged_keys(newest)
+        return {k: (mean[k] if k in averaged else newest[k]) for k in newest}
+
+    # -- checkpoints --------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The component's state as plain numpy arrays and numbers."""
+        return {
+            "window": [dict(m) for m in self.window],
+            "running_mean": self.running_mean,
+            "num_averaged": self.num_averaged,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.window = deque(state["window"], maxlen=self.window_size)
+        self.running_mean = state["running_mean"]
+        self.num_averaged = int(state["num_averaged"])

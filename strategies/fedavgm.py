@@ -1,0 +1,22 @@
+"""FedAvgM (Hsu et al. 2019): server momentum on the pseudo-gradient.
+
+Δ^t = w^t − w_FMA^{t+1}; v ← β·v + Δ^t; w^{t+1} = w^t − η·v (METHODS.md, server-optimizer
+form; β = 0.9, η = 1).
+
+Differs from Flower's FedAvgM in one place: Flower keeps its own copy of the current
+model and ignores the arrays it is asked to send. Under IMA the clients receive the
+averaged model, so the pseudo-gradient must be taken against that (METHODS.md §1.1):
+the copy is refreshed from the arrays sent each round.
+"""
+
+from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
+
+from strategies.sampling import CohortSampling
+
+
+class FedAvgM(CohortSampling, FlowerFedAvgM):
+    """Server momentum over a seeded cohort, anchored to the model clients received."""
+
+    def configure_train(self, server_round, arrays, config, grid):
+        self.current_arrays = arrays
+        return super().configure_train(server_round, arrays, config, grid)

@@ -1,0 +1,62 @@
+"""The client learning rate (and local epochs) of each round, owned by the server.
+
+Base schedule (IMA setup): lr_t = lr_0 · decay^(t−1) for round t = 1, 2, …
+
+IMA's "mild client exploration" from the start round t_s on (METHODS.md §1.1):
+- ``exponential`` (paper and code, default): lr_t = lr_{t_s} · d^(t − t_s), d = 0.97;
+- ``constant``: lr_t = 5e-5;
+- ``cyclic``: linear decay from 1e-2 to 5e-5 over each block of 20 rounds, repeated;
+- ``epoch``: the base lr, and one local epoch fewer every 20 rounds (at least one);
+- ``none``: the base schedule.
+
+Server SWA (§1.3) from its start round s on, cycle length c, with t = round − 1:
+τ = ((t mod c) + 1)/c; lr = (1 − τ)·lr1 + τ·lr2, lr1 = lr_s, lr2 = lr1·1e-2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXPLORATIONS = ("exponential", "constant", "cyclic", "epoch", "none")
+CONSTANT_LR = 5e-5
+CYCLIC_HIGH, CYCLIC_LOW, CYCLE_ROUNDS = 1e-2, 5e-5, 20
+EPOCH_DECAY_ROUNDS = 20
+
+
+@dataclass(frozen=True)
+class ClientSchedule:
+    """Maps a round to (client lr, local epochs)."""
+
+    lr: float
+    decay: float
+    local_epochs: int
+    exploration: str = "none"
+    exploration_start: int = 0
+    exploration_decay: float = 0.97
+    swa_start: int = 0
+    swa_cycle: int = 0
+
+    def __post_init__(self) -> None:
+        if self.exploration not in EXPLORATIONS:
+            raise ValueError(f"exploration must be one of {EXPLORATIONS}, got {self.exploration!r}")
+
+    def base_lr(self, server_round: int) -> float:
+        return self.lr * self.decay ** (server_round - 1)
+
+    def __call__(self, server_round: int) -> tuple[float, int]:
+        if self.swa_cycle and server_round >= self.swa_start:
+            lr1 = self.base_lr(self.swa_start)
+            tau = (((server_round - 1) % self.swa_cycle) + 1) / self.swa_cycle
+            return (1 - tau) * lr1 + tau * lr1 * 1e-2, self.local_epochs
+        if self.exploration == "none" or not self.exploration_start or server_round < self.exploration_start:
+            return self.base_lr(server_round), self.local_epochs
+        since = server_round - self.exploration_start
+        if self.exploration == "exponential":
+            return self.base_lr(self.exploration_start) * self.exploration_decay**since, self.local_epochs
+        if self.exploration == "constant":
+            return CONSTANT_LR, self.local_epochs
+        if self.exploration == "cyclic":
+            position = since % CYCLE_ROUNDS
+            return CYCLIC_HIGH - (CYCLIC_HIGH - CYCLIC_LOW) * position / (CYCLE_ROUNDS - 1), self.local_epochs
+        # epoch decay
+        return self.base_lr(server_round), max(1, self.local_epochs - 1 - since // EPOCH_DECAY_ROUNDS)

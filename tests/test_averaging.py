@@ -1,0 +1,203 @@
+"""The averaging component (IMA, WIMA, SWA) on tiny numpy models, by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from strategies.averaging import ModelAveraging, to_arrays, to_numpy, window_mean
+from strategies.checkpoint import load_checkpoint, load_strategy_state, save_checkpoint, strategy_state
+from strategies.fedavg import FedAvg
+from strategies.fedavgm import FedAvgM
+from strategies.fedopt import FedAdam
+from strategies.schedules import ClientSchedule
+
+COMMON = dict(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=0)
+
+
+@pytest.fixture(autouse=True)
+def server_identity():
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
+
+
+class ScriptedBase:
+    """A base strategy whose round-r global model is given (the 'replies' are the model)."""
+
+    def configure_train(self, server_round, arrays, config, grid):
+        return []
+
+    def aggregate_train(self, server_round, replies):
+        return replies, None
+
+
+def model(*values, head=None) -> ArrayRecord:
+    arrays = {"features.w": np.asarray(values, dtype=np.float32)}
+    if head is not None:
+        arrays["classifier.w"] = np.asarray(head, dtype=np.float32)
+    return to_arrays(arrays)
+
+
+def run_rounds(component, outputs, first_round=1):
+    sent = []
+    for r, base_model in enumerate(outputs, start=first_round):
+        arrays, _ = component.aggregate_train(r, base_model)
+        sent.append(to_numpy(arrays)["features.w"].tolist())
+    return sent
+
+
+def test_window_mean():
+    mean = window_mean([{"w": np.array([1.0, 2.0])}, {"w": np.array([3.0, 6.0])}, {"w": np.array([2.0, 1.0])}])
+    assert mean["w"].tolist() == [2.0, 3.0]
+
+
+def test_ima_fills_from_ts_minus_p_plus_1_and_feeds_back_from_ts():
+    ima = ModelAveraging(ScriptedBase(), window_size=3, start_round=5, feedback=True)
+    assert [r for r in range(1, 9) if ima.is_sampled(r)] == [3, 4, 5, 6, 7, 8]
+    sent = run_rounds(ima, [model(float(r)) for r in range(1, 8)])
+    # Rounds 1-4: base model r; round 5: mean(3,4,5) = 4; 6: mean(4,5,6) = 5; 7: 6.
+    assert sent == [[1.0], [2.0], [3.0], [4.0], [4.0], [5.0], [6.0]]
+    assert ima.sends_average
+
+
+def test_wima_is_a_shadow_model_from_round_w():
+    wima = ModelAveraging(ScriptedBase(), window_size=2, start_round=2, feedback=False)
+    sent = run_rounds(wima, [model(1.0), model(3.0), model(7.0)])
+    assert sent == [[1.0], [3.0], [7.0]]  # clients keep receiving the base model
+    assert to_numpy(wima.averaged_arrays)["features.w"].tolist() == [5.0]  # mean(3, 7)
+    assert not wima.sends_average
+
+
+def test_averaging_only_a_subset_keeps_the_rest_from_the_base():
+    features = ModelAveraging(ScriptedBase(), window_size=2, start_round=2, feedback=False, subset="features")
+    run_rounds(features, [model(1.0, head=[10.0]), model(3.0, head=[20.0])])
+    averaged = to_numpy(features.averaged_arrays)
+    assert averaged["features.w"].tolist() == [2.0] and averaged["classifier.w"].tolist() == [20.0]
+    head = ModelAveraging(ScriptedBase(), window_size=2, start_round=2, feedback=False, subset="classifier")
+    run_rounds(head, [model(1.0, head=[10.0]), model(3.0, head=[20.0])])
+    averaged = to_numpy(head.averaged_arrays)
+    assert averaged["features.w"].tolist() == [3.0] and averaged["classifier.w"].tolist() == [15.0]
+
+
+def test_swa_running_average_at_cycle_ends():
+    swa = ModelAveraging(ScriptedBase(), window_size=None, start_round=3, feedback=False, sample_every=2)
+    assert [r for r in range(1, 9) if swa.is_sampled(r)] == [4, 6, 8]
+    averages = []
+    for r in range(1, 9):
+        swa.aggregate_train(r, model(float(r)))
+        averages.append(None if swa.averaged_arrays is None else to_numpy(swa.averaged_arrays)["features.w"][0])
+    # n = 1: 4; n = 2: (1·4 + 6)/2 = 5; n = 3: (2·5 + 8)/3 = 6
+    assert averages == [None, None, None, 4.0, 4.0, 5.0, 5.0, 6.0]
+    assert swa.num_averaged == 3
+
+
+def _request(node_id):
+    return Message(content=RecordDict({"config": ConfigRecord()}), dst_node_id=node_id, message_type=MessageType.TRAIN)
+
+
+def _replies(client_models, sizes):
+    return [
+        Message(
+            content=RecordDict({
+                "arrays": ArrayRecord({"w": Array(np.asarray(w, dtype=np.float64))}),
+                "metrics": MetricRecord({"num-examples": n}),
+            }),
+            reply_to=_request(100 + i),
+        )
+        for i, (w, n) in enumerate(zip(client_models, sizes))
+    ]
+
+
+def _bound(strategy, num_clients=3):
+    strategy.bind_partitions({100 + i: i for i in range(num_clients)}, num_clients, 0)
+    return strategy
+
+
+def test_wima_equals_first_model_minus_position_weighted_pseudo_gradients():
+    """METHODS.md §1.2: w_WIMA^{t'+W} = w^{t'} − Σ_{τ=t'}^{t'+W−1} ((t'+W−τ)/W) Δ^τ for FedAvg."""
+    rng = np.random.default_rng(0)
+    W, sizes = 4, [1, 2, 5]
+    wima = ModelAveraging(_bound(FedAvg(**COMMON)), window_size=W, start_round=W, feedback=False)
+    w = rng.normal(size=3)
+    first, deltas = w.copy(), []
+    for server_round in range(1, W + 1):
+        clients = [w - rng.normal(scale=0.1, size=3) for _ in sizes]
+        delta = sum(n / sum(sizes) * (w - c) for n, c in zip(sizes, clients))
+        deltas.append(delta)
+        arrays, _ = wima.aggregate_train(server_round, _replies(clients, sizes))
+        w = arrays["w"].numpy()
+    expected = first - sum((W - tau) / W * d for tau, d in enumerate(deltas))  # t' = 0
+    np.testing.assert_allclose(to_numpy(wima.averaged_arrays)["w"], expected, rtol=1e-10, atol=1e-12)
+
+
+def test_fedadam_with_ima_takes_its_pseudo_gradient_against_the_fed_back_model():
+    ima = ModelAveraging(_bound(FedAdam(**COMMON, eta=0.1, eta_l=0.1)), window_size=2, start_round=2, feedback=True)
+    sent = ArrayRecord({"w": Array(np.zeros(3))})
+    for server_round in (1, 2, 3):
+        ima.configure_train(server_round, sent, ConfigRecord(), _FakeGrid())
+        assert np.array_equal(ima.base.current_arrays["w"], sent["w"].numpy())
+        clients = [sent["w"].numpy() + 1.0 + i for i in range(3)]
+        sent, _ = ima.aggregate_train(server_round, _replies(clients, [1, 1, 1]))
+    assert ima.sends_average
+
+
+def test_fedavgm_pseudo_gradient_is_anchored_to_the_sent_model():
+    # beta = 0, eta = 0.5: w^{t+1} = w_sent − 0.5 (w_sent − FMA) = 0.5 w_sent + 0.5 FMA.
+    strategy = _bound(FedAvgM(**COMMON, server_learning_rate=0.5, server_momentum=0.0))
+    strategy.configure_train(1, ArrayRecord({"w": Array(np.zeros(1))}), ConfigRecord(), _FakeGrid())
+    strategy.aggregate_train(1, _replies([[2.0], [2.0], [2.0]], [1, 1, 1]))
+    sent = ArrayRecord({"w": Array(np.array([10.0]))})  # e.g. an IMA average, not FedAvgM's own model
+    strategy.configure_train(2, sent, ConfigRecord(), _FakeGrid())
+    result, _ = strategy.aggregate_train(2, _replies([[4.0], [4.0], [4.0]], [1, 1, 1]))
+    assert result["w"].numpy().tolist() == [7.0]
+
+
+class _FakeGrid:
+    def get_node_ids(self):
+        return [100, 101, 102]
+
+
+def test_checkpoint_restore_continues_identically(tmp_path):
+    def fresh():
+        return ModelAveraging(_bound(FedAdam(**COMMON, eta=0.1, eta_l=0.1)), window_size=3, start_round=3, feedback=True)
+
+    rng = np.random.default_rng(0)
+    rounds = [[rng.normal(size=4) for _ in range(3)] for _ in range(6)]
+
+    def play(component, sent, round_numbers):
+        for r in round_numbers:
+            component.configure_train(r, sent, ConfigRecord(), _FakeGrid())
+            sent, _ = component.aggregate_train(r, _replies([sent["w"].numpy() + d for d in rounds[r - 1]], [1, 2, 3]))
+        return sent
+
+    start = ArrayRecord({"w": Array(np.zeros(4))})
+    uninterrupted = play(fresh(), start, range(1, 7))
+
+    first = fresh()
+    midway = play(first, start, range(1, 4))
+    save_checkpoint(tmp_path / "ckpt.pt", {"arrays": midway, "strategy": strategy_state(first)})
+    restored = fresh()
+    checkpoint = load_checkpoint(tmp_path / "ckpt.pt")
+    load_strategy_state(restored, checkpoint["strategy"])
+    resumed = play(restored, checkpoint["arrays"], range(4, 7))
+    assert resumed["w"].numpy().tobytes() == uninterrupted["w"].numpy().tobytes()
+
+
+def test_ima_exploration_and_swa_schedules():
+    base = dict(lr=0.01, decay=0.99, local_epochs=5)
+    ima = ClientSchedule(**base, exploration="exponential", exploration_start=11, exploration_decay=0.97)
+    assert ima(10)[0] == pytest.approx(0.01 * 0.99**9)
+    assert ima(13)[0] == pytest.approx(0.01 * 0.99**10 * 0.97**2)
+    assert ClientSchedule(**base, exploration="constant", exploration_start=11)(12) == (5e-5, 5)
+    cyclic = ClientSchedule(**base, exploration="cyclic", exploration_start=11)
+    assert cyclic(11)[0] == pytest.approx(1e-2) and cyclic(30)[0] == pytest.approx(5e-5) and cyclic(31)[0] == pytest.approx(1e-2)
+    epoch = ClientSchedule(**base, exploration="epoch", exploration_start=11)
+    assert [epoch(r)[1] for r in (10, 11, 30, 31, 200)] == [5, 4, 4, 3, 1]
+    swa = ClientSchedule(lr=0.1, decay=1.0, local_epochs=1, swa_start=11, swa_cycle=10)
+    # t = round − 1; τ = ((t mod 10) + 1)/10; lr = (1 − τ)·0.1 + τ·0.001
+    assert swa(11)[0] == pytest.approx(0.9 * 0.1 + 0.1 * 0.001)
+    assert swa(20)[0] == pytest.approx(0.001)
+    assert swa(5)[0] == pytest.approx(0.1)
