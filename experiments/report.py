@@ -16,11 +16,13 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
         k = s.get("last-k", 10)
         rows.append({
             "run": label,
-            f"acc last {k}": s.get(f"last-{k}-accuracy"),
+            "acc last k": s.get(f"last-{k}-accuracy"),
+            "k": k,
             "best acc": s.get("best-accuracy"),
             "best round": s.get("best-round"),
             "final acc": s.get("final-accuracy"),
-            f"round to {s.get('target-accuracy')}": s.get("round-reaching-target"),
+            "round to target": s.get("round-reaching-target"),
+            "target": s.get("target-accuracy"),
             "rounds": s.get("rounds"),
             "seconds": s.get("wall-seconds"),
         })
@@ -28,20 +30,24 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
 
 
 def plot_accuracy(curves: Mapping[str, pd.DataFrame], path: Path, title: str = "") -> Path:
-    """Central test accuracy per round, one line per run."""
+    """Central test accuracy per round: the reported model solid, and where a run also has
+    an averaged model, its base model dashed in the same colour."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
     for label, frame in curves.items():
-        ax.plot(frame["round"], frame["test-accuracy"], label=label)
+        (line,) = ax.plot(frame["round"], frame["test-accuracy"], label=label)
+        if "averaged-accuracy" in frame and frame["averaged-accuracy"].notna().any():
+            ax.plot(frame["round"], frame["base-accuracy"], linestyle="--", color=line.get_color(),
+                    alpha=0.7, label=f"{label} (base model)")
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy")
     ax.set_title(title or "central test accuracy per round")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,12 +1,19 @@
-"""Run Basin jobs: ``python -m experiments.run [--preset NAME] [--set key=value ...]``.
+"""Run Basin jobs as real Flower simulations.
 
-Without arguments: the main job on the embedded digits data set. Prints a summary table
-and writes ``accuracy.png`` beside each run's results (see README, "What a run writes").
+    python -m experiments.run                       # the main job (see below)
+    python -m experiments.run --preset ima-fmnist-shards --set num-rounds=50
+    python -m experiments.run --preset ima-fmnist-dir0.1 \\
+        --compare strategy=fedavg,fedprox,fedadam,fedyogi --compare averaging=none,ima
+
+Without arguments, the main job: FedAvg, FedAvg+IMA and FedAvg+WIMA on the embedded
+digits. Each ``--compare KEY=V1,V2`` multiplies the runs (grid). Prints a summary table
+and writes ``accuracy.png`` (all runs in one figure) and ``summary.csv``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -17,38 +24,68 @@ from experiments.launch import ClientResources, RunFailed, launch, load_preset, 
 from experiments.report import plot_accuracy, summary_table
 from strategies.config import ConfigError
 
+MAIN_JOB_COMPARE = ["averaging=none,ima,wima"]
+
+
+def variants(compare: list[str]) -> list[dict]:
+    """The grid of overrides named by ``--compare KEY=V1,V2`` flags."""
+    axes = []
+    for spec in compare:
+        key, sep, values = spec.partition("=")
+        if not sep or not values:
+            raise ValueError(f"--compare {spec!r} is not of the form KEY=V1,V2,...")
+        axes.append([parse_overrides([f"{key}={v}"]) for v in values.split(",")])
+    return [dict(kv for part in combo for kv in part.items()) for combo in itertools.product(*axes)]
+
+
+def label_of(overrides: dict) -> str:
+    return "-".join(f"{v}" for v in overrides.values()) or "run"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", help="a preset name from experiments/presets/ or a TOML file")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key")
+    parser.add_argument("--compare", action="append", default=None, metavar="KEY=V1,V2",
+                        help="run once per value (several flags: every combination)")
     parser.add_argument("--out", type=Path, help="output directory (default runs/<preset>-<time>)")
     parser.add_argument("--cpus-per-client", type=float, default=1.0, help="Ray CPUs per virtual client")
     parser.add_argument("--gpus-per-client", type=float, default=0.0,
                         help="Ray GPU fraction per virtual client, e.g. 0.125 for 8 clients per GPU")
     args = parser.parse_args(argv)
+    compare = args.compare if args.compare is not None else ([] if args.preset or args.set else MAIN_JOB_COMPARE)
 
     try:
         preset = load_preset(args.preset) if args.preset else {}
-        config = resolve_config(preset, parse_overrides(args.set))
+        overrides = parse_overrides(args.set)
+        runs = {label_of(v): resolve_config(preset, overrides, v) for v in variants(compare)}
     except (ConfigError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
     name = Path(args.preset).stem if args.preset else "main"
-    out_dir = args.out or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        summary = launch(config, out_dir, ClientResources(args.cpus_per_client, args.gpus_per_client), label=name)
-    except RunFailed as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    out_dir = (args.out or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    resources = ClientResources(args.cpus_per_client, args.gpus_per_client)
+    summaries, curves, failed = {}, {}, []
+    for label, config in runs.items():
+        run_dir = out_dir / label if len(runs) > 1 else out_dir
+        try:
+            summaries[label] = launch(config, run_dir, resources, label=f"{label} ({len(summaries) + len(failed) + 1}/{len(runs)})")
+            curves[label] = pd.read_csv(run_dir / "results.csv")
+        except RunFailed as error:
+            print(f"error: {error}", file=sys.stderr)
+            failed.append(label)
 
-    out_dir = out_dir.resolve()
-    curves = {name: pd.read_csv(out_dir / "results.csv")}
-    figure = plot_accuracy(curves, out_dir / "accuracy.png", title=f"{name}: {config['strategy']} on {config['dataset']}")
-    with pd.option_context("display.float_format", "{:.4f}".format, "display.width", 120):
-        print(summary_table({name: summary}).to_string())
-    print(f"results: {out_dir}/results.csv\nfigure:  {figure}")
+    if summaries:
+        figure = plot_accuracy(curves, out_dir / "accuracy.png", title=f"{name}: {next(iter(runs.values()))['dataset']}")
+        table = summary_table(summaries)
+        table.to_csv(out_dir / "summary.csv")
+        with pd.option_context("display.float_format", "{:.4f}".format, "display.width", 140):
+            print(table.to_string())
+        print(f"results: {out_dir}\nfigure:  {figure}")
+    if failed:
+        print(f"error: {len(failed)} of {len(runs)} runs failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -98,7 +98,7 @@ def test_overrides_parse_toml_values():
 
 
 def test_presets_are_valid():
-    for name in ("ima-fmnist-shards", "ima-fmnist-dir0.1"):
+    for name in ("ima-fmnist-shards", "ima-fmnist-dir0.1", "wima-fmnist-dir0", "wima-fmnist-dir0.05"):
         config = resolve_config(load_preset(name))
         assert config["num-clients"] == 100 and config["num-rounds"] == 300
 
@@ -112,3 +112,16 @@ def test_launcher_refuses_bad_input_before_starting_flower():
     assert "'lr' = -1" in result.stderr and "allowed" in result.stderr
     assert "SuperLink" not in result.stdout + result.stderr
     assert time.monotonic() - started < 60
+
+
+def test_compare_flags_make_a_grid():
+    from experiments.run import label_of, variants
+
+    grid = variants(["strategy=fedavg,fedadam", "averaging=none,ima"])
+    assert grid == [
+        {"strategy": "fedavg", "averaging": "none"}, {"strategy": "fedavg", "averaging": "ima"},
+        {"strategy": "fedadam", "averaging": "none"}, {"strategy": "fedadam", "averaging": "ima"},
+    ]
+    assert label_of(grid[1]) == "fedavg-ima"
+    with pytest.raises(ValueError, match="--compare"):
+        variants(["averaging"])

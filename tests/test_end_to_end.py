@@ -74,3 +74,29 @@ def test_fashion_mnist_ima_preset_runs_a_few_rounds(tmp_path, fashion_mnist_dir)
     assert (rows["clients-ok"] == 10).all()
     assert (rows["local-steps"] == 5 * 600 / 50).all()  # #C=2: 300·2 samples per client
     assert rows["test-accuracy"].iloc[-1] > 0.2
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"strategy": "fedadam", "averaging": "ima", "window": 2, "avg-start": 3},
+        {"strategy": "fedprox", "averaging": "wima", "window": 2},
+    ],
+    ids=["fedadam+ima", "fedprox+wima"],
+)
+def test_averaging_on_two_base_strategies(tmp_path, overrides):
+    config = resolve_config(SMALL, {"num-rounds": 4}, overrides)
+    summary = launch(config, tmp_path, progress=False)
+    rows = pd.read_csv(tmp_path / "results.csv")
+    assert summary["status"] == "completed"
+    if overrides["averaging"] == "ima":
+        # Window fills from round 2 (t_s − P + 1), average sent from t_s = 3 on.
+        assert rows["sent-model"].tolist() == ["base", "base", "averaged", "averaged"]
+        assert rows["averaged-accuracy"].isna().tolist() == [True, True, False, False]
+        assert (rows["test-accuracy"][2:] == rows["averaged-accuracy"][2:]).all()
+        # Mild exploration: ×0.97 per round after t_s on top of the base decay.
+        assert rows["lr"][3] == pytest.approx(0.05 * 0.99**2 * 0.97)
+    else:
+        # WIMA: a shadow model from round W = 2 on; clients keep receiving the base model.
+        assert rows["sent-model"].tolist() == ["base"] * 4
+        assert rows["averaged-accuracy"].isna().tolist() == [True, False, False, False]
