@@ -18,7 +18,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from clients.models import build_model, resolve_model_name
 from clients.training import evaluate, select_device
-from partitions import load_dataset
+from clients.data import partition_indices
+from partitions import class_count_table, load_dataset, plot_class_counts
 from strategies.averaging import ModelAveraging
 from strategies.config import cohort_size, summary_horizon, validate_run_config
 from strategies.registry import build_client_schedule, build_strategy
@@ -68,6 +69,7 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder) -> None:
     """Run all rounds, writing one results row per round."""
     device = select_device(config["device"])
     data = load_dataset(config["dataset"], config["data-dir"])
+    write_partition_statistics(config, data, recorder.directory)
     x_test, y_test = data.x_test.to(device), data.y_test.to(device)
     torch.manual_seed(config["seed"])
     model = build_model(resolve_model_name(config["model"], config["dataset"]), data.input_shape, data.num_classes)
@@ -108,6 +110,18 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder) -> None:
         )
     final = strategy.averaged_arrays if isinstance(strategy, ModelAveraging) and strategy.averaged_arrays else arrays
     torch.save(final.to_torch_state_dict(), recorder.directory / "final_model.pt")
+
+
+def write_partition_statistics(config: dict[str, Any], data, directory: Path) -> None:
+    """partition.csv (class counts per client) and partition.png: the heterogeneity to look at."""
+    indices = partition_indices(
+        config["dataset"], config["data-dir"], config["partition"], config["num-clients"], config["seed"],
+        config["alpha"], config["classes-per-client"], config["min-partition-size"],
+    )
+    table = class_count_table(data.y_train.numpy(), list(indices), data.num_classes)
+    table.to_csv(directory / "partition.csv")
+    title = f"{config['dataset']}: {config['partition']} partition of {config['num-clients']} clients"
+    plot_class_counts(table, directory / "partition.png", title=title)
 
 
 def evaluate_round(strategy, sent: ArrayRecord, model, x_test, y_test) -> dict[str, Any]:

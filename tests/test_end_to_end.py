@@ -32,6 +32,9 @@ def test_run_writes_results_config_model_and_summary(two_runs):
     assert rows["test-accuracy"].between(0, 1).all() and rows["round-seconds"].gt(0).all()
     assert rows["lr"].tolist() == pytest.approx([0.05, 0.05 * 0.99, 0.05 * 0.99**2])
     assert json.loads((out / "config.json").read_text())["num-clients"] == 4
+    partition = pd.read_csv(out / "partition.csv", index_col=0)
+    assert len(partition) == 4 and partition["total"].sum() == 1438
+    assert (out / "partition.png").stat().st_size > 1000
     state = torch.load(out / "final_model.pt", weights_only=True)
     assert "classifier.weight" in state
     # Learning happened: the final model beats chance (10 classes) clearly.
