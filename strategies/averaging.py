@@ -121,7 +121,7 @@ class ModelAveraging(Strategy):
 
     def is_active(self, server_round: int) -> bool:
         """Whether the round's output includes an average."""
-        return server_round >= self.start_round and (self.window or self.num_averaged > 0)
+        return server_round >= self.start_round and (len(self.window) > 0 or self.num_averaged > 0)
 
     @property
     def sends_average(self) -> bool:

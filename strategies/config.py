@@ -112,8 +112,6 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"run config key 'model' = {config['model']!r} needs {needed} inputs but dataset "
             f"{config['dataset']!r} has {has}; allowed for it: 'auto' or a model that fits"
         )
-    if config["partition"] == "shards" and config["classes-per-client"] < 1:
-        raise ConfigError("run config key 'classes-per-client' must be >= 1 for partition 'shards'")
     if round(config["participation"] * config["num-clients"]) < 1:
         raise ConfigError(
             f"run config key 'participation' = {config['participation']} samples no client out of "

@@ -42,7 +42,7 @@ def test_cohort_depends_only_on_seed_and_round():
     assert a.sample_partitions(3) == b.sample_partitions(3)
     assert len(set(a.sample_partitions(3))) == 3
     assert any(a.sample_partitions(r) != a.sample_partitions(1) for r in range(2, 6))
-    assert _strategy(seed=5).sample_partitions(3) != a.sample_partitions(3) or _strategy(seed=6).sample_partitions(3) != a.sample_partitions(3)
+    assert any(_strategy(seed=s).sample_partitions(3) != a.sample_partitions(3) for s in (5, 6, 7))
 
 
 def test_configure_train_addresses_exactly_the_cohort():
