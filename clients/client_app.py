@@ -15,7 +15,8 @@ from flwr.clientapp import ClientApp
 
 from clients.data import client_tensors
 from clients.models import build_model, resolve_model_name
-from clients.training import LocalTrainingConfig, select_device, train_local
+from clients.scaffold import DELTA_KEY, SERVER_CONTROL_KEY, ScaffoldClient
+from clients.training import LocalTrainingConfig, proximal_hook, select_device, train_local
 from partitions import load_dataset
 
 app = ClientApp()
@@ -51,18 +52,25 @@ def train(msg: Message, context: Context) -> Message:
     # The batch order depends on (seed, round, partition) only: reproducible in any engine.
     batch_seed = np.random.SeedSequence([int(round_config["seed"]), int(round_config["server-round"]), partition_id])
     generator = torch.Generator().manual_seed(int(batch_seed.generate_state(1)[0]))
+    lr = float(round_config["lr"])
+    hooks, scaffold = [], None
+    if float(round_config.get("proximal-mu", 0.0)) > 0:
+        hooks.append(proximal_hook(model, float(round_config["proximal-mu"])))
+    if SERVER_CONTROL_KEY in msg.content:
+        scaffold = ScaffoldClient(model, msg.content[SERVER_CONTROL_KEY], context.state)
+        hooks.append(scaffold.hook)
     result = train_local(
         model, x, y,
         LocalTrainingConfig(
-            lr=float(round_config["lr"]),
+            lr=lr,
             local_epochs=int(round_config["local-epochs"]),
             batch_size=int(round_config["batch-size"]),
             momentum=float(round_config["momentum"]),
             weight_decay=float(round_config["weight-decay"]),
             grad_clip=float(round_config["grad-clip"]),
-            proximal_mu=float(round_config.get("proximal-mu", 0.0)),
         ),
         generator,
+        hooks,
     )
     metrics = MetricRecord({
         "num-examples": result.num_examples,
@@ -70,4 +78,7 @@ def train(msg: Message, context: Context) -> Message:
         "local-steps": result.num_steps,
     })
     reply = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics})
+    if scaffold is not None:
+        metrics["client-state-norm"] = scaffold.control_norm()
+        reply[DELTA_KEY] = scaffold.finish(model, result.num_steps, lr)
     return Message(content=reply, reply_to=msg)

@@ -9,12 +9,14 @@ partition is cut into batches; per batch g = ∇ CE(w; batch) (clipped to ``grad
 global 2-norm when > 0), then the SGD update with momentum and weight decay at the
 round's learning rate. The momentum buffer starts at zero every round.
 
-FedProx (Li et al. 2020, eq. 2): with ``proximal_mu`` μ > 0 the local objective is
-F_i(w) + (μ/2)‖w − w^t‖², whose gradient adds μ(w − w^t) to g before clipping.
+Methods that change the local objective add terms to g through *gradient hooks*, called
+after each backward pass and before clipping: FedProx (Li et al. 2020, eq. 2) adds
+μ(w − w^t), the gradient of (μ/2)‖w − w^t‖²; SCAFFOLD adds c − c_i (clients/scaffold.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +34,6 @@ class LocalTrainingConfig:
     momentum: float = 0.0
     weight_decay: float = 0.0
     grad_clip: float = 0.0
-    proximal_mu: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -48,13 +49,17 @@ def train_local(
     y: torch.Tensor,
     config: LocalTrainingConfig,
     generator: torch.Generator,
+    gradient_hooks: Sequence[Callable[[list[nn.Parameter]], None]] = (),
 ) -> LocalTrainingResult:
-    """Run local SGD on (x, y), which live on the model's device; return loss and steps."""
+    """Run local SGD on (x, y), which live on the model's device; return loss and steps.
+
+    Each of ``gradient_hooks`` is called with the parameters after every backward pass.
+    """
     model.train()
     optimizer = torch.optim.SGD(
         model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
     )
-    global_params = [p.detach().clone() for p in model.parameters()] if config.proximal_mu > 0 else None
+    params = list(model.parameters())
     num_examples = len(y)
     loss_sum = torch.zeros((), device=x.device)
     steps = 0
@@ -66,14 +71,20 @@ def train_local(
             loss = F.cross_entropy(model(x[batch]), y[batch])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if global_params is not None:
-                add_proximal_gradient(model.parameters(), global_params, config.proximal_mu)
+            for hook in gradient_hooks:
+                hook(params)
             if config.grad_clip > 0:
                 nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             loss_sum += loss.detach()
             steps += 1
     return LocalTrainingResult(float(loss_sum) / max(steps, 1), steps, num_examples)
+
+
+def proximal_hook(model: nn.Module, mu: float) -> Callable[[list[nn.Parameter]], None]:
+    """FedProx's hook, anchored at the model's current (global) weights."""
+    anchors = [p.detach().clone() for p in model.parameters()]
+    return lambda params: add_proximal_gradient(params, anchors, mu)
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord
 from strategies.averaging import ModelAveraging, to_arrays, to_numpy
 
 # Attributes in which Flower's strategies keep server state across rounds.
-BASE_STATE_ATTRIBUTES = ("current_arrays", "m_t", "v_t", "momentum_vector")
+BASE_STATE_ATTRIBUTES = ("current_arrays", "m_t", "v_t", "momentum_vector", "control")
 
 
 def _encode(value: Any) -> Any:

@@ -18,7 +18,7 @@ from partitions.stats import PARTITION_SCHEMES
 from strategies.averaging import AVERAGING_SUBSETS
 from strategies.schedules import EXPLORATIONS
 
-STRATEGY_NAMES = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox")
+STRATEGY_NAMES = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold")
 AVERAGING_NAMES = ("none", "ima", "wima", "swa")
 DEVICES = ("auto", "cpu", "cuda")
 

@@ -17,6 +17,7 @@ from strategies.fedavg import FedAvg
 from strategies.fedavgm import FedAvgM
 from strategies.fedopt import FedAdagrad, FedAdam, FedYogi
 from strategies.fedprox import FedProx
+from strategies.scaffold import Scaffold
 from strategies.schedules import ClientSchedule
 
 FEDOPT_CLASSES = {"fedadam": FedAdam, "fedyogi": FedYogi, "fedadagrad": FedAdagrad}
@@ -32,6 +33,8 @@ def build_base_strategy(config: Mapping[str, Any]) -> Strategy:
     server_lr = config["server-lr"] or DEFAULT_SERVER_LR.get(name, 1.0)
     if name == "fedavg":
         return FedAvg(**common)
+    if name == "scaffold":
+        return Scaffold(**common)
     if name == "fedprox":
         return FedProx(**common, proximal_mu=config["prox-mu"])
     if name == "fedavgm":

@@ -22,11 +22,12 @@ from typing import Any
 # test-accuracy/-loss: the model the method reports (IMA: the one clients receive;
 # WIMA/SWA: the averaged shadow once it exists); base-*: the base method's model;
 # averaged-*: the window average (empty before it exists); sent-model: what clients
-# receive next round ("base" or "averaged").
+# receive next round ("base" or "averaged"); client-state-norm: mean norm of the state a
+# stateful client (SCAFFOLD's c_i) brought into the round, empty for stateless methods.
 ROUND_COLUMNS = (
     "round", "lr", "local-epochs", "test-accuracy", "test-loss",
     "base-accuracy", "base-loss", "averaged-accuracy", "averaged-loss", "sent-model",
-    "train-loss", "clients-ok", "clients-failed", "local-steps", "round-seconds",
+    "train-loss", "clients-ok", "clients-failed", "local-steps", "client-state-norm", "round-seconds",
 )
 
 

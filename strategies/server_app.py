@@ -100,6 +100,7 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder) -> None:
             **evaluation,
             "train-loss": metrics.get("train-loss", float("nan")),
             "local-steps": metrics.get("local-steps", float("nan")),
+            "client-state-norm": metrics.get("client-state-norm", float("nan")),
             "round-seconds": time.perf_counter() - started,
             **strategy.round_clients,
         })

@@ -103,3 +103,15 @@ def test_averaging_on_two_base_strategies(tmp_path, overrides):
         # WIMA: a shadow model from round W = 2 on; clients keep receiving the base model.
         assert rows["sent-model"].tolist() == ["base"] * 4
         assert rows["averaged-accuracy"].isna().tolist() == [True, False, False, False]
+
+
+def test_scaffold_client_controls_survive_across_rounds(tmp_path):
+    # Plain local SGD, as in the paper (option II divides by K·η, which assumes no momentum).
+    config = resolve_config(SMALL, {"strategy": "scaffold", "participation": 1.0, "momentum": 0.0, "lr": 0.1})
+    summary = launch(config, tmp_path, progress=False)
+    rows = pd.read_csv(tmp_path / "results.csv")
+    assert summary["status"] == "completed"
+    # Every client trains every round: c_i is 0 in round 1 and carried over afterwards.
+    assert rows["client-state-norm"].iloc[0] == 0.0
+    assert (rows["client-state-norm"].iloc[1:] > 0).all()
+    assert rows["test-accuracy"].iloc[-1] > 0.3

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from clients.models import build_model
-from clients.training import LocalTrainingConfig, add_proximal_gradient, evaluate, train_local
+from clients.training import LocalTrainingConfig, add_proximal_gradient, evaluate, proximal_hook, train_local
 from partitions import load_dataset
 from strategies.server_app import round_train_config
 from experiments.launch import resolve_config
@@ -71,8 +71,9 @@ def test_fedprox_keeps_clients_closer_to_the_global_model():
         torch.manual_seed(0)
         model = build_model("mlp", data.input_shape, 10)
         start = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
-        config = LocalTrainingConfig(lr=0.05, local_epochs=3, batch_size=32, proximal_mu=mu)
-        train_local(model, data.x_train[:200], data.y_train[:200], config, torch.Generator().manual_seed(0))
+        config = LocalTrainingConfig(lr=0.05, local_epochs=3, batch_size=32)
+        hooks = [proximal_hook(model, mu)] if mu else []
+        train_local(model, data.x_train[:200], data.y_train[:200], config, torch.Generator().manual_seed(0), hooks)
         return float(torch.linalg.vector_norm(torch.cat([p.detach().flatten() for p in model.parameters()]) - start))
 
     assert drift(1.0) < drift(0.0)

@@ -1,0 +1,54 @@
+"""SCAFFOLD, server side (Karimireddy et al., ICML 2020, Algorithm 1; METHODS.md §2.2).
+
+The server sends its control variate c with the model; each client replies with its
+model and Δc_i (clients/scaffold.py). Then c ← c + (|S|/N)·mean_{i∈S} Δc_i and the model
+is the FMA of the client models (the paper's x ← x + η_g·mean Δy_i with η_g = 1, weighted
+by sample counts as every FMA in this project). Δc_i are summed in partition order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import ArrayRecord
+from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+
+from clients.scaffold import DELTA_KEY, SERVER_CONTROL_KEY
+from strategies.averaging import to_arrays, to_numpy
+from strategies.sampling import CohortSampling
+
+
+def server_control_update(
+    control: dict[str, np.ndarray], deltas: list[dict[str, np.ndarray]], num_clients: int
+) -> dict[str, np.ndarray]:
+    """c ← c + (|S|/N)·(1/|S|) Σ Δc_i = c + Σ Δc_i / N."""
+    return {k: control[k] + sum(d[k] for d in deltas) * (len(deltas) / num_clients) / len(deltas) for k in control}
+
+
+class Scaffold(CohortSampling, FlowerFedAvg):
+    """SCAFFOLD over a seeded cohort; the control variate ``control`` is checkpointed state."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.control: dict[str, np.ndarray] | None = None
+
+    def configure_train(self, server_round, arrays, config, grid):
+        if self.control is None:
+            # Controls exist for trainable weights: every array of Basin's models.
+            self.control = {k: np.zeros_like(v) for k, v in to_numpy(arrays).items()}
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        control = to_arrays(self.control)
+        for message in messages:
+            message.content[SERVER_CONTROL_KEY] = control
+        return messages
+
+    def aggregate_train(self, server_round, replies):
+        replies = list(replies)
+        ok = sorted((r for r in replies if not r.has_error()), key=lambda r: self.partition_of_node[r.metadata.src_node_id])
+        deltas = []
+        for reply in ok:
+            delta: ArrayRecord = reply.content[DELTA_KEY]
+            deltas.append(to_numpy(delta))
+            del reply.content[DELTA_KEY]  # Flower's FedAvg expects one ArrayRecord per reply
+        if deltas:
+            self.control = server_control_update(self.control, deltas, len(self.partition_of_node))
+        return super().aggregate_train(server_round, replies)
