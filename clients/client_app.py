@@ -8,6 +8,8 @@ hyperparameters, including the round's learning rate, come with each message.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -20,6 +22,13 @@ from clients.training import LocalTrainingConfig, proximal_hook, select_device, 
 from partitions import load_dataset
 
 app = ClientApp()
+
+
+@lru_cache(maxsize=4)
+def _process_model(name: str, input_shape: tuple[int, ...], num_classes: int, device: str) -> torch.nn.Module:
+    """One model per client process, reused every round: each round overwrites all of its
+    weights with the received ones, so only the allocation is saved."""
+    return build_model(name, input_shape, num_classes).to(device)
 
 
 def _partition(context: Context) -> tuple[int, int]:
@@ -45,9 +54,8 @@ def train(msg: Message, context: Context) -> Message:
 
     data = load_dataset(str(run_config["dataset"]), str(run_config["data-dir"]))
     model_name = resolve_model_name(str(run_config["model"]), str(run_config["dataset"]))
-    model = build_model(model_name, data.input_shape, data.num_classes)
+    model = _process_model(model_name, data.input_shape, data.num_classes, str(device))
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    model.to(device)
 
     # The batch order depends on (seed, round, partition) only: reproducible in any engine.
     batch_seed = np.random.SeedSequence([int(round_config["seed"]), int(round_config["server-round"]), partition_id])

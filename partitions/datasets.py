@@ -29,6 +29,8 @@ HUB_ALIASES = {"cifar10": "uoft-cs/cifar10", "cifar100": "uoft-cs/cifar100"}
 # Per data set, the label column to prefer when a hub set has several ClassLabels.
 HUB_LABEL_KEYS = {"uoft-cs/cifar100": "fine_label"}
 BUILTIN_DATASETS = ("digits", "fashion-mnist", *HUB_ALIASES)
+# Input shape (C, H, W) of the built-in sets, known without loading them (config checks).
+INPUT_SHAPES = {"digits": (1, 8, 8), "fashion-mnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clients.models import MODEL_NAMES, REQUIRED_INPUT, resolve_model_name
-from partitions.datasets import BUILTIN_DATASETS, is_known_dataset
+from partitions.datasets import BUILTIN_DATASETS, INPUT_SHAPES, is_known_dataset
 from partitions.stats import PARTITION_SCHEMES
 from strategies.averaging import AVERAGING_SUBSETS
 from strategies.schedules import EXPLORATIONS
@@ -105,8 +105,7 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     config = {key: _coerce(key, value) for key, value in run_config.items()}
 
     model = resolve_model_name(config["model"], config["dataset"])
-    shape = {"digits": (1, 8, 8), "fashion-mnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
-    needed, has = REQUIRED_INPUT.get(model), shape.get(config["dataset"])
+    needed, has = REQUIRED_INPUT.get(model), INPUT_SHAPES.get(config["dataset"])
     if needed and has and needed != has:
         raise ConfigError(
             f"run config key 'model' = {config['model']!r} needs {needed} inputs but dataset "
