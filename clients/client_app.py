@@ -8,6 +8,7 @@ hyperparameters, including the round's learning rate, come with each message.
 
 from __future__ import annotations
 
+import time
 from functools import lru_cache
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from clients import protocol
 from clients.data import client_tensors
 from clients.models import build_model, resolve_model_name
 from clients.local_round import LocalRound
@@ -46,6 +48,7 @@ def query(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Load the global model, run local SGD with the round's config, reply with the result."""
+    started = time.time()
     run_config = context.run_config
     partition_id, num_partitions = _partition(context)
     round_config = msg.content["config"]
@@ -66,5 +69,15 @@ def train(msg: Message, context: Context) -> Message:
     local_round = LocalRound(model, msg.content, context.state, np.random.default_rng(objective_seed))
     result = local_round.train(model, x, y, generator)
     metrics, records = local_round.finish(model, result)
+    metrics.update(process_usage(started, device))
     reply = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord(metrics), **records})
     return Message(content=reply, reply_to=msg)
+
+
+def process_usage(started: float, device: torch.device) -> dict[str, float]:
+    """When this client worked (wall clock, so the server can tell its own overhead apart)
+    and, on CUDA, the peak memory its process has allocated (data, model and activations)."""
+    usage = {protocol.TRAIN_START: started, protocol.TRAIN_END: time.time()}
+    if device.type == "cuda":
+        usage[protocol.GPU_PEAK_MB] = torch.cuda.max_memory_allocated(device) / 2**20
+    return usage

@@ -20,6 +20,9 @@ MOON_PREVIOUS_MODEL = "moon-previous-model"  # the client's model after its last
 
 # Reply metrics (MetricRecord "metrics").
 FEDNOVA_A_NORM = "fednova-a-norm"  # ‖a_i‖₁ of the client's local solver (FedNova)
+TRAIN_START = "train-start"  # wall clock (s since the epoch) when the client began the round's work
+TRAIN_END = "train-end"  # … and when it finished, before its reply is serialised
+GPU_PEAK_MB = "gpu-peak-mb"  # the client process's peak CUDA memory allocated so far (MiB; CUDA only)
 
 # ArrayRecords besides "arrays".
 SCAFFOLD_SERVER_CONTROL = "scaffold-control"  # server → client: c

@@ -16,6 +16,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from clients import protocol
+
 
 class NodeDiscoveryError(RuntimeError):
     """The connected nodes do not form the federation the run config describes."""
@@ -85,7 +87,7 @@ class CohortSampling:
         self.partition_of_node = dict(partition_of_node)
         self.cohort_size = cohort_size
         self.seed = seed
-        self.round_clients: dict[str, int] = {}
+        self.round_clients: dict[str, float] = {}
 
     def sample_partitions(self, server_round: int) -> list[int]:
         """The sorted partition ids of a round's cohort (depends only on seed and round)."""
@@ -112,8 +114,33 @@ class CohortSampling:
         replies = list(replies)
         failed = [r for r in replies if r.has_error()]
         ok = self.in_partition_order(replies)
-        self.round_clients = {"clients-ok": len(ok), "clients-failed": len(failed)}
+        self.round_clients = {"clients-ok": len(ok), "clients-failed": len(failed), **client_usage(ok)}
         return super().aggregate_train(server_round, ok + failed)
+
+
+def client_usage(replies: Iterable[Message]) -> dict[str, float]:
+    """``client-seconds``: how long at least one client of the cohort was working (the union
+    of their [train-start, train-end] intervals), so round time minus this is the time
+    spent outside client compute; ``client-gpu-mb``: the largest peak CUDA memory of a
+    client process (NaN on CPU)."""
+    intervals, peaks = [], []
+    for reply in replies:
+        metrics = next(iter(reply.content.metric_records.values()))
+        if protocol.TRAIN_START in metrics and protocol.TRAIN_END in metrics:
+            intervals.append((float(metrics[protocol.TRAIN_START]), float(metrics[protocol.TRAIN_END])))
+        if protocol.GPU_PEAK_MB in metrics:
+            peaks.append(float(metrics[protocol.GPU_PEAK_MB]))
+    return {"client-seconds": union_length(intervals), "client-gpu-mb": max(peaks, default=float("nan"))}
+
+
+def union_length(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total length covered by a set of [start, end] intervals."""
+    total, covered_until = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > covered_until:
+            total += end - max(start, covered_until)
+            covered_until = end
+    return total
 
 
 class ServerUpdate(CohortSampling):

@@ -90,6 +90,7 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder) -> None:
         aggregated, metrics = strategy.aggregate_train(server_round, replies)
         if aggregated is not None:
             arrays = aggregated
+        trained = time.perf_counter()
         evaluation = evaluate_round(strategy, arrays, model, x_test, y_test)
         test_accuracy = evaluation["test-accuracy"]
         metrics = metrics or {}
@@ -102,6 +103,8 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder) -> None:
             "local-steps": metrics.get("local-steps", float("nan")),
             "client-state-norm": metrics.get("client-state-norm", float("nan")),
             "round-seconds": time.perf_counter() - started,
+            "train-seconds": trained - started,
+            "eval-seconds": time.perf_counter() - trained,
             **strategy.round_clients,
         })
         print(
