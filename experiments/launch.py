@@ -101,35 +101,68 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _pids_listening_with(marker: str) -> list[int]:
-    """PIDs of flower-superlink processes whose command line contains ``marker``."""
-    pids = []
+def _process_table() -> dict[int, tuple[int, int, str]]:
+    """{pid: (parent pid, process group, command line)} of every process we can see."""
+    table = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
+            stat = (proc / "stat").read_text()
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if "flower-superlink" in cmdline and marker in cmdline:
-            pids.append(int(proc.name))
-    return pids
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        table[int(proc.name)] = (int(fields[1]), int(fields[2]), cmdline)
+    return table
 
 
 def _stop_superlink(port: int) -> None:
-    for pid in _pids_listening_with(f"--port {port}"):
+    """Stop the SuperLink ``flwr run`` started on ``port`` and everything under it.
+
+    An interrupted run leaves the SuperLink's SuperExec, the simulation and its Ray
+    processes behind (Ray's agents outlive their parent), so the whole tree and the
+    process groups it created are terminated, then killed if they linger.
+    """
+    table = _process_table()
+    roots = [pid for pid, (_, _, cmd) in table.items() if "flower-superlink" in cmd and f"--port {port}" in cmd]
+    tree, frontier = set(roots), list(roots)
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, (ppid, _, _) in table.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    groups = {table[pid][1] for pid in tree} - {os.getpgrp()}
+    _signal_all(tree, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(pid) for pid in tree):
+        time.sleep(0.1)
+    _signal_all(tree, signal.SIGKILL)
+    for group in groups:
         try:
-            os.kill(pid, signal.SIGTERM)
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            continue
+
+
+def _signal_all(pids: set[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
         except ProcessLookupError:
             continue
-        for _ in range(50):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.1)
-        else:
-            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead but still listed until its parent reaps it.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _read_summary(out_dir: Path) -> dict[str, Any] | None:
@@ -153,6 +186,7 @@ def launch(
     resources: ClientResources = ClientResources(),
     progress: bool = True,
     label: str = "",
+    leave: bool = True,
 ) -> dict[str, Any]:
     """Run one validated config with ``flwr run``; return its summary or raise RunFailed."""
     out_dir = Path(out_dir).resolve()
@@ -183,7 +217,7 @@ def launch(
         try:
             with open(log_path, "w") as log:
                 process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=APP_DIR)
-                _follow(process, out_dir, config["num-rounds"], progress, label)
+                _follow(process, out_dir, config["num-rounds"], progress, label, leave)
         finally:
             if "process" in locals() and process.poll() is None:
                 process.terminate()
@@ -197,11 +231,11 @@ def launch(
     return summary
 
 
-def _follow(process: subprocess.Popen, out_dir: Path, num_rounds: int, progress: bool, label: str) -> None:
+def _follow(process: subprocess.Popen, out_dir: Path, num_rounds: int, progress: bool, label: str, leave: bool) -> None:
     """Wait for ``flwr run``, drawing a progress bar of rounds written to results.csv."""
     from tqdm import tqdm
 
-    with tqdm(total=num_rounds, desc=label or out_dir.name, unit="round", disable=not progress) as bar:
+    with tqdm(total=num_rounds, desc=label or out_dir.name, unit="round", disable=not progress, leave=leave) as bar:
         while process.poll() is None:
             bar.update(_count_rounds(out_dir) - bar.n)
             time.sleep(0.5)

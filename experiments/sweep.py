@@ -1,0 +1,321 @@
+"""Sweeps: many Basin runs over a grid of configs, resumable, one results table.
+
+    python -m experiments.sweep ima-fmnist-alpha            # a sweep from experiments/sweeps/
+    python -m experiments.sweep my-sweep.toml --set num-rounds=20 --out runs/quick
+    python -m experiments.sweep my-sweep.toml --list        # the runs and their status
+
+A sweep file (TOML)::
+
+    name = "ima-fmnist-alpha"        # optional; output goes to runs/<name> (or --out)
+    preset = "ima-fmnist-dir0.1"     # optional base preset (experiments/presets/)
+    [set]                            # run-config overrides for every run
+    num-rounds = 300
+    [resources]                      # Ray resources of each virtual client
+    num-cpus = 1
+    num-gpus = 0.125                 # 8 clients share one GPU
+    [grid]                           # every combination of these axes, in this order
+    alpha = [0.05, 0.1, 0.3]
+    method = [{strategy = "fedavg"}, {strategy = "fedprox", prox-mu = 0.01}]
+    averaging = ["none", "ima"]
+    seed = [0, 1, 2]
+
+An axis is a run-config key with a list of values, or any name with a list of tables
+of keys that change together. Grid points that resolve to the same config run once.
+Everything is validated before the first run starts.
+
+Each run is a real Flower run (``experiments.launch``) in ``<out>/runs/<run id>``. A run
+is finished when its ``outcome.json`` (status, error, config) is written, after Flower
+returns; re-running the command skips finished runs whose config is unchanged, reruns
+unfinished or changed ones from scratch, and keeps failed runs as failed unless
+``--retry-failed``. After every run the tables are rebuilt from the run directories and
+replaced atomically, so they are never half-written and a killed sweep loses at most the
+run in progress:
+
+- ``results.parquet`` / ``results.csv``: one row per run: ``run``, ``status``
+  (completed, failed, pending), ``error``, every run-config key, and ``acc-last-k``,
+  ``last-k``, ``acc-best``, ``best-round``, ``acc-final``, ``rounds-to-target``,
+  ``rounds``, ``wall-seconds`` (ServerApp), ``run-seconds`` (with Flower's start-up),
+  ``run-dir``;
+- ``curves.parquet``: every round of every run (``run`` + the columns of results.csv);
+- ``report/``: tables and figures (``experiments.sweep_report``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from experiments.launch import ClientResources, RunFailed, launch, load_preset, parse_overrides, resolve_config
+from strategies.config import ConfigError
+from strategies.results import write_json_atomic
+
+SWEEPS_DIR = Path(__file__).resolve().parent / "sweeps"
+SWEEP_KEYS = {"name", "description", "preset", "set", "resources", "grid"}
+RESOURCE_KEYS = {"num-cpus", "num-gpus"}
+# summary.json key → results-table column
+SUMMARY_COLUMNS = {
+    "best-accuracy": "acc-best", "best-round": "best-round", "final-accuracy": "acc-final",
+    "round-reaching-target": "rounds-to-target", "rounds": "rounds", "wall-seconds": "wall-seconds",
+    "last-k": "last-k",
+}
+
+
+class SweepError(ValueError):
+    """A sweep file that cannot be run as written."""
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    run_id: str
+    config: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    runs: list[SweepRun]
+    resources: ClientResources
+    duplicates: int  # grid points that resolved to an earlier point's config
+
+
+def sweep_path(name_or_path: str) -> Path:
+    """A sweep name from experiments/sweeps/ or a TOML file path."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = SWEEPS_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in SWEEPS_DIR.glob("*.toml")))
+        raise FileNotFoundError(f"sweep {name_or_path!r} not found; known sweeps: {known}")
+    return path
+
+
+def load_sweep(path: Path, overrides: Mapping[str, Any] | None = None) -> Sweep:
+    """Read and validate a sweep file: every run's config is resolved (raises SweepError/ConfigError)."""
+    with open(path, "rb") as f:
+        spec = tomllib.load(f)
+    unknown = sorted(set(spec) - SWEEP_KEYS)
+    if unknown:
+        raise SweepError(f"sweep file {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(SWEEP_KEYS))}")
+    resources = spec.get("resources", {})
+    bad = sorted(set(resources) - RESOURCE_KEYS)
+    if bad:
+        raise SweepError(f"sweep file {path}: unknown [resources] key(s) {', '.join(bad)}; allowed: num-cpus, num-gpus")
+    for key, value in resources.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise SweepError(f"sweep file {path}: [resources] {key} = {value!r} is not allowed; allowed: a number >= 0")
+    grid = spec.get("grid", {})
+    if not isinstance(grid, dict) or not grid:
+        raise SweepError(f"sweep file {path}: [grid] is missing or empty; allowed: axes such as alpha = [0.1, 0.5]")
+    axes = [_axis(path, name, values) for name, values in grid.items()]
+
+    base = load_preset(spec["preset"]) if "preset" in spec else {}
+    runs, seen, duplicates = [], {}, 0
+    for point in itertools.product(*axes):
+        run_id = "_".join(label for label, _ in point)
+        layer = {key: value for _, values in point for key, value in values.items()}
+        try:
+            config = resolve_config(base, spec.get("set", {}), layer, overrides or {})
+        except ConfigError as error:
+            raise ConfigError(f"sweep file {path}, run {run_id}: {error}") from None
+        fingerprint = json.dumps(config, sort_keys=True)
+        if fingerprint in seen:
+            duplicates += 1
+            continue
+        seen[fingerprint] = run_id
+        runs.append(SweepRun(run_id, config))
+    name = spec.get("name", path.stem)
+    return Sweep(name, runs, ClientResources(resources.get("num-cpus", 1.0), resources.get("num-gpus", 0.0)), duplicates)
+
+
+def _axis(path: Path, name: str, values: Any) -> list[tuple[str, dict[str, Any]]]:
+    """An axis as (label, overrides) pairs; labels become parts of run ids."""
+    if not isinstance(values, list) or not values:
+        raise SweepError(f"sweep file {path}: [grid] {name} = {values!r} is not allowed; allowed: a non-empty list")
+    points = []
+    for value in values:
+        overrides = value if isinstance(value, dict) else {name: value}
+        if isinstance(value, dict) and not value:
+            raise SweepError(f"sweep file {path}: [grid] {name} has an empty table; allowed: tables of run-config keys")
+        label = "+".join(f"{key}={_slug(v)}" for key, v in overrides.items())
+        points.append((label, overrides))
+    labels = [label for label, _ in points]
+    if len(set(labels)) != len(labels):
+        raise SweepError(f"sweep file {path}: [grid] {name} repeats a value: {values!r}")
+    return points
+
+
+def _slug(value: Any) -> str:
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    return re.sub(r"[^A-Za-z0-9.\-]+", "-", text)
+
+
+# ---- resumable execution ------------------------------------------------------------
+
+def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in config.items() if key != "output-dir"}
+
+
+def read_outcome(run_dir: Path, config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The finished outcome of a run with this config, or None (never run, interrupted, or
+    run with another config)."""
+    try:
+        outcome = json.loads((run_dir / "outcome.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return outcome if outcome.get("config") == _comparable(config) else None
+
+
+def run_sweep(sweep: Sweep, out_dir: Path, retry_failed: bool = False, progress: bool = True) -> pd.DataFrame:
+    """Run every unfinished run of the sweep, rebuilding the tables after each; return the results table."""
+    from tqdm import tqdm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    todo = []
+    for run in sweep.runs:
+        outcome = read_outcome(out_dir / "runs" / run.run_id, run.config)
+        if outcome is None or (retry_failed and outcome["status"] == "failed"):
+            todo.append(run)
+    finished = len(sweep.runs) - len(todo)
+    with tqdm(total=len(sweep.runs), initial=finished, desc=f"sweep {sweep.name}", unit="run", disable=not progress) as bar:
+        for run in todo:
+            run_dir = out_dir / "runs" / run.run_id
+            shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted or outdated attempt
+            started = time.time()
+            try:
+                launch(run.config, run_dir, sweep.resources, progress=progress, label=run.run_id, leave=False)
+                outcome = {"status": "completed", "error": ""}
+            except RunFailed as error:
+                outcome = {"status": "failed", "error": str(error).splitlines()[0]}
+            except Exception as error:  # the sweep goes on; the run records why it failed
+                outcome = {"status": "failed", "error": f"{type(error).__name__}: {error}"}
+            outcome.update({"run-seconds": time.time() - started, "config": _comparable(run.config)})
+            write_json_atomic(run_dir / "outcome.json", outcome)
+            write_tables(sweep, out_dir)
+            bar.update(1)
+            if outcome["status"] == "failed":
+                bar.write(f"run {run.run_id} failed: {outcome['error']}")
+    return write_tables(sweep, out_dir)
+
+
+def collect(sweep: Sweep, out_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The results table (one row per run) and the per-round curves, from the run directories."""
+    rows, curves = [], []
+    for run in sweep.runs:
+        run_dir = out_dir / "runs" / run.run_id
+        outcome = read_outcome(run_dir, run.config)
+        row = {"run": run.run_id, "status": "pending", "error": "", **_comparable(run.config)}
+        if outcome is not None:
+            row.update(status=outcome["status"], error=outcome["error"], **{"run-seconds": outcome["run-seconds"]})
+            row.update(_summary_columns(run_dir))
+            try:
+                curves.append(pd.read_csv(run_dir / "results.csv").assign(run=run.run_id))
+            except (OSError, pd.errors.EmptyDataError):
+                pass
+        row["run-dir"] = str(run_dir.relative_to(out_dir))
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    for column in ("acc-last-k", *SUMMARY_COLUMNS.values(), "run-seconds"):
+        table[column] = pd.to_numeric(table.get(column), errors="coerce") if column in table else float("nan")
+    curve_table = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(columns=["run", "round"])
+    return table, curve_table[["run", *[c for c in curve_table.columns if c != "run"]]]
+
+
+def _summary_columns(run_dir: Path) -> dict[str, Any]:
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    columns = {column: summary.get(key) for key, column in SUMMARY_COLUMNS.items()}
+    columns["acc-last-k"] = summary.get(f"last-{summary.get('last-k')}-accuracy")
+    return columns
+
+
+def write_tables(sweep: Sweep, out_dir: Path) -> pd.DataFrame:
+    """Rebuild results.parquet/.csv and curves.parquet, each replaced atomically."""
+    table, curves = collect(sweep, out_dir)
+    _replace(out_dir / "results.parquet", lambda tmp: table.to_parquet(tmp, index=False))
+    _replace(out_dir / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
+    _replace(out_dir / "curves.parquet", lambda tmp: curves.to_parquet(tmp, index=False))
+    return table
+
+
+def _replace(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ---- command line -------------------------------------------------------------------
+
+def _interrupt(signum, frame) -> None:
+    # SIGTERM unwinds like Ctrl-C, so the current run's Flower processes are stopped.
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep", help="a sweep name from experiments/sweeps/ or a TOML file")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a run-config key in every run (changes the runs' configs)")
+    parser.add_argument("--out", type=Path, help="output directory (default runs/<sweep name>)")
+    parser.add_argument("--retry-failed", action="store_true", help="run failed runs again")
+    parser.add_argument("--list", action="store_true", help="print the runs and their status; run nothing")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    try:
+        sweep = load_sweep(sweep_path(args.sweep), parse_overrides(args.set))
+    except (ConfigError, SweepError, FileNotFoundError, ValueError, tomllib.TOMLDecodeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    out_dir = (args.out or Path("runs") / sweep.name).resolve()
+    note = f" ({sweep.duplicates} grid points repeat another's config and run once)" if sweep.duplicates else ""
+    print(f"sweep {sweep.name}: {len(sweep.runs)} runs{note} → {out_dir}")
+    if args.list:
+        table, _ = collect(sweep, out_dir)
+        print(table[["run", "status", "acc-last-k", "error"]].to_string(index=False))
+        return 0
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        table = run_sweep(sweep, out_dir, args.retry_failed, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        table = write_tables(sweep, out_dir)
+        done = int(table["status"].ne("pending").sum())
+        print(f"interrupted: {done} of {len(table)} runs finished; run the same command again to resume",
+              file=sys.stderr)
+        return 130
+    _print_outcome(table, out_dir)
+    return 1 if table["status"].eq("failed").any() else 0
+
+
+def _print_outcome(table: pd.DataFrame, out_dir: Path) -> None:
+    from experiments.sweep_report import write_report
+
+    counts = table["status"].value_counts().to_dict()
+    print("runs: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
+    for _, row in table[table["status"] == "failed"].iterrows():
+        print(f"failed: {row['run']}: {row['error']}", file=sys.stderr)
+    if counts.get("completed"):
+        files = write_report(out_dir)
+        print(f"results: {out_dir / 'results.parquet'} (and .csv), curves: {out_dir / 'curves.parquet'}")
+        print(f"report: {len(files)} files in {out_dir / 'report'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

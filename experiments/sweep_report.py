@@ -1,0 +1,353 @@
+"""Tables and figures of a sweep: many federated runs over a grid of configs.
+
+    python -m experiments.sweep_report SWEEP_DIR [--out DIR]
+
+Reads ``SWEEP_DIR/results.parquet`` (one row per run, written by experiments/sweep.py; the
+CSV twin is the fallback) and ``curves.parquet`` (per-round rows), keeps the completed
+runs, and writes to ``SWEEP_DIR/report/`` the views the IMA and WIMA papers show:
+
+- ``accuracy-table.csv`` / ``.md``: methods × settings, accuracy of the last k rounds
+  ×100 as mean ± std over seeds, averaged methods with their gain over the base method in
+  percentage points, e.g. ``85.30 ± 0.41 (+1.18)``;
+- ``gains.csv``: every averaged run with its base run's accuracy and the gain;
+- ``gain-vs-<key>.png`` for alpha (Dirichlet runs), participation, local-epochs and
+  num-clients, where the key takes two or more values among the paired runs;
+- ``rounds-to-target-vs-start.png`` where avg-start varies, ``window-ablation.png`` where
+  window varies, each with the base method as a dashed line;
+- ``curves-<setting>.png``: mean test accuracy per round, one colour per strategy.
+
+A *setting* is what varies in the sweep besides the strategy, the seed and the averaging
+keys (e.g. ``Dir(0.1)``, ``#C=2``, ``IID``). Pairing rule: an averaged run (averaging !=
+"none") is compared with the completed base run (averaging == "none") whose config is equal
+on every key except AVERAGING_KEYS, so the gain of a seed is measured against the same
+seed, data split and hyper-parameters; an averaged run without such a base run has gain
+NaN, and a table cell's gain is the mean over its paired seeds. Means and stds over seeds use
+ddof=0 (a single seed has std 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import pandas as pd
+
+AVERAGING_KEYS = ("averaging", "window", "avg-start", "avg-feedback", "avg-subset", "ima-exploration", "ima-decay",
+                  "swa-cycle")
+SUMMARY_COLUMNS = ("acc-last-k", "last-k", "acc-best", "best-round", "acc-final", "rounds-to-target", "rounds",
+                   "wall-seconds", "run-seconds")
+# Columns that describe a run but are not part of its config (paths differ per run).
+NOT_CONFIG = {"run", "status", "error", "run-dir", "output-dir", "data-dir", *SUMMARY_COLUMNS}
+PARTITION_KEYS = ("partition", "alpha", "classes-per-client")
+GAIN_KEYS = ("alpha", "participation", "local-epochs", "num-clients")
+DASHES = ("--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)))
+MARKERS = ("o", "s", "^", "D", "v")
+
+
+def load_sweep(directory: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Results (one row per run) and curves (per-round rows; empty if the sweep has none)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"sweep directory {directory} not found")
+
+    def read(name: str) -> pd.DataFrame | None:
+        for path, reader in ((directory / f"{name}.parquet", pd.read_parquet), (directory / f"{name}.csv", pd.read_csv)):
+            if path.is_file():
+                return reader(path)
+        return None
+
+    results = read("results")
+    if results is None:
+        raise FileNotFoundError(f"{directory / 'results.parquet'} (or results.csv) not found")
+    curves = read("curves")
+    return results, curves if curves is not None else pd.DataFrame(columns=["run", "round"])
+
+
+def config_columns(frame: pd.DataFrame) -> list[str]:
+    """The run-config columns of a results-like frame (no ids, statuses, summaries or paths)."""
+    return [c for c in frame.columns if c not in NOT_CONFIG]
+
+
+def varied_keys(frame: pd.DataFrame) -> list[str]:
+    """Config columns with more than one distinct value in ``frame``."""
+    return [c for c in config_columns(frame) if frame[c].nunique(dropna=False) > 1]
+
+
+def _value(v: object) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def setting_label(row: pd.Series, keys: Iterable[str]) -> str:
+    """Human-readable setting: partitions in paper notation, other keys as key=value."""
+    keys = list(keys)
+    parts = []
+    if "partition" in row and any(k in keys for k in PARTITION_KEYS):
+        notation = {"dirichlet": f"Dir({_value(row.get('alpha'))})",
+                    "shards": f"#C={_value(row.get('classes-per-client'))}", "iid": "IID"}
+        parts.append(notation.get(row["partition"], str(row["partition"])))
+        keys = [k for k in keys if k not in PARTITION_KEYS]
+    parts += [f"{k}={_value(row[k])}" for k in keys]
+    return ", ".join(parts) or "all"
+
+
+def label_runs(completed: pd.DataFrame, exclude: Iterable[str] = ()) -> pd.DataFrame:
+    """Copy with ``method`` (strategy[+averaging] and its varied averaging keys) and ``setting``
+    columns; what varies is judged within ``completed``, ``exclude``d keys are left out of both."""
+    exclude = set(exclude)
+    averaged = completed[completed["averaging"] != "none"]
+    method_keys = [k for k in varied_keys(averaged) if k in AVERAGING_KEYS[1:] and k not in exclude]
+    setting_keys = [k for k in varied_keys(completed) if k not in {"strategy", "seed", *AVERAGING_KEYS, *exclude}]
+
+    def method(row: pd.Series) -> str:
+        if row["averaging"] == "none":
+            return row["strategy"]
+        suffix = ", ".join(f"{k}={_value(row[k])}" for k in method_keys)
+        return f"{row['strategy']}+{row['averaging']}" + (f" ({suffix})" if suffix else "")
+
+    labelled = completed.copy()
+    labelled["method"] = [method(row) for _, row in completed.iterrows()]
+    labelled["setting"] = [setting_label(row, setting_keys) for _, row in completed.iterrows()]
+    return labelled
+
+
+def seed_stats(frame: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
+    """Mean, std (ddof=0) and count of ``value`` over seeds per group, groups in order of first
+    appearance; a group with a NaN (e.g. a seed that never reached the target) has mean NaN."""
+    return (frame.groupby(by, sort=False, dropna=False)[value]
+            .agg(mean=lambda s: s.mean(skipna=False), std=lambda s: s.std(ddof=0), n="size").reset_index())
+
+
+def _completed(results: pd.DataFrame) -> pd.DataFrame:
+    return results[results["status"] == "completed"].reset_index(drop=True)
+
+
+def paired_gains(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per completed averaged run: its config, method, setting, accuracy, its base run's
+    accuracy and rounds-to-target, and ``gain`` = acc-last-k − base acc-last-k (NaN if unpaired)."""
+    labelled = label_runs(_completed(results))
+    pair_keys = [c for c in config_columns(results) if c not in AVERAGING_KEYS]
+    # A repeated base config (a re-run) pairs once, with its first completed run.
+    base = (labelled[labelled["averaging"] == "none"].drop_duplicates(pair_keys)
+            [[*pair_keys, "run", "acc-last-k", "rounds-to-target"]]
+            .rename(columns={"run": "base-run", "acc-last-k": "base-acc-last-k",
+                             "rounds-to-target": "base-rounds-to-target"}))
+    averaged = labelled[labelled["averaging"] != "none"]
+    columns = ["run", *config_columns(results), "method", "setting", "acc-last-k", "rounds-to-target"]
+    gains = averaged[columns].merge(base, on=pair_keys, how="left")
+    gains["gain"] = gains["acc-last-k"] - gains["base-acc-last-k"]
+    return gains
+
+
+def accuracy_table(results: pd.DataFrame) -> pd.DataFrame:
+    """Methods (each strategy's base row, then its averaged rows) × settings, cells like
+    ``85.30 ± 0.41 (+1.18)``: accuracy ×100, ± std over seeds if several, gain in points."""
+    labelled = label_runs(_completed(results))
+    accuracy = seed_stats(labelled, ["method", "setting"], "acc-last-k")
+    # Unpaired seeds (e.g. a base run still pending) leave the gain to the paired ones.
+    gains = paired_gains(results).dropna(subset=["gain"])
+    gain = seed_stats(gains, ["method", "setting"], "gain").set_index(["method", "setting"])["mean"]
+
+    def cell(row: pd.Series) -> str:
+        text = f"{100 * row['mean']:.2f}" + (f" ± {100 * row['std']:.2f}" if row["n"] > 1 else "")
+        g = gain.get((row["method"], row["setting"]), float("nan"))
+        return text + (f" ({100 * g:+.2f})" if pd.notna(g) else "")
+
+    accuracy["cell"] = accuracy.apply(cell, axis=1)
+    strategy_rank = {s: i for i, s in enumerate(labelled["strategy"].unique())}
+    methods = labelled.drop_duplicates("method").reset_index(drop=True)
+    order = sorted(methods.index,
+                   key=lambda i: (strategy_rank[methods.at[i, "strategy"]], methods.at[i, "averaging"] != "none", i))
+    table = accuracy.pivot(index="method", columns="setting", values="cell").fillna("")
+    table = table.reindex(index=methods.loc[order, "method"], columns=labelled["setting"].unique())
+    table.index.name, table.columns.name = "method", None
+    return table
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """A Markdown table of a DataFrame with its index as first column."""
+    header = [table.index.name or "", *map(str, table.columns)]
+    rows = [[str(index), *map(str, values)] for index, values in zip(table.index, table.to_numpy())]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in [header, ["---"] * len(header), *rows]) + "\n"
+
+
+def _figure(path: Path, title: str, xlabel: str, ylabel: str, draw: Callable) -> Path:
+    """Shared figure frame: ``draw(ax)`` adds the data; titles, grid, legend, saving here."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    draw(ax)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def _line_names(frame: pd.DataFrame) -> pd.Series:
+    return frame["method"] + frame["setting"].map(lambda s: "" if s == "all" else f", {s}")
+
+
+def plot_gain_vs(results: pd.DataFrame, key: str, path: Path) -> Path | None:
+    """Gain (points) vs a numeric key, one line per method and remaining setting; None if the
+    key takes fewer than two values among the paired runs (alpha: among Dirichlet runs)."""
+    completed = _completed(results)
+    if key == "alpha":
+        completed = completed[completed["partition"] == "dirichlet"]
+    # Labels are judged among the plotted runs, without the key itself (it is the x-axis).
+    gains = label_runs(completed, exclude=[key]).merge(paired_gains(results)[["run", "gain"]].dropna(), on="run")
+    if key not in gains or gains[key].nunique() < 2:
+        return None
+    gains = gains.assign(line=_line_names, points=lambda f: 100 * f["gain"])
+    stats = seed_stats(gains, ["line", key], "points").sort_values(key, kind="stable")
+
+    def draw(ax) -> None:
+        if key == "alpha":
+            ax.set_xscale("log")
+        _errorbar_lines(ax, stats, key, {line: f"C{i}" for i, line in enumerate(stats["line"].unique())})
+        ax.axhline(0, color="black", linewidth=0.8)
+
+    xlabel = "Dirichlet α (log scale)" if key == "alpha" else key
+    return _figure(path, f"gain of averaging vs {key}", xlabel, "gain in last-k accuracy (percentage points)", draw)
+
+
+def _errorbar_lines(ax, stats: pd.DataFrame, key: str, colours: dict[str, str]) -> None:
+    """One mean ± std line per ``line`` of ``stats`` against ``key``, ticks at the data's values;
+    lines sharing a colour get different markers."""
+    used: dict[str, int] = {}
+    for line, points in stats.groupby("line", sort=False):
+        colour = colours[line]
+        marker = MARKERS[used.get(colour, 0) % len(MARKERS)]
+        used[colour] = used.get(colour, 0) + 1
+        ax.errorbar(points[key], points["mean"], yerr=points["std"], color=colour, marker=marker, capsize=3, label=line)
+    values = sorted(stats[key].unique())
+    ax.set_xticks(values, [_value(v) for v in values])
+    ax.minorticks_off()
+
+
+def _plot_ablation(results: pd.DataFrame, key: str, value: str, scale: float, path: Path, title: str,
+                   xlabel: str, ylabel: str) -> Path | None:
+    """``value`` of averaged runs vs ``key`` (mean ± std over seeds), one line per method and
+    setting in the colour of its strategy and setting, whose base runs are a dashed line; where a
+    point's mean is NaN (the target was not reached), an × at the top. None if ``key`` does not vary."""
+    labelled = label_runs(_completed(results), exclude=[key]).assign(y=lambda f: scale * f[value])
+    averaged = labelled[labelled["averaging"] != "none"].assign(line=_line_names)
+    if averaged[key].nunique() < 2:
+        return None
+    stats = seed_stats(averaged, ["line", "strategy", "setting", key], "y").sort_values(key, kind="stable")
+    base_runs = labelled[labelled["averaging"] == "none"]
+    base = seed_stats(base_runs, ["strategy", "setting"], "y").set_index(["strategy", "setting"])
+    groups = list(dict.fromkeys(zip(stats["strategy"], stats["setting"])))
+    colour_of_group = {group: f"C{i}" for i, group in enumerate(groups)}
+    colours = {line: colour_of_group[(strategy, setting)]
+               for line, strategy, setting in zip(stats["line"], stats["strategy"], stats["setting"])}
+    not_reached = stats[stats["mean"].isna()]
+
+    def draw(ax) -> None:
+        _errorbar_lines(ax, stats, key, colours)
+        for group in groups:
+            if group not in base.index:
+                continue
+            name = f"{group[0]} (base{'' if group[1] == 'all' else ', ' + group[1]})"
+            level = base.at[group, "mean"]
+            if pd.notna(level):
+                ax.axhline(level, linestyle="--", color=colour_of_group[group], alpha=0.8, label=name)
+            else:
+                ax.plot([], [], linestyle="--", color=colour_of_group[group], label=f"{name}: not reached")
+        top = ax.get_ylim()[1]
+        for i, (line, points) in enumerate(not_reached.groupby("line", sort=False)):
+            ax.plot(points[key], [top] * len(points), "x", color=colours[line], clip_on=False,
+                    label="not reached" if i == 0 else None)
+
+    return _figure(path, title + (" (× = not reached)" if len(not_reached) else ""), xlabel, ylabel, draw)
+
+
+def plot_rounds_to_target_vs_start(results: pd.DataFrame, path: Path) -> Path | None:
+    """Mean rounds to reach the target accuracy vs avg-start; None if avg-start does not vary."""
+    targets = _completed(results)["target-accuracy"].unique()
+    target = f" {100 * targets[0]:g}%" if len(targets) == 1 else ""
+    return _plot_ablation(results, "avg-start", "rounds-to-target", 1.0, path,
+                          f"rounds to reach the target{target} vs averaging start",
+                          "averaging start (fraction of rounds, or round)", "rounds to target (mean over seeds)")
+
+
+def plot_window_ablation(results: pd.DataFrame, path: Path) -> Path | None:
+    """Last-k accuracy (%) vs window (IMA's P, WIMA's W); None if the window does not vary."""
+    return _plot_ablation(results, "window", "acc-last-k", 100.0, path, "window ablation",
+                          "window (rounds averaged)", "last-k test accuracy (%)")
+
+
+def slug(text: str) -> str:
+    """A file-name part: ``Dir(0.1), participation=0.1`` → ``dir-0.1-participation-0.1``."""
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-") or "all"
+
+
+def plot_curves(results: pd.DataFrame, curves: pd.DataFrame, out: Path) -> list[Path]:
+    """``curves-<setting>.png``: mean test accuracy per round over seeds, one colour per strategy,
+    base method solid, its averaged variants dashed (one dash style each)."""
+    if "test-accuracy" not in curves or curves.empty:
+        return []
+    labelled = label_runs(_completed(results))
+    rows = curves.merge(labelled[["run", "strategy", "averaging", "method", "setting"]], on="run")
+    paths = []
+    for setting, frame in rows.groupby("setting", sort=False):
+        mean = frame.groupby(["strategy", "averaging", "method", "round"], sort=False)["test-accuracy"].mean().reset_index()
+
+        def draw(ax, mean=mean) -> None:
+            for colour, (strategy, runs) in enumerate(mean.groupby("strategy", sort=False)):
+                averaged = [m for m in runs["method"].unique() if m != strategy]
+                for method, points in runs.groupby("method", sort=False):
+                    style = "-" if method == strategy else DASHES[averaged.index(method) % len(DASHES)]
+                    ax.plot(points["round"], 100 * points["test-accuracy"], linestyle=style, color=f"C{colour}",
+                            label=method)
+
+        title = f"test accuracy per round: {setting} (mean over seeds)"
+        paths.append(_figure(out / f"curves-{slug(setting)}.png", title, "round", "test accuracy (%)", draw))
+    return paths
+
+
+def write_report(directory: str | Path, out: str | Path | None = None) -> list[Path]:
+    """Write the tables and every figure that applies to ``out`` (default ``directory/report``)."""
+    results, curves = load_sweep(directory)
+    if not (results["status"] == "completed").any():
+        raise ValueError(f"no completed run among the {len(results)} runs of {directory}")
+    out = Path(out) if out is not None else Path(directory) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    table = accuracy_table(results)
+    table.to_csv(out / "accuracy-table.csv")
+    (out / "accuracy-table.md").write_text(markdown(table))
+    paired_gains(results).to_csv(out / "gains.csv", index=False)
+    figures = [plot_gain_vs(results, key, out / f"gain-vs-{key}.png") for key in GAIN_KEYS]
+    figures += [plot_rounds_to_target_vs_start(results, out / "rounds-to-target-vs-start.png"),
+                plot_window_ablation(results, out / "window-ablation.png")]
+    paths = [out / "accuracy-table.csv", out / "accuracy-table.md", out / "gains.csv"]
+    return paths + [f for f in figures if f is not None] + plot_curves(results, curves, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the report of a sweep, print its table and files; 2 on a missing input or no completed run."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep_dir", type=Path, help="a sweep directory holding results.parquet")
+    parser.add_argument("--out", type=Path, help="output directory (default SWEEP_DIR/report)")
+    args = parser.parse_args(argv)
+    try:
+        paths = write_report(args.sweep_dir, args.out)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(paths[1].read_text())
+    print("written:\n" + "\n".join(f"  {p}" for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
