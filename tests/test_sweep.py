@@ -1,0 +1,200 @@
+"""The sweep runner: grid expansion and validation, resumable execution, failed runs, and
+a real 8-run digits sweep that is interrupted and resumed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments import sweep as sweep_module
+from experiments.launch import RunFailed
+from experiments.sweep import SWEEPS_DIR, SweepError, collect, load_sweep, run_sweep
+from strategies.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = """
+[set]
+num-clients = 4
+participation = 0.5
+num-rounds = 2
+local-epochs = 1
+device = "cpu"
+"""
+
+
+def write_sweep(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "sweep.toml"
+    path.write_text(text)
+    return path
+
+
+def test_grid_is_every_combination_with_readable_ids_and_coupled_keys(tmp_path):
+    sweep = load_sweep(write_sweep(tmp_path, SMALL + """
+[resources]
+num-gpus = 0.25
+[grid]
+alpha = [0.1, 1.0]
+method = [{strategy = "fedavg"}, {strategy = "fedprox", prox-mu = 0.1}]
+seed = [0, 1]
+"""))
+    assert len(sweep.runs) == 8 and sweep.resources.num_gpus == 0.25 and sweep.name == "sweep"
+    assert sweep.runs[0].run_id == "alpha=0.1_strategy=fedavg_seed=0"
+    assert sweep.runs[3].run_id == "alpha=0.1_strategy=fedprox+prox-mu=0.1_seed=1"
+    last = sweep.runs[-1].config
+    assert (last["alpha"], last["strategy"], last["prox-mu"], last["seed"], last["num-rounds"]) == (1.0, "fedprox", 0.1, 1, 2)
+
+
+def test_grid_points_with_the_same_config_run_once(tmp_path):
+    # The window does not change a run without averaging... but it is part of the config,
+    # so only truly identical configs are merged: here strategy given twice.
+    sweep = load_sweep(write_sweep(tmp_path, SMALL + """
+[grid]
+method = [{strategy = "fedavg"}, {strategy = "fedavg", seed = 0}]
+"""))
+    assert len(sweep.runs) == 1 and sweep.duplicates == 1
+
+
+@pytest.mark.parametrize(
+    "text, error, match",
+    [
+        ("[grid]\nalpha = [0.1]\n[extra]\nx = 1\n", SweepError, "unknown key.*extra"),
+        ("[grid]\nalpha = 0.1\n", SweepError, r"\[grid\] alpha = 0.1 .*non-empty list"),
+        ("[set]\nnum-rounds = 2\n", SweepError, r"\[grid\] is missing"),
+        ("[resources]\nnum-gpu = 1\n[grid]\nseed = [0]\n", SweepError, "num-gpu"),
+        ("[grid]\nalpha = [0.1, -1.0]\n", ConfigError, "run alpha=-1.0: .*'alpha' = -1.0"),
+        ("[grid]\nstrategy = ['fedavg', 'fedavgg']\n", ConfigError, "'strategy' = 'fedavgg'.*allowed"),
+        ("[grid]\nseed = [0, 0]\n", SweepError, "repeats a value"),
+    ],
+)
+def test_bad_sweep_files_are_refused_naming_the_key(tmp_path, text, error, match):
+    with pytest.raises(error, match=match):
+        load_sweep(write_sweep(tmp_path, text))
+
+
+def test_bad_sweep_exits_2_before_anything_starts(tmp_path, capsys):
+    path = write_sweep(tmp_path, "[grid]\nparticipation = [0.5, 2.0]\n")
+    assert sweep_module.main([str(path), "--out", str(tmp_path / "out")]) == 2
+    assert "'participation' = 2.0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("path", sorted(SWEEPS_DIR.glob("*.toml")), ids=lambda p: p.stem)
+def test_every_sweep_preset_resolves(path):
+    sweep = load_sweep(path)
+    assert sweep.runs and sweep.duplicates == 0
+    assert len({run.run_id for run in sweep.runs}) == len(sweep.runs)
+
+
+def fake_launch(fail_ids: set[str], calls: list[str]):
+    """A stand-in for a Flower run: writes summary and results, or fails."""
+    def launch(config, out_dir, resources, progress, label, leave):
+        calls.append(label)
+        out_dir.mkdir(parents=True)
+        if label in fail_ids:
+            raise RunFailed(f"run in {out_dir} failed: ValueError: boom\n--- last lines ---")
+        accuracy = 0.5 + config["seed"] / 10
+        (out_dir / "results.csv").write_text(f"round,test-accuracy\n1,{accuracy - 0.1}\n2,{accuracy}\n")
+        summary = {"status": "completed", "rounds": 2, "last-k": 10, "last-10-accuracy": accuracy - 0.05,
+                   "best-accuracy": accuracy, "best-round": 2, "final-accuracy": accuracy,
+                   "round-reaching-target": None, "wall-seconds": 1.0}
+        (out_dir / "summary.json").write_text(json.dumps(summary))
+        return summary
+    return launch
+
+
+def test_failed_runs_are_recorded_and_skipped_on_resume_unless_retried(tmp_path, monkeypatch):
+    sweep = load_sweep(write_sweep(tmp_path, SMALL + "[grid]\nseed = [0, 1, 2]\n"))
+    calls: list[str] = []
+    monkeypatch.setattr(sweep_module, "launch", fake_launch({"seed=1"}, calls))
+    table = run_sweep(sweep, tmp_path / "out", progress=False)
+    assert calls == ["seed=0", "seed=1", "seed=2"]  # the failure did not stop the sweep
+    assert table["status"].tolist() == ["completed", "failed", "completed"]
+    assert table["error"].tolist() == ["", f"run in {tmp_path / 'out' / 'runs' / 'seed=1'} failed: ValueError: boom", ""]
+    assert table["acc-last-k"].tolist()[::2] == pytest.approx([0.45, 0.65])
+    assert pd.read_csv(tmp_path / "out" / "results.csv")["status"].tolist() == table["status"].tolist()
+
+    calls.clear()
+    run_sweep(sweep, tmp_path / "out", progress=False)
+    assert calls == []  # finished runs, failed included, are not run again
+    table = run_sweep(sweep, tmp_path / "out", retry_failed=True, progress=False)
+    assert calls == ["seed=1"] and table["status"].eq("failed").sum() == 1
+
+
+def test_a_changed_config_reruns_and_an_unfinished_run_is_pending(tmp_path, monkeypatch):
+    path = write_sweep(tmp_path, SMALL + "[grid]\nseed = [0, 1]\n")
+    calls: list[str] = []
+    monkeypatch.setattr(sweep_module, "launch", fake_launch(set(), calls))
+    run_sweep(load_sweep(path), tmp_path / "out", progress=False)
+    # A run killed mid-way has a run directory but no outcome.json: pending, run again.
+    (tmp_path / "out" / "runs" / "seed=1" / "outcome.json").unlink()
+    table, curves = collect(load_sweep(path), tmp_path / "out")
+    assert table["status"].tolist() == ["completed", "pending"] and set(curves["run"]) == {"seed=0"}
+    calls.clear()
+    run_sweep(load_sweep(path), tmp_path / "out", progress=False)
+    assert calls == ["seed=1"]
+    calls.clear()
+    run_sweep(load_sweep(path, {"num-rounds": 3}), tmp_path / "out", progress=False)
+    assert calls == ["seed=0", "seed=1"]
+
+
+def flower_processes() -> set[int]:
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name.isdigit() and any(name in cmdline for name in ("flower-superlink", "flwr-simulation", "ray::", "raylet")):
+            pids.add(int(proc.name))
+    return pids
+
+
+def test_a_real_sweep_interrupted_and_resumed_loses_and_repeats_nothing(tmp_path):
+    """2 methods (FedAvg, FedAvg+IMA) × 2 α × 2 seeds on digits, killed during the third run."""
+    path = write_sweep(tmp_path, SMALL + """
+[grid]
+alpha = [0.1, 1.0]
+averaging = ["none", {averaging = "ima", window = 2, avg-start = 2}]
+seed = [0, 1]
+""")
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "experiments.sweep", str(path), "--out", str(out), "--no-progress"]
+    before = flower_processes()
+    first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    third = out / "runs" / "alpha=0.1_averaging=none_seed=1" / "summary.json"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (third.is_file() and "running" in third.read_text()):
+        assert first.poll() is None, first.communicate()
+        time.sleep(0.2)
+    first.send_signal(signal.SIGTERM)  # the third run's ServerApp is running
+    _, err = first.communicate(timeout=60)
+    assert first.returncode == 130 and "2 of 8 runs finished" in err
+    time.sleep(1)
+    assert flower_processes() - before == set()  # no SuperLink, simulation or Ray left behind
+
+    table = pd.read_parquet(out / "results.parquet")
+    assert table["status"].tolist() == ["completed"] * 2 + ["pending"] * 6
+    finished = {run: (out / "runs" / run / "outcome.json").stat().st_mtime_ns for run in table["run"][:2]}
+
+    resumed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    table = pd.read_parquet(out / "results.parquet")
+    assert len(table) == 8 and table["run"].is_unique and table["status"].eq("completed").all()
+    assert table["acc-last-k"].between(0.1, 1).all() and table["rounds"].eq(2).all()
+    # The runs finished before the interruption were not run again.
+    assert {run: (out / "runs" / run / "outcome.json").stat().st_mtime_ns for run in finished} == finished
+    curves = pd.read_parquet(out / "curves.parquet")
+    assert len(curves) == 16 and not curves.duplicated(["run", "round"]).any()
+    assert pd.read_csv(out / "results.csv")["run"].tolist() == table["run"].tolist()
+
+    report = out / "report"
+    assert "(+" in (report / "accuracy-table.md").read_text() or "(-" in (report / "accuracy-table.md").read_text()
+    for figure in ["gain-vs-alpha.png", "curves-dir-0.1.png", "curves-dir-1.png"]:
+        assert (report / figure).stat().st_size > 1000
