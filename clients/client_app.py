@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from functools import lru_cache
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -19,7 +18,7 @@ from flwr.clientapp import ClientApp
 from clients import protocol
 from clients.data import client_tensors
 from clients.models import build_model, resolve_model_name
-from clients.local_round import LocalRound
+from clients.local_round import LocalRound, round_randomness
 from clients.training import select_device
 from partitions import load_dataset
 
@@ -60,13 +59,8 @@ def train(msg: Message, context: Context) -> Message:
     model = _process_model(model_name, data.input_shape, data.num_classes, str(device))
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
 
-    # Batch order and the objective's random draws depend on (seed, round, partition) only:
-    # reproducible in any engine.
-    round_seed = np.random.SeedSequence([int(round_config["seed"]), int(round_config["server-round"]), partition_id])
-    generator = torch.Generator().manual_seed(int(round_seed.generate_state(1)[0]))
-    objective_seed, torch_seed = round_seed.spawn(2)
-    torch.manual_seed(int(torch_seed.generate_state(1)[0]))  # Stochastic Depth's drops
-    local_round = LocalRound(model, msg.content, context.state, np.random.default_rng(objective_seed))
+    generator, rng = round_randomness(int(round_config["seed"]), int(round_config["server-round"]), partition_id)
+    local_round = LocalRound(model, msg.content, context.state, rng)
     result = local_round.train(model, x, y, generator)
     metrics, records = local_round.finish(model, result)
     metrics.update(process_usage(started, device))

@@ -44,6 +44,19 @@ def training_config(round_config: Mapping[str, Any]) -> LocalTrainingConfig:
     )
 
 
+def round_randomness(seed: int, server_round: int, partition_id: int) -> tuple[torch.Generator, np.random.Generator]:
+    """The batch-order generator and the objective's random generator of one client round.
+
+    Both depend on (seed, round, partition) only, so a round is reproducible in any engine;
+    torch's global generator (Stochastic Depth's drops) is seeded from the same triple.
+    """
+    round_seed = np.random.SeedSequence([seed, server_round, partition_id])
+    generator = torch.Generator().manual_seed(int(round_seed.generate_state(1)[0]))
+    objective_seed, torch_seed = round_seed.spawn(2)
+    torch.manual_seed(int(torch_seed.generate_state(1)[0]))
+    return generator, np.random.default_rng(objective_seed)
+
+
 class LocalRound:
     """The method-specific parts of one round, built from the training message's content."""
 

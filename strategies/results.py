@@ -25,13 +25,13 @@ from typing import Any
 # receive next round ("base" or "averaged"); client-state-norm: mean norm of the state a
 # stateful client (SCAFFOLD's c_i) brought into the round, empty for stateless methods;
 # round-seconds = train-seconds (send, client work, aggregate) + eval-seconds (central
-# test); client-seconds: time some client of the cohort was computing; client-gpu-mb:
+# test); client-steps: local steps of the whole cohort; client-seconds: time some client of the cohort was computing; client-gpu-mb:
 # largest peak CUDA memory of a client process (empty on CPU).
 ROUND_COLUMNS = (
     "round", "lr", "local-epochs", "test-accuracy", "test-loss",
     "base-accuracy", "base-loss", "averaged-accuracy", "averaged-loss", "sent-model",
     "train-loss", "clients-ok", "clients-failed", "local-steps", "client-state-norm", "round-seconds",
-    "train-seconds", "eval-seconds", "client-seconds", "client-gpu-mb",
+    "client-steps", "train-seconds", "eval-seconds", "client-seconds", "client-gpu-mb",
 )
 
 

@@ -119,18 +119,21 @@ class CohortSampling:
 
 
 def client_usage(replies: Iterable[Message]) -> dict[str, float]:
-    """``client-seconds``: how long at least one client of the cohort was working (the union
-    of their [train-start, train-end] intervals), so round time minus this is the time
-    spent outside client compute; ``client-gpu-mb``: the largest peak CUDA memory of a
-    client process (NaN on CPU)."""
-    intervals, peaks = [], []
+    """What the cohort's clients did: ``client-steps``, their local steps in all;
+    ``client-seconds``, how long at least one of them was working (the union of their
+    [train-start, train-end] intervals), so round time minus this is the time spent
+    outside client compute; ``client-gpu-mb``, the largest peak CUDA memory of a client
+    process (NaN on CPU)."""
+    intervals, peaks, steps = [], [], 0
     for reply in replies:
         metrics = next(iter(reply.content.metric_records.values()))
+        steps += int(metrics.get("local-steps", 0))
         if protocol.TRAIN_START in metrics and protocol.TRAIN_END in metrics:
             intervals.append((float(metrics[protocol.TRAIN_START]), float(metrics[protocol.TRAIN_END])))
         if protocol.GPU_PEAK_MB in metrics:
             peaks.append(float(metrics[protocol.GPU_PEAK_MB]))
-    return {"client-seconds": union_length(intervals), "client-gpu-mb": max(peaks, default=float("nan"))}
+    return {"client-steps": steps, "client-seconds": union_length(intervals),
+            "client-gpu-mb": max(peaks, default=float("nan"))}
 
 
 def union_length(intervals: Iterable[tuple[float, float]]) -> float:

@@ -11,6 +11,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 
 from strategies.fedavg import FedAvg
 from strategies.results import RunRecorder, summarize
+from strategies.sampling import union_length
 
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
@@ -47,11 +48,11 @@ def test_configure_train_addresses_exactly_the_cohort():
     assert sent_to == strategy.sample_partitions(1)
 
 
-def _reply(node_id, weights, n):
+def _reply(node_id, weights, n, **usage):
     request = Message(content=RecordDict({"config": ConfigRecord()}), dst_node_id=node_id, message_type=MessageType.TRAIN)
     content = RecordDict({
         "arrays": ArrayRecord({"w": Array(np.asarray(weights, dtype=np.float32))}),
-        "metrics": MetricRecord({"num-examples": n, "train-loss": 1.0}),
+        "metrics": MetricRecord({"num-examples": n, "train-loss": 1.0, **usage}),
     })
     return Message(content=content, reply_to=request)
 
@@ -64,7 +65,26 @@ def test_aggregation_is_weighted_and_independent_of_reply_order():
     expected = (np.array([1.0, 0.1]) * 1 + np.array([3.0, 0.7]) * 3 + np.array([0.3, 1e-3]) * 2) / 6
     np.testing.assert_allclose(forward["w"].numpy(), expected, rtol=1e-6)
     assert forward["w"].numpy().tobytes() == backward["w"].numpy().tobytes()
-    assert strategy.round_clients == {"clients-ok": 3, "clients-failed": 0}
+    assert strategy.round_clients["clients-ok"] == 3 and strategy.round_clients["clients-failed"] == 0
+
+
+def test_union_of_client_work_intervals():
+    assert union_length([]) == 0.0
+    assert union_length([(0.0, 1.0), (2.0, 3.0)]) == 2.0  # disjoint
+    assert union_length([(2.0, 5.0), (0.0, 1.0), (0.5, 3.0), (3.5, 4.0)]) == 5.0  # overlapping, nested, unsorted
+
+
+def test_round_records_the_cohorts_steps_busy_time_and_peak_gpu_memory():
+    strategy = _strategy()
+    replies = [
+        _reply(1000, [1.0], 1, **{"local-steps": 12, "train-start": 100.0, "train-end": 100.5, "gpu-peak-mb": 300.0}),
+        _reply(1007, [1.0], 1, **{"local-steps": 7, "train-start": 100.25, "train-end": 101.0, "gpu-peak-mb": 420.5}),
+    ]
+    strategy.aggregate_train(1, replies)
+    assert strategy.round_clients == {"clients-ok": 2, "clients-failed": 0, "client-steps": 19,
+                                      "client-seconds": 1.0, "client-gpu-mb": 420.5}
+    strategy.aggregate_train(2, [_reply(1000, [1.0], 1, **{"local-steps": 3})])  # a CPU client
+    assert strategy.round_clients["client-seconds"] == 0.0 and np.isnan(strategy.round_clients["client-gpu-mb"])
 
 
 def test_summary_of_hand_made_rows():

@@ -168,7 +168,7 @@ seed = [0, 1]
     command = [sys.executable, "-m", "experiments.sweep", str(path), "--out", str(out), "--no-progress"]
     before = flower_processes()
     first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    third = out / "runs" / "alpha=0.1_averaging=none_seed=1" / "summary.json"
+    third = out / "runs" / "alpha=0.1_averaging=ima+window=2+avg-start=2_seed=0" / "summary.json"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not (third.is_file() and "running" in third.read_text()):
         assert first.poll() is None, first.communicate()

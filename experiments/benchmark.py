@@ -1,0 +1,255 @@
+"""Speed of Basin's Flower simulation against a bare PyTorch loop doing the same client work.
+
+    python -m experiments.benchmark                          # IMA, Fashion-MNIST shards, 20 rounds
+    python -m experiments.benchmark --rounds 3 --device cpu --set data-dir=/path/to/fashion-mnist
+    python -m experiments.benchmark --preset none --set num-clients=4 --set participation=0.5 --rounds 3
+
+One invocation runs one setup (default: preset ``ima-fmnist-shards`` with ``averaging =
+"ima"``, ``avg-start`` at 75 % of the rounds; ``--preset none``: the pyproject defaults,
+the embedded digits) twice:
+
+1. as a real ``flwr run`` simulation (``experiments.launch.launch``), read back from its
+   ``results.csv``;
+2. sequentially in this process, without Flower's runtime or Ray: the same cohorts
+   (``CohortSampling.sample_partitions``), per client the ClientApp's path (cached
+   device-resident partition, one model reused, the ServerApp's round config, the
+   per-(seed, round, partition) generators, ``LocalRound``), FedAvg weighted by
+   num-examples and central evaluation each round. Without IMA's window it is a reference
+   for client-work throughput, not accuracy; it trains FedAvg clients (``strategy`` must
+   be ``fedavg``).
+
+Measured, over the rounds only: client steps per second (Flower: over Σ round-seconds;
+bare: over its timed rounds, aggregation and evaluation included) and their ratio;
+Flower's *overhead per round*, train-seconds − client-seconds: the time from sending to
+aggregating outside the interval in which some client of the cohort was computing; its
+*startup*, the launch's wall time minus Σ round-seconds, paid once per run; on CUDA the
+peak memory of a client process and of the bare loop. Each is given over all rounds and
+excluding round 1 (warm-up). Flower's per-round client-steps (Σ over the cohort) must
+equal the bare loop's, else the runs did different work.
+
+Targets it checks: on one H100-class GPU the simulation reaches ≥ 5× the bare loop's
+throughput (clients sharing the GPU, e.g. ``--gpus-per-client 0.125``); on 2 CPU cores
+Flower's overhead is ≤ 0.3 s per round. Writes ``benchmark.json`` (all figures, config,
+device, versions) and the Flower run's files (``flower/``) into ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from flwr.app import RecordDict
+
+from clients.data import client_tensors
+from clients.local_round import LocalRound, round_randomness
+from clients.models import build_model, resolve_model_name
+from clients.training import evaluate, select_device
+from experiments.launch import ClientResources, RunFailed, launch, load_preset, parse_overrides, resolve_config
+from partitions import load_dataset
+from strategies.config import ConfigError, cohort_size
+from strategies.registry import build_client_schedule
+from strategies.sampling import CohortSampling
+from strategies.server_app import round_train_config
+
+DEFAULT_PRESET = "ima-fmnist-shards"
+NO_PRESET = "none"
+
+
+@dataclasses.dataclass
+class BareRun:
+    """What the bare loop measured."""
+
+    round_seconds: list[float]  # per round: client training, aggregation and evaluation
+    round_steps: list[int]  # per round: Σ local steps of the cohort
+    peak_gpu_mb: float | None
+
+
+def benchmark_config(preset: str, overrides: dict[str, Any], rounds: int) -> dict[str, Any]:
+    """The validated run config: preset, IMA from 75 % of the rounds, --set, then --rounds."""
+    config = resolve_config({} if preset == NO_PRESET else load_preset(preset),
+                            {"averaging": "ima", "avg-start": max(1, round(0.75 * rounds))}, overrides, {"num-rounds": rounds})
+    if config["strategy"] != "fedavg":
+        raise ConfigError(f"strategy = {config['strategy']!r}: the bare reference loop trains FedAvg clients; "
+                          "allowed: 'fedavg' (with any averaging)")
+    load_dataset(config["dataset"], config["data-dir"])  # missing data fails here, before Flower starts
+    return config
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_bare(config: dict[str, Any]) -> BareRun:
+    """The Flower run's client work, aggregation and evaluation, sequentially in this process."""
+    device = select_device(config["device"])
+    data = load_dataset(config["dataset"], config["data-dir"])
+    x_test, y_test = data.x_test.to(device), data.y_test.to(device)
+    model_name = resolve_model_name(config["model"], config["dataset"])
+    torch.manual_seed(config["seed"])  # the ServerApp's initial model
+    global_state = {k: v.to(device) for k, v in build_model(model_name, data.input_shape, data.num_classes).state_dict().items()}
+    model = build_model(model_name, data.input_shape, data.num_classes).to(device)
+    schedule = build_client_schedule(config)
+    sampler = CohortSampling()
+    sampler.bind_partitions({p: p for p in range(config["num-clients"])}, cohort_size(config), config["seed"])
+    config_items = tuple(sorted(config.items()))
+    client_states: defaultdict[int, RecordDict] = defaultdict(RecordDict)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    run = BareRun([], [], None)
+    for server_round in range(1, config["num-rounds"] + 1):
+        synchronize(device)
+        started = time.perf_counter()
+        round_config = round_train_config(config, schedule, server_round)
+        round_config["server-round"] = server_round  # Flower's strategy adds it to every message
+        content = RecordDict({"config": round_config})
+        sums = {key: torch.zeros_like(value, dtype=torch.float32) for key, value in global_state.items()}
+        examples, steps = [], []
+        for partition_id in sampler.sample_partitions(server_round):
+            x, y = client_tensors(config_items, partition_id, config["num-clients"], str(device))
+            model.load_state_dict(global_state)
+            generator, rng = round_randomness(config["seed"], server_round, partition_id)
+            local_round = LocalRound(model, content, client_states[partition_id], rng)
+            result = local_round.train(model, x, y, generator)
+            local_round.finish(model, result)
+            for key, value in model.state_dict().items():
+                sums[key].add_(value.float(), alpha=result.num_examples)
+            examples.append(result.num_examples)
+            steps.append(result.num_steps)
+        global_state = {key: (sums[key] / sum(examples)).to(value.dtype) for key, value in global_state.items()}
+        model.load_state_dict(global_state)
+        evaluate(model, x_test, y_test)
+        synchronize(device)
+        run.round_seconds.append(time.perf_counter() - started)
+        run.round_steps.append(sum(steps))
+    if device.type == "cuda":
+        run.peak_gpu_mb = torch.cuda.max_memory_allocated(device) / 2**20
+    return run
+
+
+def window_figures(rows: pd.DataFrame, bare: BareRun, first_round: int) -> dict[str, Any] | None:
+    """Throughput and overhead over rounds first_round … N (None when that leaves no round)."""
+    selected = rows["round"] >= first_round
+    if not selected.any():
+        return None
+    flower_steps = float(rows["client-steps"][selected].sum())
+    bare_steps = sum(bare.round_steps[first_round - 1:])
+    flower_seconds = float(rows["round-seconds"][selected].sum())
+    bare_seconds = sum(bare.round_seconds[first_round - 1:])
+    overhead = (rows["train-seconds"] - rows["client-seconds"])[selected]
+    return {
+        "rounds": f"{first_round}-{int(rows['round'].max())}",
+        "flower-seconds": flower_seconds, "bare-seconds": bare_seconds,
+        "flower-steps-per-second": flower_steps / flower_seconds, "bare-steps-per-second": bare_steps / bare_seconds,
+        "throughput-ratio": (flower_steps / flower_seconds) / (bare_steps / bare_seconds),
+        "overhead-mean-seconds": float(overhead.mean()), "overhead-median-seconds": float(overhead.median()),
+    }
+
+
+def report(config: dict[str, Any], rows: pd.DataFrame, launch_seconds: float, bare: BareRun,
+           resources: ClientResources, device: torch.device) -> dict[str, Any]:
+    """All figures as one JSON-able dict."""
+    flower_steps = rows["client-steps"].tolist()
+    gpu_mb = rows["client-gpu-mb"].max()
+    return {
+        "client-steps": {"flower": float(sum(flower_steps)), "bare": sum(bare.round_steps),
+                         "per-round-agree": flower_steps == bare.round_steps},
+        "all-rounds": window_figures(rows, bare, 1),
+        "excluding-round-1": window_figures(rows, bare, 2),
+        "flower-startup-seconds": launch_seconds - float(rows["round-seconds"].sum()),
+        "flower-launch-seconds": launch_seconds,
+        "peak-gpu-mb": {"flower-client": None if math.isnan(gpu_mb) else float(gpu_mb), "bare": bare.peak_gpu_mb},
+        "per-round": {"flower-round-seconds": rows["round-seconds"].tolist(),
+                      "flower-overhead-seconds": (rows["train-seconds"] - rows["client-seconds"]).tolist(),
+                      "bare-round-seconds": bare.round_seconds, "bare-steps": bare.round_steps},
+        "config": config, "device": str(device), "torch": torch.__version__, "cpu-count": os.cpu_count(),
+        "torch-threads": torch.get_num_threads(), "resources": dataclasses.asdict(resources),
+    }
+
+
+def print_report(figures: dict[str, Any]) -> None:
+    config, steps = figures["config"], figures["client-steps"]
+    print(f"{config['dataset']} / {resolve_model_name(config['model'], config['dataset'])}: {config['num-clients']} "
+          f"clients × {config['participation']:g}, {config['local-epochs']} local epochs, batch {config['batch-size']}, "
+          f"averaging {config['averaging']}, {config['num-rounds']} rounds on {figures['device']}")
+    print(f"client steps: flower {steps['flower']:g}, bare {steps['bare']}")
+    if not steps["per-round-agree"]:
+        print("WARNING: Flower's per-round client steps differ from the bare loop's: the runs did different work "
+              "(cohorts or data); the throughput ratio is not comparable", file=sys.stderr)
+    windows = [w for w in (figures["all-rounds"], figures["excluding-round-1"]) if w]
+    print(f"{'':26}" + "".join(f"{'rounds ' + w['rounds']:>14}" for w in windows))
+    for label, key, fmt in [("flower steps/s", "flower-steps-per-second", ".1f"),
+                            ("bare steps/s", "bare-steps-per-second", ".1f"),
+                            ("flower / bare", "throughput-ratio", ".2f"),
+                            ("overhead mean s/round", "overhead-mean-seconds", ".3f"),
+                            ("overhead median s/round", "overhead-median-seconds", ".3f")]:
+        print(f"{label:26}" + "".join(f"{w[key]:>14{fmt}}" for w in windows))
+    for prefix, key, digits, unit in [("throughput ratio (flower / bare)", "throughput-ratio", 2, ""),
+                                      ("flower overhead per round", "overhead-mean-seconds", 3, " s")]:
+        steady = f"; {windows[1][key]:.{digits}f}{unit} excluding round 1" if len(windows) > 1 else ""
+        print(f"{prefix}: {windows[0][key]:.{digits}f}{unit} (all rounds{steady})")
+    print(f"flower startup: {figures['flower-startup-seconds']:.1f} s (launch wall time − Σ round-seconds, once per run)")
+    gpu = figures["peak-gpu-mb"]
+    if gpu["bare"] is not None:
+        client = "n/a" if gpu["flower-client"] is None else f"{gpu['flower-client']:.0f}"
+        print(f"peak GPU MiB: flower client process {client}, bare loop {gpu['bare']:.0f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.benchmark", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--preset", default=DEFAULT_PRESET,
+                        help=f"preset name or TOML file (default {DEFAULT_PRESET}; '{NO_PRESET}': pyproject defaults)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key")
+    parser.add_argument("--rounds", type=int, default=20, help="num-rounds of both runs (default 20)")
+    parser.add_argument("--device", help="shortcut for --set device=DEVICE (auto, cpu, cuda)")
+    parser.add_argument("--cpus-per-client", type=float, default=1.0, help="Ray CPUs per virtual client (default 1)")
+    parser.add_argument("--gpus-per-client", type=float, default=0.0,
+                        help="Ray GPU fraction per virtual client, e.g. 0.125 for 8 clients per GPU (default 0)")
+    parser.add_argument("--out", type=Path, help="output directory (default runs/benchmark-<time>)")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.rounds < 1:
+            raise ValueError(f"--rounds: {args.rounds} is not allowed; allowed: an integer >= 1")
+        if args.cpus_per_client <= 0 or args.gpus_per_client < 0:
+            raise ValueError("--cpus-per-client must be > 0 and --gpus-per-client >= 0")
+        overrides = parse_overrides(args.set + ([f"device={args.device}"] if args.device else []))
+        config = benchmark_config(args.preset, overrides, args.rounds)
+        device = select_device(config["device"])
+    except (ConfigError, FileNotFoundError, ValueError, RuntimeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+    out_dir = (args.out or Path("runs") / f"benchmark-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    resources = ClientResources(args.cpus_per_client, args.gpus_per_client)
+    bare = run_bare(config)  # first: on a quiet machine, not beside Ray's shutdown
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # leave the GPU to the Flower clients
+    started = time.perf_counter()
+    try:
+        launch(config, out_dir / "flower", resources, progress=sys.stderr.isatty(), label="flower")
+    except RunFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    launch_seconds = time.perf_counter() - started
+    rows = pd.read_csv(out_dir / "flower" / "results.csv")
+    figures = report({**config, "output-dir": str(out_dir / "flower")}, rows, launch_seconds, bare, resources, device)
+    print_report(figures)
+    (out_dir / "benchmark.json").write_text(json.dumps(figures, indent=2))
+    print(f"results: {out_dir / 'benchmark.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

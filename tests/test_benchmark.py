@@ -1,0 +1,50 @@
+"""The speed benchmark: one small Flower run on the embedded digits against the bare loop."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+SMALL_DIGITS = [
+    "--set", "dataset=digits", "--set", "model=auto", "--set", "num-clients=4", "--set", "participation=0.5",
+    "--set", "local-epochs=1", "--set", "batch-size=32", "--rounds", "3", "--device", "cpu",
+]
+
+
+def parsed(pattern: str, text: str) -> float:
+    match = re.search(pattern, text, re.MULTILINE)
+    assert match, f"no line matching {pattern!r} in:\n{text}"
+    return float(match.group(1))
+
+
+def test_benchmark_compares_a_flower_run_with_the_bare_loop(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.benchmark", *SMALL_DIGITS, "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert parsed(r"^throughput ratio \(flower / bare\): (\d+\.\d+)", result.stdout) > 0
+    parsed(r"^flower overhead per round: (-?\d+\.\d+) s", result.stdout)
+
+    figures = json.loads((tmp_path / "benchmark.json").read_text())
+    steps = figures["client-steps"]
+    # The preset's shards give every client the same data size: 3 rounds x 2 clients x 12 steps.
+    assert steps["flower"] == steps["bare"] == 72 and steps["per-round-agree"]
+    assert figures["config"]["averaging"] == "ima" and figures["config"]["avg-start"] == 2
+    assert figures["all-rounds"]["rounds"] == "1-3" and figures["excluding-round-1"]["rounds"] == "2-3"
+    assert figures["flower-startup-seconds"] > 0 and figures["device"] == "cpu"
+    assert (tmp_path / "flower" / "results.csv").is_file()
+
+
+def test_bad_config_fails_before_anything_starts(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.benchmark", *SMALL_DIGITS, "--set", "num-clients=0", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )
+    assert result.returncode == 2 and result.stderr.startswith("error: ") and "num-clients" in result.stderr
+    assert not (tmp_path / "flower").exists()
