@@ -21,6 +21,7 @@ from clients.training import evaluate, select_device
 from clients.data import partition_indices
 from partitions import class_count_table, load_dataset, plot_class_counts
 from strategies.averaging import ModelAveraging
+from strategies.exchange import send_and_receive
 from strategies.config import cohort_size, summary_horizon, validate_run_config
 from strategies.registry import build_client_schedule, build_strategy
 from strategies.schedules import ClientSchedule
@@ -84,8 +85,8 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder) -> None:
     for server_round in range(1, config["num-rounds"] + 1):
         started = time.perf_counter()
         train_config = round_train_config(config, schedule, server_round)
-        replies = grid.send_and_receive(
-            strategy.configure_train(server_round, arrays, train_config, grid), timeout=config["round-timeout"]
+        replies = send_and_receive(
+            grid, strategy.configure_train(server_round, arrays, train_config, grid), config["round-timeout"]
         )
         aggregated, metrics = strategy.aggregate_train(server_round, replies)
         if aggregated is not None:
