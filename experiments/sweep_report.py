@@ -47,7 +47,7 @@ DASHES = ("--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)))
 MARKERS = ("o", "s", "^", "D", "v")
 
 
-def load_sweep(directory: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+def load_results(directory: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Results (one row per run) and curves (per-round rows; empty if the sweep has none)."""
     directory = Path(directory)
     if not directory.is_dir():
@@ -317,7 +317,7 @@ def plot_curves(results: pd.DataFrame, curves: pd.DataFrame, out: Path) -> list[
 
 def write_report(directory: str | Path, out: str | Path | None = None) -> list[Path]:
     """Write the tables and every figure that applies to ``out`` (default ``directory/report``)."""
-    results, curves = load_sweep(directory)
+    results, curves = load_results(directory)
     if not (results["status"] == "completed").any():
         raise ValueError(f"no completed run among the {len(results)} runs of {directory}")
     out = Path(out) if out is not None else Path(directory) / "report"

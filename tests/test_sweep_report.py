@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.sweep_report import accuracy_table, load_sweep, main, paired_gains, write_report
+from experiments.sweep_report import accuracy_table, load_results, main, paired_gains, write_report
 
 CONSTANT = {
     "dataset": "digits", "partition": "dirichlet", "alpha": 0.1, "classes-per-client": 2, "num-clients": 10,
@@ -161,6 +161,6 @@ def test_main_prints_the_table_and_the_files(tmp_path, capsys):
 
 def test_load_sweep_falls_back_to_csv_without_curves(tmp_path):
     grid().to_csv(tmp_path / "results.csv", index=False)
-    results, curves = load_sweep(tmp_path)
+    results, curves = load_results(tmp_path)
     assert len(results) == 17 and list(curves.columns) == ["run", "round"] and curves.empty
     assert accuracy_table(results).loc["fedavg+ima", "Dir(0.1)"] == "64.00 ± 2.00 (+3.00)"
