@@ -134,7 +134,7 @@ def _stop_superlink(port: int) -> None:
         frontier.extend(children)
     groups = {table[pid][1] for pid in tree} - {os.getpgrp()}
     _signal_all(tree, signal.SIGTERM)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 1  # the run is over: a short grace, then SIGKILL
     while time.monotonic() < deadline and any(_alive(pid) for pid in tree):
         time.sleep(0.1)
     _signal_all(tree, signal.SIGKILL)
@@ -232,11 +232,19 @@ def launch(
 
 
 def _follow(process: subprocess.Popen, out_dir: Path, num_rounds: int, progress: bool, label: str, leave: bool) -> None:
-    """Wait for ``flwr run``, drawing a progress bar of rounds written to results.csv."""
+    """Wait for ``flwr run``, drawing a progress bar of rounds written to results.csv.
+
+    Returns as soon as the ServerApp has marked the run completed (it writes the summary
+    last, after the final model): the seconds Flower then spends shutting down Ray and the
+    log stream would only delay the next run; the caller stops those processes.
+    """
     from tqdm import tqdm
 
     with tqdm(total=num_rounds, desc=label or out_dir.name, unit="round", disable=not progress, leave=leave) as bar:
         while process.poll() is None:
             bar.update(_count_rounds(out_dir) - bar.n)
-            time.sleep(0.5)
+            summary = _read_summary(out_dir)
+            if summary is not None and summary.get("status") == "completed":
+                break
+            time.sleep(0.2)
         bar.update(_count_rounds(out_dir) - bar.n)
