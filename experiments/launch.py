@@ -52,15 +52,20 @@ def default_run_config() -> dict[str, Any]:
         return dict(tomllib.load(f)["tool"]["flwr"]["app"]["config"])
 
 
-def load_preset(name_or_path: str) -> dict[str, Any]:
-    """A preset's overrides: a name from experiments/presets/ or a TOML file path."""
+def named_toml(name_or_path: str, directory: Path, kind: str) -> Path:
+    """A TOML file given by path, or by name (stem) in ``directory``; a clear error if absent."""
     path = Path(name_or_path)
     if path.suffix != ".toml":
-        path = PRESETS_DIR / f"{name_or_path}.toml"
+        path = directory / f"{name_or_path}.toml"
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.toml")))
-        raise FileNotFoundError(f"preset {name_or_path!r} not found; known presets: {known}")
-    with open(path, "rb") as f:
+        known = ", ".join(sorted(p.stem for p in directory.glob("*.toml")))
+        raise FileNotFoundError(f"{kind} {name_or_path!r} not found; known {kind}s: {known}")
+    return path
+
+
+def load_preset(name_or_path: str) -> dict[str, Any]:
+    """A preset's overrides: a name from experiments/presets/ or a TOML file path."""
+    with open(named_toml(name_or_path, PRESETS_DIR, "preset"), "rb") as f:
         return tomllib.load(f)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,20 +32,28 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
 def plot_accuracy(curves: Mapping[str, pd.DataFrame], path: Path, title: str = "") -> Path:
     """Central test accuracy per round: the reported model solid, and where a run also has
     an averaged model, its base model dashed in the same colour."""
+    def draw(ax) -> None:
+        for label, frame in curves.items():
+            (line,) = ax.plot(frame["round"], frame["test-accuracy"], label=label)
+            if "averaged-accuracy" in frame and frame["averaged-accuracy"].notna().any():
+                ax.plot(frame["round"], frame["base-accuracy"], linestyle="--", color=line.get_color(),
+                        alpha=0.7, label=f"{label} (base model)")
+
+    return save_figure(path, title or "central test accuracy per round", "round", "test accuracy", draw)
+
+
+def save_figure(path: Path, title: str, xlabel: str, ylabel: str, draw: Callable) -> Path:
+    """Shared figure frame: ``draw(ax)`` adds the data; titles, grid, legend, saving here."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for label, frame in curves.items():
-        (line,) = ax.plot(frame["round"], frame["test-accuracy"], label=label)
-        if "averaged-accuracy" in frame and frame["averaged-accuracy"].notna().any():
-            ax.plot(frame["round"], frame["base-accuracy"], linestyle="--", color=line.get_color(),
-                    alpha=0.7, label=f"{label} (base model)")
-    ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy")
-    ax.set_title(title or "central test accuracy per round")
+    draw(ax)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()

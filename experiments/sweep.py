@@ -59,7 +59,9 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.launch import ClientResources, RunFailed, launch, load_preset, parse_overrides, resolve_config
+from experiments.launch import (
+    ClientResources, RunFailed, launch, load_preset, named_toml, parse_overrides, resolve_config,
+)
 from strategies.config import ConfigError
 from strategies.results import write_json_atomic
 
@@ -94,13 +96,7 @@ class Sweep:
 
 def sweep_path(name_or_path: str) -> Path:
     """A sweep name from experiments/sweeps/ or a TOML file path."""
-    path = Path(name_or_path)
-    if path.suffix != ".toml":
-        path = SWEEPS_DIR / f"{name_or_path}.toml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in SWEEPS_DIR.glob("*.toml")))
-        raise FileNotFoundError(f"sweep {name_or_path!r} not found; known sweeps: {known}")
-    return path
+    return named_toml(name_or_path, SWEEPS_DIR, "sweep")
 
 
 def load_sweep(path: Path, overrides: Mapping[str, Any] | None = None) -> Sweep:

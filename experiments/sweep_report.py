@@ -35,6 +35,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.report import save_figure
+
 AVERAGING_KEYS = ("averaging", "window", "avg-start", "avg-feedback", "avg-subset", "ima-exploration", "ima-decay",
                   "swa-cycle")
 SUMMARY_COLUMNS = ("acc-last-k", "last-k", "acc-best", "best-round", "acc-final", "rounds-to-target", "rounds",
@@ -173,26 +175,6 @@ def markdown(table: pd.DataFrame) -> str:
     return "\n".join("| " + " | ".join(cells) + " |" for cells in [header, ["---"] * len(header), *rows]) + "\n"
 
 
-def _figure(path: Path, title: str, xlabel: str, ylabel: str, draw: Callable) -> Path:
-    """Shared figure frame: ``draw(ax)`` adds the data; titles, grid, legend, saving here."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    draw(ax)
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
-
-
 def _line_names(frame: pd.DataFrame) -> pd.Series:
     return frame["method"] + frame["setting"].map(lambda s: "" if s == "all" else f", {s}")
 
@@ -217,7 +199,7 @@ def plot_gain_vs(results: pd.DataFrame, key: str, path: Path) -> Path | None:
         ax.axhline(0, color="black", linewidth=0.8)
 
     xlabel = "Dirichlet α (log scale)" if key == "alpha" else key
-    return _figure(path, f"gain of averaging vs {key}", xlabel, "gain in last-k accuracy (percentage points)", draw)
+    return save_figure(path, f"gain of averaging vs {key}", xlabel, "gain in last-k accuracy (percentage points)", draw)
 
 
 def _errorbar_lines(ax, stats: pd.DataFrame, key: str, colours: dict[str, str]) -> None:
@@ -268,7 +250,7 @@ def _plot_ablation(results: pd.DataFrame, key: str, value: str, scale: float, pa
             ax.plot(points[key], [top] * len(points), "x", color=colours[line], clip_on=False,
                     label="not reached" if i == 0 else None)
 
-    return _figure(path, title + (" (× = not reached)" if len(not_reached) else ""), xlabel, ylabel, draw)
+    return save_figure(path, title + (" (× = not reached)" if len(not_reached) else ""), xlabel, ylabel, draw)
 
 
 def plot_rounds_to_target_vs_start(results: pd.DataFrame, path: Path) -> Path | None:
@@ -311,7 +293,7 @@ def plot_curves(results: pd.DataFrame, curves: pd.DataFrame, out: Path) -> list[
                             label=method)
 
         title = f"test accuracy per round: {setting} (mean over seeds)"
-        paths.append(_figure(out / f"curves-{slug(setting)}.png", title, "round", "test accuracy (%)", draw))
+        paths.append(save_figure(out / f"curves-{slug(setting)}.png", title, "round", "test accuracy (%)", draw))
     return paths
 
 
