@@ -41,6 +41,16 @@ def to_arrays(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({key: Array(np.ascontiguousarray(value)) for key, value in arrays.items()})
 
 
+def with_record(messages, key: str, arrays: dict[str, np.ndarray]) -> list:
+    """The messages, each carrying ``arrays`` as an extra ArrayRecord named ``key``
+    (a server control variate sent beside the model)."""
+    record = to_arrays(arrays)
+    messages = list(messages)
+    for message in messages:
+        message.content[key] = record
+    return messages
+
+
 def window_mean(models: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Element-wise mean of models (same keys, shapes and dtypes)."""
     models = list(models)

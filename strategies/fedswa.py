@@ -40,7 +40,7 @@ from clients.protocol import (
     STEP_LR_END,
     STEP_LR_START,
 )
-from strategies.averaging import to_arrays, to_numpy
+from strategies.averaging import to_arrays, to_numpy, with_record
 from strategies.sampling import CohortSampling
 
 VARIANTS = ("paper", "official-code")
@@ -134,14 +134,12 @@ class FedSwa(CohortSampling, FlowerFedAvg):
         self.sent_weights = to_numpy(arrays)
         for key, value in self.client_settings().items():
             config[key] = value
-        messages = list(super().configure_train(server_round, arrays, config, grid))
-        if self.momentum_control:
-            if self.control is None:
-                self.control = {k: np.zeros_like(v) for k, v in self.sent_weights.items()}
-            control = to_arrays(self.control)
-            for message in messages:
-                message.content[MOSWA_SERVER_CONTROL] = control
-        return messages
+        messages = super().configure_train(server_round, arrays, config, grid)
+        if not self.momentum_control:
+            return messages
+        if self.control is None:
+            self.control = {k: np.zeros_like(v) for k, v in self.sent_weights.items()}
+        return with_record(messages, MOSWA_SERVER_CONTROL, self.control)
 
     def aggregate_train(self, server_round, replies):
         replies = list(replies)

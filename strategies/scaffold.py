@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from clients.protocol import SCAFFOLD_DELTA_CONTROL, SCAFFOLD_SERVER_CONTROL
-from strategies.averaging import to_arrays, to_numpy
+from strategies.averaging import to_numpy, with_record
 from strategies.sampling import CohortSampling
 
 
@@ -35,11 +35,7 @@ class Scaffold(CohortSampling, FlowerFedAvg):
         if self.control is None:
             # Controls exist for trainable weights: every array of Basin's models.
             self.control = {k: np.zeros_like(v) for k, v in to_numpy(arrays).items()}
-        messages = list(super().configure_train(server_round, arrays, config, grid))
-        control = to_arrays(self.control)
-        for message in messages:
-            message.content[SCAFFOLD_SERVER_CONTROL] = control
-        return messages
+        return with_record(super().configure_train(server_round, arrays, config, grid), SCAFFOLD_SERVER_CONTROL, self.control)
 
     def aggregate_train(self, server_round, replies):
         replies = list(replies)
