@@ -17,6 +17,7 @@ from flwr.clientapp import ClientApp
 
 from clients import protocol
 from clients.data import client_tensors
+from clients.faults import inject_faults
 from clients.models import build_model, resolve_model_name
 from clients.local_round import LocalRound, round_randomness
 from clients.training import select_device
@@ -64,7 +65,13 @@ def train(msg: Message, context: Context) -> Message:
     result = local_round.train(model, x, y, generator)
     metrics, records = local_round.finish(model, result)
     metrics.update(process_usage(started, device))
-    reply = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord(metrics), **records})
+    state = model.state_dict()
+    if run_config["fault-injection"]:
+        state = inject_faults(
+            str(run_config["fault-injection"]), partition_id, int(round_config["server-round"]), state,
+            float(run_config["round-timeout"]),
+        )
+    reply = RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics), **records})
     return Message(content=reply, reply_to=msg)
 
 

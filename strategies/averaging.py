@@ -200,9 +200,13 @@ class ModelAveraging(Strategy):
             "window": [dict(m) for m in self.window],
             "running_mean": self.running_mean,
             "num_averaged": self.num_averaged,
+            "base_arrays": None if self.base_arrays is None else to_numpy(self.base_arrays),
+            "averaged_arrays": None if self.averaged_arrays is None else to_numpy(self.averaged_arrays),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.window = deque(state["window"], maxlen=self.window_size)
         self.running_mean = state["running_mean"]
         self.num_averaged = int(state["num_averaged"])
+        self.base_arrays = None if state["base_arrays"] is None else to_arrays(state["base_arrays"])
+        self.averaged_arrays = None if state["averaged_arrays"] is None else to_arrays(state["averaged_arrays"])

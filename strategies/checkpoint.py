@@ -1,12 +1,26 @@
-"""Strategy state for checkpoints: the averaging component's and the base method's.
+"""Checkpoints: what a run needs to continue after it was killed, exactly as if it had not been.
 
-Saved with ``torch.save`` as tensors only, so checkpoints load with
+Every ``checkpoint-every`` rounds (and after the last) the ServerApp writes
+``output-dir/checkpoint.pt`` atomically: the global model, the strategy's state (the
+averaging window or running mean, server momentum, Adam moments, control variates), the
+round counter, the random-number generators' states and the result rows so far. A run
+started again with the same config and output directory continues from it.
+
+Saved with ``torch.save`` as tensors and plain values only, so checkpoints load with
 ``torch.load(weights_only=True)``; numpy arrays round-trip through tensors exactly.
+A checkpoint that cannot be read, or that another config wrote, is refused with a
+:class:`CheckpointError` that says what to do.
+
+What lives on the clients (SCAFFOLD's and FedMoSWA's c_i, FedDyn's gradient, MOON's
+previous model, kept in each ClientApp's ``context.state``) is not in the checkpoint;
+a resumed run of those methods starts their clients from fresh state.
 """
 
 from __future__ import annotations
 
 import os
+import random
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +29,15 @@ import torch
 from flwr.app import ArrayRecord
 
 from strategies.averaging import ModelAveraging, to_arrays, to_numpy
+
+CHECKPOINT_FILE = "checkpoint.pt"
+CHECKPOINT_FORMAT = 1
+CHECKPOINT_ENTRIES = {"format", "config", "round", "arrays", "strategy", "rng", "rows"}
+# Run-config keys that do not change a run's numbers: resuming may change them.
+RESUMABLE_CHANGES = ("output-dir", "checkpoint-every", "resume", "round-timeout", "node-timeout")
+# Methods whose clients keep state across rounds (in context.state), which no checkpoint holds.
+CLIENT_STATE_METHODS = ("scaffold", "fedmoswa", "feddyn", "moon")
+
 
 # Attributes in which Flower's strategies keep server state across rounds.
 BASE_STATE_ATTRIBUTES = ("current_arrays", "m_t", "v_t", "momentum_vector", "control")
@@ -65,6 +88,68 @@ def load_strategy_state(strategy, state: dict[str, Any]) -> None:
         strategy.load_state_dict(state["averaging"])
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be read, or belongs to another run."""
+
+
+def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config entries a resumed run must share with the run that wrote the checkpoint."""
+    return {key: value for key, value in config.items() if key not in RESUMABLE_CHANGES}
+
+
+def rng_states() -> dict[str, Any]:
+    """The server process's generators (Python, NumPy's global, torch CPU)."""
+    version, python_state, gauss = random.getstate()
+    name, keys, position, has_gauss, cached = np.random.get_state()
+    return {
+        "python": [version, list(python_state), gauss],
+        "numpy": [name, keys, position, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+    }
+
+
+def restore_rng_states(states: Mapping[str, Any]) -> None:
+    version, python_state, gauss = states["python"]
+    random.setstate((version, tuple(python_state), gauss))
+    np.random.set_state(tuple(states["numpy"]))
+    torch.set_rng_state(torch.as_tensor(states["torch"], dtype=torch.uint8))
+
+
+def read_checkpoint(directory: Path, config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The checkpoint to resume ``config`` from: None when there is none (or resume is off).
+
+    Raises :class:`CheckpointError` when the file is corrupt, of another format, or was
+    written by a run with a different config.
+    """
+    path = Path(directory) / CHECKPOINT_FILE
+    if not config["resume"] or not path.exists():
+        return None
+    advice = "delete it, or set resume = false to start this run over"
+    try:
+        payload = load_checkpoint(path)
+    except Exception as error:  # torch's unpickler raises many types on a damaged file
+        reason = str(error).splitlines()[0] if str(error) else ""
+        raise CheckpointError(
+            f"cannot resume from {path}: it is corrupt or not a Basin checkpoint ({type(error).__name__}: {reason}); {advice}"
+        ) from error
+    missing = sorted(CHECKPOINT_ENTRIES - set(payload)) if isinstance(payload, dict) else sorted(CHECKPOINT_ENTRIES)
+    if missing:
+        raise CheckpointError(f"cannot resume from {path}: it lacks {', '.join(missing)}; {advice}")
+    if payload.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"cannot resume from {path}: format {payload.get('format')!r}, expected {CHECKPOINT_FORMAT}; {advice}")
+    expected, written_by, server_round = run_identity(config), payload["config"], int(payload["round"])
+    differing = sorted(key for key in set(expected) | set(written_by) if written_by.get(key) != expected.get(key))
+    if differing:
+        shown = ", ".join(f"{key} = {written_by.get(key)!r} there but {expected.get(key)!r} here" for key in differing[:5])
+        raise CheckpointError(
+            f"cannot resume from {path}: it was written by a run with another config ({shown}); "
+            f"use another output-dir, or {advice}"
+        )
+    if not 1 <= server_round <= config["num-rounds"]:
+        raise CheckpointError(f"cannot resume from {path}: round {server_round} is outside 1..{config['num-rounds']}; {advice}")
+    return payload
+
+
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     """Write atomically (temporary file, then rename)."""
     path = Path(path)
@@ -77,3 +162,26 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     return _decode(torch.load(path, weights_only=True))
+
+
+def write_checkpoint(
+    directory: Path, config: Mapping[str, Any], server_round: int, arrays: ArrayRecord, strategy, rows: list[dict[str, Any]]
+) -> None:
+    """Write ``directory/checkpoint.pt``: everything needed to continue after ``server_round``."""
+    save_checkpoint(Path(directory) / CHECKPOINT_FILE, {
+        "format": CHECKPOINT_FORMAT,
+        "config": run_identity(config),
+        "round": server_round,
+        "arrays": arrays,
+        "strategy": strategy_state(strategy),
+        "rng": rng_states(),
+        "rows": list(rows),
+    })
+
+
+def restore_checkpoint(payload: Mapping[str, Any], strategy) -> tuple[ArrayRecord, int]:
+    """Load a checkpoint's strategy and generator states; return the global model and the
+    first round still to run."""
+    load_strategy_state(strategy, payload["strategy"])
+    restore_rng_states(payload["rng"])
+    return payload["arrays"], int(payload["round"]) + 1

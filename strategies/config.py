@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from clients.faults import FAULT_FORMAT, parse_faults
 from clients.models import MODEL_NAMES, REQUIRED_INPUT, SLIMMABLE_MODELS, resolve_model_name
 from partitions.datasets import BUILTIN_DATASETS, INPUT_SHAPES, is_known_dataset
 from partitions.stats import PARTITION_SCHEMES
@@ -43,6 +44,14 @@ class Option:
 
 def _one_of(*names: str) -> Option:
     return Option(str, "one of " + ", ".join(repr(n) for n in names), lambda v: v in names)
+
+
+def _parses_as_faults(spec: str) -> bool:
+    try:
+        parse_faults(spec)
+    except ValueError:
+        return False
+    return True
 
 
 SCHEMA: dict[str, Option] = {
@@ -98,7 +107,12 @@ SCHEMA: dict[str, Option] = {
     "summary-last-k": Option(int, "an integer >= 0 (rounds averaged in the summary; 0 = the method's paper horizon)", lambda v: v >= 0),
     "device": _one_of(*DEVICES),
     "output-dir": Option(str, "a directory path, or '' for ~/basin-runs/<run id>"),
-    "round-timeout": Option(float, "a number of seconds > 0", lambda v: v > 0),
+    "round-timeout": Option(float, "a number of seconds > 0 (a client without a reply by then counts as failed)", lambda v: v > 0),
+    "node-timeout": Option(float, "a number of seconds > 0 (wait this long for num-clients nodes to connect, then fail)", lambda v: v > 0),
+    "min-replies": Option(int, "an integer >= 1, at most the cohort size (a round with fewer accepted replies is skipped)", lambda v: v >= 1),
+    "checkpoint-every": Option(int, "an integer >= 0 (write output-dir/checkpoint.pt every k rounds and after the last; 0 = never)", lambda v: v >= 0),
+    "resume": Option(bool, "true or false (continue from output-dir/checkpoint.pt when there is one)"),
+    "fault-injection": Option(str, f"'' or {FAULT_FORMAT}", _parses_as_faults),
 }
 
 
@@ -149,6 +163,17 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"run config key 'avg-start' = {config['avg-start']!r} is not allowed; allowed: a fraction in (0, 1) "
             f"or a whole round number between 1 and num-rounds = {config['num-rounds']}"
+        )
+    if config["min-replies"] > cohort_size(config):
+        raise ConfigError(
+            f"run config key 'min-replies' = {config['min-replies']} exceeds the cohort size {cohort_size(config)} "
+            f"(participation * num-clients); allowed: 1..{cohort_size(config)}"
+        )
+    outside = sorted({f.partition_id for f in parse_faults(config["fault-injection"])} - set(range(config["num-clients"])))
+    if outside:
+        raise ConfigError(
+            f"run config key 'fault-injection' = {config['fault-injection']!r} names partition(s) {outside}; "
+            f"allowed: partitions 0..{config['num-clients'] - 1}"
         )
     return config
 

@@ -141,31 +141,29 @@ class FedSwa(CohortSampling, FlowerFedAvg):
             self.control = {k: np.zeros_like(v) for k, v in self.sent_weights.items()}
         return with_record(messages, MOSWA_SERVER_CONTROL, self.control)
 
-    def aggregate_train(self, server_round, replies):
-        replies = list(replies)
-        ok = self.in_partition_order(replies)
+    def aggregate_accepted(self, server_round, replies):
         received = {MOSWA_DELTA_CONTROL: [], MOSWA_NEW_CONTROL: []}
-        for reply in ok:
+        for reply in replies:
             for key, controls in received.items():
                 # Flower's FedAvg expects exactly one ArrayRecord per reply.
                 record = reply.content.pop(key, None)
                 if record is not None:
                     controls.append(to_numpy(record))
-        arrays, metrics = super().aggregate_train(server_round, replies)
+        arrays, metrics = super().aggregate_accepted(server_round, replies)
         if arrays is None:
             return arrays, metrics
         if self.momentum_control:
             needed = MOSWA_DELTA_CONTROL if self.variant == "paper" else MOSWA_NEW_CONTROL
-            if len(received[needed]) != len(ok):
+            if len(received[needed]) != len(replies):
                 raise ValueError(
-                    f"FedMoSWA ({self.variant}): {len(ok) - len(received[needed])} of {len(ok)} replies "
+                    f"FedMoSWA ({self.variant}): {len(replies) - len(received[needed])} of {len(replies)} replies "
                     f"lack the '{needed}' ArrayRecord"
                 )
             if self.variant == "paper":
                 self.control = moswa_control_update(self.control, received[needed], self.gamma)
             else:
                 self.control = official_control_update(self.control, received[needed])
-        client_ws = [to_numpy(r.content[self.arrayrecord_key]) for r in ok]
+        client_ws = [to_numpy(r.content[self.arrayrecord_key]) for r in replies]
         return to_arrays(swa_server_update(self.sent_weights, client_ws, self.server_step)), metrics
 
     def state_dict(self) -> dict:

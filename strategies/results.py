@@ -26,12 +26,14 @@ from typing import Any
 # stateful client (SCAFFOLD's c_i) brought into the round, empty for stateless methods;
 # round-seconds = train-seconds (send, client work, aggregate) + eval-seconds (central
 # test); client-steps: local steps of the whole cohort; client-seconds: time some client of the cohort was computing; client-gpu-mb:
-# largest peak CUDA memory of a client process (empty on CPU).
+# largest peak CUDA memory of a client process (empty on CPU); round-status: "aggregated" or
+# why the round was skipped (too few accepted replies: the global model stays as it was);
+# failures: each failed client of the round, "partition P (node N): reason", ";"-separated.
 ROUND_COLUMNS = (
     "round", "lr", "local-epochs", "test-accuracy", "test-loss",
     "base-accuracy", "base-loss", "averaged-accuracy", "averaged-loss", "sent-model",
     "train-loss", "clients-ok", "clients-failed", "local-steps", "client-state-norm", "round-seconds",
-    "client-steps", "train-seconds", "eval-seconds", "client-seconds", "client-gpu-mb",
+    "client-steps", "train-seconds", "eval-seconds", "client-seconds", "client-gpu-mb", "round-status", "failures",
 )
 
 
@@ -66,18 +68,28 @@ def summarize(rows: list[Mapping[str, Any]], last_k: int, target: float) -> dict
 
 
 class RunRecorder:
-    """Writes a run's config, per-round rows and summary into ``directory``."""
+    """Writes a run's config, per-round rows and summary into ``directory``.
 
-    def __init__(self, directory: Path, config: Mapping[str, Any], last_k: int, target: float):
+    A resumed run passes the rows its checkpoint holds; ``results.csv`` is rewritten with
+    them, dropping rows of rounds run after that checkpoint (they will be run again).
+    """
+
+    def __init__(
+        self, directory: Path, config: Mapping[str, Any], last_k: int, target: float,
+        rows: list[Mapping[str, Any]] = (), resumed_after: int | None = None,
+    ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.last_k, self.target = last_k, target
+        self.resumed_after = resumed_after
         self.rows: list[dict[str, Any]] = []
         self.started = time.time()
         write_json_atomic(self.directory / "config.json", dict(config))
         self.results_path = self.directory / "results.csv"
         with open(self.results_path, "w", newline="") as f:
             csv.writer(f).writerow(ROUND_COLUMNS)
+        for row in rows:
+            self.append(row)
         self._write_summary("running")
 
     def append(self, row: Mapping[str, Any]) -> None:
@@ -99,6 +111,7 @@ class RunRecorder:
             "status": status,
             "wall-seconds": time.time() - self.started,
             **summarize(self.rows, self.last_k, self.target),
+            **({"resumed-after-round": self.resumed_after} if self.resumed_after else {}),
             **extra,
         }
         write_json_atomic(self.directory / "summary.json", summary)

@@ -17,6 +17,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.serverapp import Grid
 
 from clients import protocol
+from strategies.exchange import send_and_receive
+from strategies.faults import ClientFailure, Layout, layout_of, screen_replies
 
 
 class NodeDiscoveryError(RuntimeError):
@@ -24,13 +26,19 @@ class NodeDiscoveryError(RuntimeError):
 
 
 def discover_partitions(grid: Grid, num_clients: int, timeout: float) -> dict[int, int]:
-    """Wait for ``num_clients`` nodes, ask each for its partition id, return {node id: partition id}."""
+    """Wait for ``num_clients`` nodes, ask each for its partition id, return {node id: partition id}.
+
+    Raises :class:`NodeDiscoveryError` when fewer nodes connect or answer within
+    ``timeout`` seconds (run-config key ``node-timeout``), or when their partitions do not
+    form the federation the run config describes.
+    """
     deadline = time.monotonic() + timeout
     while len(node_ids := sorted(grid.get_node_ids())) < num_clients:
         if time.monotonic() > deadline:
             raise NodeDiscoveryError(
-                f"only {len(node_ids)} of num-clients = {num_clients} nodes connected within {timeout:.0f} s; "
-                "start the simulation with --federation-config 'num-supernodes=<num-clients>'"
+                f"only {len(node_ids)} of num-clients = {num_clients} nodes connected within node-timeout = "
+                f"{timeout:g} s; in simulation pass --federation-config 'num-supernodes={num_clients}', in a "
+                f"deployment start {num_clients} SuperNodes (or raise node-timeout)"
             )
         time.sleep(0.5)
     messages = [
@@ -38,7 +46,7 @@ def discover_partitions(grid: Grid, num_clients: int, timeout: float) -> dict[in
         for node_id in node_ids
     ]
     partition_of_node: dict[int, int] = {}
-    for reply in grid.send_and_receive(messages, timeout=timeout):
+    for reply in send_and_receive(grid, messages, timeout):
         if reply.has_error():
             raise NodeDiscoveryError(f"node {reply.metadata.src_node_id} failed to report its partition: {reply.error.reason}")
         info = reply.content["partition"]
@@ -48,6 +56,9 @@ def discover_partitions(grid: Grid, num_clients: int, timeout: float) -> dict[in
                 f"config says num-clients = {num_clients}; they must match"
             )
         partition_of_node[reply.metadata.src_node_id] = int(info["partition-id"])
+    silent = sorted(set(node_ids) - set(partition_of_node))
+    if silent:
+        raise NodeDiscoveryError(f"nodes {silent[:10]} did not report their partition within node-timeout = {timeout:g} s")
     found = sorted(partition_of_node.values())
     if found != list(range(num_clients)):
         raise NodeDiscoveryError(f"nodes report partition ids {found[:20]}…, expected each of 0..{num_clients - 1} once")
@@ -74,20 +85,32 @@ class CohortGrid:
 
 
 class CohortSampling:
-    """Mixin, listed before a Flower strategy class, that samples seeded cohorts.
+    """Mixin, listed before a Flower strategy class, that samples seeded cohorts and
+    screens their replies (strategies/faults.py) before aggregating.
 
-    Call :meth:`bind_partitions` once before the first round.
+    Call :meth:`bind_partitions` once before the first round. Subclasses that aggregate
+    differently override :meth:`aggregate_accepted`, which only ever sees screened replies
+    in partition order. A round with fewer than ``min_replies`` accepted replies is skipped:
+    :meth:`aggregate_train` returns ``(None, None)`` and ``round_status`` says why.
     """
 
     partition_of_node: dict[int, int]
     cohort_size: int
     seed: int
+    min_replies: int = 1
 
-    def bind_partitions(self, partition_of_node: dict[int, int], cohort_size: int, seed: int) -> None:
+    def bind_partitions(self, partition_of_node: dict[int, int], cohort_size: int, seed: int, min_replies: int = 1) -> None:
+        if not 1 <= min_replies <= cohort_size:
+            raise ValueError(f"min_replies must be between 1 and the cohort size {cohort_size}, got {min_replies}")
         self.partition_of_node = dict(partition_of_node)
         self.cohort_size = cohort_size
         self.seed = seed
+        self.min_replies = min_replies
+        self.sent_to: dict[int, int] = {}
+        self.sent_layout: Layout | None = None
         self.round_clients: dict[str, float] = {}
+        self.round_failures: list[ClientFailure] = []
+        self.round_status = ""
 
     def sample_partitions(self, server_round: int) -> list[int]:
         """The sorted partition ids of a round's cohort (depends only on seed and round)."""
@@ -97,25 +120,30 @@ class CohortSampling:
 
     def configure_train(self, server_round, arrays, config, grid):
         node_of_partition = {p: n for n, p in self.partition_of_node.items()}
-        cohort = [node_of_partition[p] for p in self.sample_partitions(server_round)]
-        return super().configure_train(server_round, arrays, config, CohortGrid(grid, cohort))
-
-    def in_partition_order(self, replies: Iterable[Message]) -> list[Message]:
-        """The successful replies, sorted by the sender's partition id."""
-        return sorted((r for r in replies if not r.has_error()), key=lambda r: self.partition_of_node[r.metadata.src_node_id])
-
-    def client_models(self, replies: Iterable[Message]) -> tuple[list[dict[str, np.ndarray]], list]:
-        """The successful replies' models (numpy) and metric records, in partition order."""
-        ok = self.in_partition_order(replies)
-        models = [{k: a.numpy() for k, a in r.content[self.arrayrecord_key].items()} for r in ok]
-        return models, [next(iter(r.content.metric_records.values())) for r in ok]
+        self.sent_to = {node_of_partition[p]: p for p in self.sample_partitions(server_round)}
+        self.sent_layout = layout_of(arrays)
+        return super().configure_train(server_round, arrays, config, CohortGrid(grid, list(self.sent_to)))
 
     def aggregate_train(self, server_round, replies):
+        accepted, self.round_failures = screen_replies(
+            replies, self.sent_to, self.partition_of_node, self.arrayrecord_key, self.sent_layout
+        )
+        self.round_clients = {"clients-ok": len(accepted), "clients-failed": len(self.round_failures), **client_usage(accepted)}
+        if len(accepted) < self.min_replies:
+            self.round_status = f"skipped: {len(accepted)} accepted replies, fewer than min-replies = {self.min_replies}"
+            return None, None
+        self.round_status = "aggregated"
+        return self.aggregate_accepted(server_round, accepted)
+
+    def aggregate_accepted(self, server_round: int, replies: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Aggregate screened replies (partition order): the Flower strategy's own rule."""
+        return super().aggregate_train(server_round, replies)
+
+    def client_models(self, replies: Iterable[Message]) -> tuple[list[dict[str, np.ndarray]], list]:
+        """The replies' models (numpy) and metric records."""
         replies = list(replies)
-        failed = [r for r in replies if r.has_error()]
-        ok = self.in_partition_order(replies)
-        self.round_clients = {"clients-ok": len(ok), "clients-failed": len(failed), **client_usage(ok)}
-        return super().aggregate_train(server_round, ok + failed)
+        models = [{k: a.numpy() for k, a in r.content[self.arrayrecord_key].items()} for r in replies]
+        return models, [next(iter(r.content.metric_records.values())) for r in replies]
 
 
 def client_usage(replies: Iterable[Message]) -> dict[str, float]:
@@ -161,13 +189,12 @@ class ServerUpdate(CohortSampling):
         self.sent_weights = {key: array.numpy() for key, array in arrays.items()}
         return super().configure_train(server_round, arrays, config, grid)
 
-    def aggregate_train(self, server_round, replies):
-        replies = list(replies)
-        arrays, metrics = super().aggregate_train(server_round, replies)
+    def aggregate_accepted(self, server_round, replies):
+        arrays, metrics = super().aggregate_accepted(server_round, replies)
         if arrays is None:
             return arrays, metrics
         models, reported = self.client_models(replies)
-        model = self.server_update(models, reported, self.in_partition_order(replies))
+        model = self.server_update(models, reported, replies)
         return ArrayRecord({key: Array(np.ascontiguousarray(value)) for key, value in model.items()}), metrics
 
     def server_update(

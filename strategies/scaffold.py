@@ -37,14 +37,12 @@ class Scaffold(CohortSampling, FlowerFedAvg):
             self.control = {k: np.zeros_like(v) for k, v in to_numpy(arrays).items()}
         return with_record(super().configure_train(server_round, arrays, config, grid), SCAFFOLD_SERVER_CONTROL, self.control)
 
-    def aggregate_train(self, server_round, replies):
-        replies = list(replies)
-        ok = self.in_partition_order(replies)
+    def aggregate_accepted(self, server_round, replies):
         deltas = []
-        for reply in ok:
+        for reply in replies:
             delta: ArrayRecord = reply.content[SCAFFOLD_DELTA_CONTROL]
             deltas.append(to_numpy(delta))
             del reply.content[SCAFFOLD_DELTA_CONTROL]  # Flower's FedAvg expects one ArrayRecord per reply
         if deltas:
             self.control = server_control_update(self.control, deltas, len(self.partition_of_node))
-        return super().aggregate_train(server_round, replies)
+        return super().aggregate_accepted(server_round, replies)

@@ -2,8 +2,11 @@
 
 One round: the strategy samples a seeded cohort and sends the global model with the
 round's client config (lr_t = lr · lr-decay^(t−1), local epochs, batch size, …); replies
-are aggregated in partition order; the new global model is evaluated on the central
-test set; one row is appended to ``results.csv``.
+are screened (a client that raised, timed out, or returned non-finite or misshapen
+arrays is left out and counted) and aggregated in partition order; the new global model
+is evaluated on the central test set; one row is appended to ``results.csv``. Every
+``checkpoint-every`` rounds a checkpoint is written, and a run started again on the same
+output directory continues from it (strategies/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from clients.training import evaluate, select_device
 from clients.data import partition_indices
 from partitions import class_count_table, load_dataset, plot_class_counts
 from strategies.averaging import ModelAveraging
+from strategies.checkpoint import CHECKPOINT_FILE, CLIENT_STATE_METHODS, read_checkpoint, restore_checkpoint, write_checkpoint
 from strategies.exchange import send_and_receive
 from strategies.config import cohort_size, summary_horizon, validate_run_config
 from strategies.registry import build_client_schedule, build_strategy
@@ -54,11 +58,14 @@ def round_train_config(config: dict[str, Any], schedule: ClientSchedule, server_
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = validate_run_config(context.run_config)
+    directory = output_directory(config, context.run_id)
+    checkpoint = read_checkpoint(directory, config)
     recorder = RunRecorder(
-        output_directory(config, context.run_id), config, summary_horizon(config), config["target-accuracy"]
+        directory, config, summary_horizon(config), config["target-accuracy"],
+        rows=checkpoint["rows"] if checkpoint else (), resumed_after=checkpoint["round"] if checkpoint else None,
     )
     try:
-        run(grid, config, recorder)
+        run(grid, config, recorder, checkpoint)
     except BaseException as error:
         recorder.fail(error)
         raise
@@ -66,8 +73,9 @@ def main(grid: Grid, context: Context) -> None:
     print(f"[basin] completed: {summary}", flush=True)
 
 
-def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder) -> None:
-    """Run all rounds, writing one results row per round."""
+def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: dict[str, Any] | None = None) -> None:
+    """Run all rounds (those after ``checkpoint``'s when given), writing one results row per
+    round and a checkpoint every ``checkpoint-every`` rounds."""
     device = select_device(config["device"])
     data = load_dataset(config["dataset"], config["data-dir"])
     write_partition_statistics(config, data, recorder.directory)
@@ -80,17 +88,29 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder) -> None:
     strategy = build_strategy(config)
     schedule = build_client_schedule(config)
     strategy.bind_partitions(
-        discover_partitions(grid, config["num-clients"], config["round-timeout"]), cohort_size(config), config["seed"]
+        discover_partitions(grid, config["num-clients"], config["node-timeout"]), cohort_size(config), config["seed"],
+        config["min-replies"],
     )
-    for server_round in range(1, config["num-rounds"] + 1):
+    first_round = 1
+    if checkpoint:
+        arrays, first_round = restore_checkpoint(checkpoint, strategy)
+        print(f"[basin] resuming after round {first_round - 1} from {recorder.directory / CHECKPOINT_FILE}", flush=True)
+        if config["strategy"] in CLIENT_STATE_METHODS:
+            print(f"[basin] warning: {config['strategy']}'s client state is not checkpointed; its clients start "
+                  "this resumed run from fresh state, so results differ from an uninterrupted run", flush=True)
+    for server_round in range(first_round, config["num-rounds"] + 1):
         started = time.perf_counter()
         train_config = round_train_config(config, schedule, server_round)
         replies = send_and_receive(
             grid, strategy.configure_train(server_round, arrays, train_config, grid), config["round-timeout"]
         )
         aggregated, metrics = strategy.aggregate_train(server_round, replies)
+        for failure in strategy.round_failures:
+            print(f"[basin] round {server_round}: client failed: {failure}", flush=True)
         if aggregated is not None:
             arrays = aggregated
+        else:
+            print(f"[basin] round {server_round} {strategy.round_status}; the global model is unchanged", flush=True)
         trained = time.perf_counter()
         evaluation = evaluate_round(strategy, arrays, model, x_test, y_test)
         test_accuracy = evaluation["test-accuracy"]
@@ -107,7 +127,13 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder) -> None:
             "train-seconds": trained - started,
             "eval-seconds": time.perf_counter() - trained,
             **strategy.round_clients,
+            "round-status": strategy.round_status,
+            "failures": "; ".join(map(str, strategy.round_failures)),
         })
+        if config["checkpoint-every"] and (
+            server_round % config["checkpoint-every"] == 0 or server_round == config["num-rounds"]
+        ):
+            write_checkpoint(recorder.directory, config, server_round, arrays, strategy, recorder.rows)
         print(
             f"[basin] round {server_round}/{config['num-rounds']} accuracy {test_accuracy:.4f} "
             f"({time.perf_counter() - started:.2f} s)",

@@ -1,0 +1,108 @@
+"""Screening a round's replies: which clients failed, and why.
+
+A client counts as failed for the round, and its reply is left out of aggregation, when
+
+- its ClientApp raised (Flower then delivers an error reply),
+- its reply lacks the model record or a metrics record,
+- the model it returned does not have the sent model's array names and shapes,
+- any floating-point array it returned (model or control variate) holds NaN or ±inf, or
+- no reply came within the round timeout.
+
+Each failure is attributed to the node the round's message was sent to, and to that
+node's partition, so a researcher can tell a flaky machine from a diverging client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import Message
+
+# The layout of a model: {array name: shape}. Dtypes may legitimately differ (Flower's
+# FedOpt strategies send float64 models; clients reply in their model's float32).
+Layout = dict[str, tuple[int, ...]]
+
+TIMEOUT_REASON = "no reply within round-timeout"
+
+
+@dataclass(frozen=True)
+class ClientFailure:
+    """One client's failure in one round."""
+
+    node_id: int
+    partition_id: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"partition {self.partition_id} (node {self.node_id}): {self.reason}"
+
+
+def layout_of(arrays: Mapping[str, object]) -> Layout:
+    """The names and shapes of an ArrayRecord's arrays (read from their headers)."""
+    return {key: tuple(array.shape) for key, array in arrays.items()}
+
+
+def reply_problem(reply: Message, model_key: str, expected: Layout | None) -> str | None:
+    """Why ``reply`` cannot be aggregated, or None when it can."""
+    if reply.has_error():
+        return f"client error: {_first_line(reply.error.reason)}"
+    content = reply.content
+    if model_key not in content.array_records:
+        return f"reply has no '{model_key}' ArrayRecord"
+    if not content.metric_records:
+        return "reply has no MetricRecord"
+    model = content.array_records[model_key]
+    if expected is not None:
+        received = layout_of(model)
+        if set(received) != set(expected):
+            missing, extra = sorted(set(expected) - set(received)), sorted(set(received) - set(expected))
+            return f"model arrays differ from the sent model's: missing {missing}, unexpected {extra}"
+        for key, shape in expected.items():
+            if received[key] != shape:
+                return f"array '{key}' has shape {received[key]}, sent {shape}"
+    for record_name, record in content.array_records.items():
+        for key, array in record.items():
+            values = array.numpy()
+            if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
+                return f"non-finite values (NaN or inf) in {record_name}['{key}']"
+    return None
+
+
+def screen_replies(
+    replies: Iterable[Message],
+    sent_to: Mapping[int, int],
+    partition_of_node: Mapping[int, int],
+    model_key: str,
+    expected: Layout | None,
+) -> tuple[list[Message], list[ClientFailure]]:
+    """Split a round's replies into those fit to aggregate and the clients that failed.
+
+    ``sent_to`` maps each node the round addressed to its partition; an addressed node
+    without a reply failed by timeout. Both lists come sorted by partition id, so
+    aggregation sums in the same order in every run and engine.
+    """
+    accepted, failures, replied = [], [], set()
+    for reply in replies:
+        node_id = reply.metadata.src_node_id
+        replied.add(node_id)
+        problem = reply_problem(reply, model_key, expected)
+        if problem is None:
+            accepted.append(reply)
+        else:
+            failures.append(ClientFailure(node_id, partition_of_node.get(node_id, -1), problem))
+    failures.extend(ClientFailure(node, partition, TIMEOUT_REASON) for node, partition in sent_to.items() if node not in replied)
+    accepted.sort(key=lambda r: partition_of_node[r.metadata.src_node_id])
+    failures.sort(key=lambda f: f.partition_id)
+    return accepted, failures
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    """The telling part of a client's error text: the last line of a traceback, without the
+    wrapper the simulation adds ("Exception ClientAppException occurred. Message: …'>")."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    line = lines[-1] if lines else "(no reason given)"
+    if "occurred. Message: " in line:
+        line = line.rsplit("occurred. Message: ", 1)[1].removesuffix("'>")
+    return line if len(line) <= limit else line[: limit - 1] + "…"

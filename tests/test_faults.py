@@ -1,0 +1,134 @@
+"""Faulty clients are excluded, counted and attributed; too few replies skip the round."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+
+from clients.faults import InjectedFault, inject_faults, parse_faults
+from strategies.averaging import ModelAveraging
+from strategies.fedavg import FedAvg
+from strategies.faults import TIMEOUT_REASON, screen_replies
+from strategies.sampling import NodeDiscoveryError, discover_partitions
+
+pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
+
+SENT = ArrayRecord({"w": Array(np.zeros(2, np.float32))})
+
+
+class FakeGrid:
+    def __init__(self, node_ids):
+        self.node_ids = node_ids
+
+    def get_node_ids(self):
+        return list(self.node_ids)
+
+
+def _request(node_id):
+    return Message(content=RecordDict({"config": ConfigRecord()}), dst_node_id=node_id, message_type=MessageType.TRAIN)
+
+
+def _reply(node_id, weights, n=1, **extra_records):
+    content = RecordDict({
+        "arrays": ArrayRecord({"w": Array(np.asarray(weights, dtype=np.float32))}),
+        "metrics": MetricRecord({"num-examples": n}),
+        **extra_records,
+    })
+    return Message(content=content, reply_to=_request(node_id))
+
+
+def _error_reply(node_id, reason):
+    return Message(Error(code=0, reason=reason), reply_to=_request(node_id))
+
+
+def _bound_strategy(min_replies=1, cohort=4):
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=0)
+    strategy.bind_partitions({100 + p: p for p in range(4)}, cohort, seed=0, min_replies=min_replies)
+    strategy.configure_train(1, SENT, ConfigRecord(), FakeGrid(range(100, 104)))  # cohort 4 of 4: nodes 100..103
+    return strategy
+
+
+def test_each_kind_of_bad_reply_is_excluded_with_its_reason():
+    replies = [
+        _reply(103, [1.0, 2.0]),
+        _error_reply(100, "Traceback (most recent call last):\n  ...\nException ClientAppException occurred. Message: boom'>"),
+        _reply(101, [np.nan, 1.0]),
+        _reply(102, [1.0, 2.0, 3.0]),
+    ]
+    ok, failures = screen_replies(replies, {100: 0, 101: 1, 102: 2, 103: 3}, {100: 0, 101: 1, 102: 2, 103: 3}, "arrays", {"w": (2,)})
+    assert [r.metadata.src_node_id for r in ok] == [103]
+    assert [(f.node_id, f.partition_id) for f in failures] == [(100, 0), (101, 1), (102, 2)]
+    assert failures[0].reason == "client error: boom"
+    assert failures[1].reason == "non-finite values (NaN or inf) in arrays['w']"
+    assert failures[2].reason == "array 'w' has shape (3,), sent (2,)"
+    assert str(failures[2]) == "partition 2 (node 102): array 'w' has shape (3,), sent (2,)"
+
+
+def test_inf_in_a_control_variate_missing_records_and_silence_are_failures():
+    control = ArrayRecord({"w": Array(np.array([np.inf, 0.0], np.float32))})
+    no_metrics = Message(content=RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros(2, np.float32))})}), reply_to=_request(11))
+    renamed = _reply(12, [1.0, 2.0])
+    renamed.content["arrays"] = ArrayRecord({"v": Array(np.zeros(2, np.float32))})
+    replies = [_reply(10, [0.0, 0.0], control=control), no_metrics, renamed]
+    sent_to = {10: 0, 11: 1, 12: 2, 13: 3}
+    ok, failures = screen_replies(replies, sent_to, sent_to, "arrays", {"w": (2,)})
+    assert ok == []
+    assert [f.reason for f in failures] == [
+        "non-finite values (NaN or inf) in control['w']",
+        "reply has no MetricRecord",
+        "model arrays differ from the sent model's: missing ['w'], unexpected ['v']",
+        TIMEOUT_REASON,
+    ]
+    assert failures[3].node_id == 13  # the silent node is the one the message was sent to
+
+
+def test_failed_clients_are_left_out_of_the_average_and_counted():
+    strategy = _bound_strategy()
+    replies = [_reply(100, [1.0, 1.0], n=1), _reply(101, [np.inf, 0.0], n=5), _reply(102, [4.0, 4.0], n=3)]
+    arrays, _ = strategy.aggregate_train(1, replies)
+    np.testing.assert_allclose(arrays["w"].numpy(), [(1 * 1 + 4 * 3) / 4] * 2)  # node 101 weighs nothing
+    assert strategy.round_clients["clients-ok"] == 2 and strategy.round_clients["clients-failed"] == 2
+    assert [f.partition_id for f in strategy.round_failures] == [1, 3]  # inf, and no reply from node 103
+    assert strategy.round_status == "aggregated"
+
+
+def test_a_round_with_fewer_accepted_replies_than_min_replies_is_skipped_and_the_window_untouched():
+    component = ModelAveraging(_bound_strategy(min_replies=2), window_size=2, start_round=1, feedback=True)
+    arrays, metrics = component.aggregate_train(1, [_reply(100, [1.0, 1.0]), _error_reply(101, "x")])
+    assert arrays is None and metrics is None
+    assert component.round_status == "skipped: 1 accepted replies, fewer than min-replies = 2"
+    assert len(component.window) == 0 and component.averaged_arrays is None
+
+
+def test_min_replies_cannot_exceed_the_cohort():
+    with pytest.raises(ValueError, match="min_replies"):
+        _bound_strategy(min_replies=5)
+
+
+def test_waiting_for_too_few_nodes_ends_with_a_clear_error():
+    with pytest.raises(NodeDiscoveryError, match=r"only 2 of num-clients = 3 nodes connected within node-timeout = 0.2 s"):
+        discover_partitions(FakeGrid([1, 2]), num_clients=3, timeout=0.2)
+
+
+def test_fault_specs_parse_and_bad_ones_name_the_entry():
+    faults = parse_faults("raise:0@2, nan:3 ,hang:1@4")
+    assert [(f.kind, f.partition_id, f.server_round) for f in faults] == [("raise", 0, 2), ("nan", 3, None), ("hang", 1, 4)]
+    assert faults[1].applies(3, 17) and not faults[0].applies(0, 3)
+    assert parse_faults("") == []
+    for bad in ("explode:1", "nan:x", "nan:1@", "nan"):
+        with pytest.raises(ValueError, match="fault entry"):
+            parse_faults(bad)
+
+
+def test_injected_faults_change_only_the_targeted_reply():
+    state = {"step": torch.tensor(3), "w": torch.zeros(2, 2)}
+    assert inject_faults("nan:1@2", 1, 3, state, 1.0) is state  # another round
+    poisoned = inject_faults("nan:1@2, shape:0", 1, 2, state, 1.0)
+    assert torch.isnan(poisoned["w"]).sum() == 1 and poisoned["step"] is state["step"]
+    assert not torch.isnan(state["w"]).any()  # the process's model is not modified
+    assert inject_faults("inf:0", 0, 1, state, 1.0)["w"].isinf().sum() == 1
+    assert inject_faults("shape:0", 0, 1, state, 1.0)["w"].shape == (3,)
+    with pytest.raises(InjectedFault, match="partition 0 raises in round 5"):
+        inject_faults("raise:0", 0, 5, state, 1.0)
