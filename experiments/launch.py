@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments.ray_cluster import check_ray_address
+from strategies.checkpoint import read_checkpoint
 from strategies.config import validate_run_config
 
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -131,6 +133,17 @@ def _stop_superlink(port: int) -> None:
     """
     table = _process_table()
     roots = [pid for pid, (_, _, cmd) in table.items() if "flower-superlink" in cmd and f"--port {port}" in cmd]
+    stop_process_tree(roots, table)
+
+
+def stop_process_tree(roots: list[int], table: dict[int, tuple[int, int, str]] | None = None) -> None:
+    """Terminate ``roots``, their descendants and the process groups they created.
+
+    SIGTERM first, SIGKILL after a short grace; process groups are killed as a whole so
+    that processes which left the tree (Ray's agents outlive their parent) go too.
+    ``table`` is a snapshot from ``_process_table`` (taken now if not given).
+    """
+    table = _process_table() if table is None else table
     tree, frontier = set(roots), list(roots)
     while frontier:
         parent = frontier.pop()
@@ -192,11 +205,20 @@ def launch(
     progress: bool = True,
     label: str = "",
     leave: bool = True,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
-    """Run one validated config with ``flwr run``; return its summary or raise RunFailed."""
+    """Run one validated config with ``flwr run``; return its summary or raise RunFailed.
+
+    With ``ray_address`` (``HOST:PORT``) the clients run on that existing Ray cluster
+    (``experiments.ray_cluster``); RayClusterUnreachable is raised before Flower starts
+    if nothing answers there.
+    """
+    if ray_address is not None:
+        check_ray_address(ray_address)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     config = validate_run_config({**config, "output-dir": str(out_dir)})
+    read_checkpoint(out_dir, config)  # a corrupt or foreign checkpoint is refused before Flower starts
     (out_dir / "summary.json").unlink(missing_ok=True)
     run_config_path = out_dir / "run-config.toml"
     run_config_path.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in config.items()))
@@ -213,6 +235,8 @@ def launch(
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
             "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
         }
+        if ray_address is not None:
+            env["RAY_ADDRESS"] = ray_address
         command = [
             str(bin_dir / "flwr"), "run", str(APP_DIR), "--stream",
             "--run-config", str(run_config_path),

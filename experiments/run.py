@@ -4,6 +4,7 @@
     python -m experiments.run --preset ima-fmnist-shards --set num-rounds=50
     python -m experiments.run --preset ima-fmnist-dir0.1 \\
         --compare strategy=fedavg,fedprox,fedadam,fedyogi --compare averaging=none,ima
+    python -m experiments.run --ray-address 10.0.0.5:6379   # clients on an existing Ray cluster
 
 Without arguments, the main job: FedAvg, FedAvg+IMA and FedAvg+WIMA on the embedded
 digits. Each ``--compare KEY=V1,V2`` multiplies the runs (grid). Prints a summary table
@@ -21,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.launch import ClientResources, RunFailed, launch, load_preset, parse_overrides, resolve_config
+from experiments.ray_cluster import RayClusterUnreachable, check_ray_address
 from experiments.report import plot_accuracy, summary_table
 from strategies.config import ConfigError
 
@@ -52,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus-per-client", type=float, default=1.0, help="Ray CPUs per virtual client")
     parser.add_argument("--gpus-per-client", type=float, default=0.0,
                         help="Ray GPU fraction per virtual client, e.g. 0.125 for 8 clients per GPU")
+    parser.add_argument("--ray-address", metavar="HOST:PORT",
+                        help="run the clients on this existing Ray cluster (the address `ray start --head` prints)")
     args = parser.parse_args(argv)
     compare = args.compare if args.compare is not None else ([] if args.preset or args.set else MAIN_JOB_COMPARE)
 
@@ -59,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         preset = load_preset(args.preset) if args.preset else {}
         overrides = parse_overrides(args.set)
         runs = {label_of(v): resolve_config(preset, overrides, v) for v in variants(compare)}
-    except (ConfigError, FileNotFoundError, ValueError) as error:
+        if args.ray_address is not None:
+            check_ray_address(args.ray_address)
+    except (ConfigError, FileNotFoundError, ValueError, RayClusterUnreachable) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
@@ -70,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, config in runs.items():
         run_dir = out_dir / label if len(runs) > 1 else out_dir
         try:
-            summaries[label] = launch(config, run_dir, resources, label=f"{label} ({len(summaries) + len(failed) + 1}/{len(runs)})")
+            summaries[label] = launch(config, run_dir, resources, ray_address=args.ray_address,
+                                      label=f"{label} ({len(summaries) + len(failed) + 1}/{len(runs)})")
             curves[label] = pd.read_csv(run_dir / "results.csv")
         except RunFailed as error:
             print(f"error: {error}", file=sys.stderr)

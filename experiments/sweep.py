@@ -3,6 +3,7 @@
     python -m experiments.sweep ima-fmnist-alpha            # a sweep from experiments/sweeps/
     python -m experiments.sweep my-sweep.toml --set num-rounds=20 --out runs/quick
     python -m experiments.sweep my-sweep.toml --list        # the runs and their status
+    python -m experiments.sweep ima-fmnist-alpha --ray-address 10.0.0.5:6379  # on a Ray cluster
 
 A sweep file (TOML)::
 
@@ -25,11 +26,11 @@ Everything is validated before the first run starts.
 
 Each run is a real Flower run (``experiments.launch``) in ``<out>/runs/<run id>``. A run
 is finished when its ``outcome.json`` (status, error, config) is written, after Flower
-returns; re-running the command skips finished runs whose config is unchanged, reruns
-unfinished or changed ones from scratch, and keeps failed runs as failed unless
-``--retry-failed``. After every run the tables are rebuilt from the run directories and
-replaced atomically, so they are never half-written and a killed sweep loses at most the
-run in progress:
+returns; re-running the command skips finished runs whose config is unchanged, continues
+an interrupted run from its last checkpoint (``checkpoint-every``), reruns changed ones
+from scratch, and keeps failed runs as failed unless ``--retry-failed``. After every run
+the tables are rebuilt from the run directories and replaced atomically, so they are
+never half-written and a killed sweep loses at most the rounds since the last checkpoint:
 
 - ``results.parquet`` / ``results.csv``: one row per run: ``run``, ``status``
   (completed, failed, pending), ``error``, every run-config key, and ``acc-last-k``,
@@ -62,6 +63,8 @@ import pandas as pd
 from experiments.launch import (
     ClientResources, RunFailed, launch, load_preset, named_toml, parse_overrides, resolve_config,
 )
+from experiments.ray_cluster import RayClusterUnreachable, check_ray_address
+from strategies.checkpoint import CheckpointError, read_checkpoint
 from strategies.config import ConfigError
 from strategies.results import write_json_atomic
 
@@ -175,8 +178,21 @@ def read_outcome(run_dir: Path, config: Mapping[str, Any]) -> dict[str, Any] | N
     return outcome if outcome.get("config") == _comparable(config) else None
 
 
-def run_sweep(sweep: Sweep, out_dir: Path, retry_failed: bool = False, progress: bool = True) -> pd.DataFrame:
-    """Run every unfinished run of the sweep, rebuilding the tables after each; return the results table."""
+def resumable(run_dir: Path, config: dict[str, Any]) -> bool:
+    """Whether an interrupted attempt left a checkpoint this run can continue from."""
+    try:
+        return read_checkpoint(run_dir, config) is not None
+    except CheckpointError:
+        return False
+
+
+def run_sweep(
+    sweep: Sweep, out_dir: Path, retry_failed: bool = False, progress: bool = True, ray_address: str | None = None,
+) -> pd.DataFrame:
+    """Run every unfinished run of the sweep, rebuilding the tables after each; return the results table.
+
+    ``ray_address``: run the clients on that existing Ray cluster (``experiments.ray_cluster``).
+    """
     from tqdm import tqdm
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -189,10 +205,12 @@ def run_sweep(sweep: Sweep, out_dir: Path, retry_failed: bool = False, progress:
     with tqdm(total=len(sweep.runs), initial=finished, desc=f"sweep {sweep.name}", unit="run", disable=not progress) as bar:
         for run in todo:
             run_dir = out_dir / "runs" / run.run_id
-            shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted or outdated attempt
+            if not resumable(run_dir, run.config):
+                shutil.rmtree(run_dir, ignore_errors=True)  # an outdated attempt, or one without a checkpoint
             started = time.time()
             try:
-                launch(run.config, run_dir, sweep.resources, progress=progress, label=run.run_id, leave=False)
+                launch(run.config, run_dir, sweep.resources, progress=progress, label=run.run_id, leave=False,
+                       ray_address=ray_address)
                 outcome = {"status": "completed", "error": ""}
             except RunFailed as error:
                 outcome = {"status": "failed", "error": str(error).splitlines()[0]}
@@ -273,10 +291,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retry-failed", action="store_true", help="run failed runs again")
     parser.add_argument("--list", action="store_true", help="print the runs and their status; run nothing")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--ray-address", metavar="HOST:PORT",
+                        help="run the clients on this existing Ray cluster (the address `ray start --head` prints)")
     args = parser.parse_args(argv)
     try:
         sweep = load_sweep(sweep_path(args.sweep), parse_overrides(args.set))
-    except (ConfigError, SweepError, FileNotFoundError, ValueError, tomllib.TOMLDecodeError) as error:
+        if args.ray_address is not None and not args.list:
+            check_ray_address(args.ray_address)
+    except (ConfigError, SweepError, FileNotFoundError, ValueError, tomllib.TOMLDecodeError,
+            RayClusterUnreachable) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     out_dir = (args.out or Path("runs") / sweep.name).resolve()
@@ -289,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        table = run_sweep(sweep, out_dir, args.retry_failed, progress=not args.no_progress)
+        table = run_sweep(sweep, out_dir, args.retry_failed, not args.no_progress, args.ray_address)
     except KeyboardInterrupt:
         table = write_tables(sweep, out_dir)
         done = int(table["status"].ne("pending").sum())

@@ -94,7 +94,7 @@ def test_every_sweep_preset_resolves(path):
 
 def fake_launch(fail_ids: set[str], calls: list[str]):
     """A stand-in for a Flower run: writes summary and results, or fails."""
-    def launch(config, out_dir, resources, progress, label, leave):
+    def launch(config, out_dir, resources, progress, label, leave, ray_address=None):
         calls.append(label)
         out_dir.mkdir(parents=True)
         if label in fail_ids:
@@ -157,39 +157,41 @@ def flower_processes() -> set[int]:
 
 
 def test_a_real_sweep_interrupted_and_resumed_loses_and_repeats_nothing(tmp_path):
-    """2 methods (FedAvg, FedAvg+IMA) × 2 α × 2 seeds on digits, killed during the third run."""
-    path = write_sweep(tmp_path, SMALL + """
+    """2 methods (FedAvg, FedAvg+IMA) × 2 α on digits, killed after the third run's first
+    round (checkpointed), resumed: the finished runs are kept, the third continues."""
+    path = write_sweep(tmp_path, SMALL.replace("num-rounds = 2", "num-rounds = 4\ncheckpoint-every = 1") + """
 [grid]
 alpha = [0.1, 1.0]
 averaging = ["none", {averaging = "ima", window = 2, avg-start = 2}]
-seed = [0, 1]
+seed = [0]
 """)
     out = tmp_path / "out"
     command = [sys.executable, "-m", "experiments.sweep", str(path), "--out", str(out), "--no-progress"]
     before = flower_processes()
     first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    third = out / "runs" / "alpha=0.1_averaging=ima+window=2+avg-start=2_seed=0" / "summary.json"
+    third = out / "runs" / "alpha=1.0_averaging=none_seed=0"
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not (third.is_file() and "running" in third.read_text()):
+    while time.monotonic() < deadline and not (third / "checkpoint.pt").is_file():
         assert first.poll() is None, first.communicate()
-        time.sleep(0.2)
-    first.send_signal(signal.SIGTERM)  # the third run's ServerApp is running
+        time.sleep(0.05)
+    first.send_signal(signal.SIGTERM)  # the third run's ServerApp is running its second round
     _, err = first.communicate(timeout=60)
-    assert first.returncode == 130 and "2 of 8 runs finished" in err
+    assert first.returncode == 130 and "2 of 4 runs finished" in err
     time.sleep(1)
     assert flower_processes() - before == set()  # no SuperLink, simulation or Ray left behind
 
     table = pd.read_parquet(out / "results.parquet")
-    assert table["status"].tolist() == ["completed"] * 2 + ["pending"] * 6
+    assert table["status"].tolist() == ["completed"] * 2 + ["pending"] * 2
     finished = {run: (out / "runs" / run / "outcome.json").stat().st_mtime_ns for run in table["run"][:2]}
 
     resumed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     table = pd.read_parquet(out / "results.parquet")
-    assert len(table) == 8 and table["run"].is_unique and table["status"].eq("completed").all()
-    assert table["acc-last-k"].between(0.1, 1).all() and table["rounds"].eq(2).all()
+    assert len(table) == 4 and table["run"].is_unique and table["status"].eq("completed").all()
+    assert table["acc-last-k"].between(0.1, 1).all() and table["rounds"].eq(4).all()
     # The runs finished before the interruption were not run again.
     assert {run: (out / "runs" / run / "outcome.json").stat().st_mtime_ns for run in finished} == finished
+    assert json.loads((third / "summary.json").read_text())["resumed-after-round"] == 1
     curves = pd.read_parquet(out / "curves.parquet")
     assert len(curves) == 16 and not curves.duplicated(["run", "round"]).any()
     assert pd.read_csv(out / "results.csv")["run"].tolist() == table["run"].tolist()
