@@ -41,6 +41,13 @@ class ClientResources:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
 
+    def __post_init__(self) -> None:
+        # Flower 1.41 reads client-resources-num-cpus as an integer: 0.5 would fail inside `flwr run`.
+        if isinstance(self.num_cpus, bool) or self.num_cpus < 1 or self.num_cpus != int(self.num_cpus):
+            raise ValueError(f"num-cpus per client = {self.num_cpus!r} is not allowed; allowed: a whole number >= 1")
+        if isinstance(self.num_gpus, bool) or not 0 <= self.num_gpus <= 1:
+            raise ValueError(f"num-gpus per client = {self.num_gpus!r} is not allowed; allowed: a number in [0, 1]")
+
     def federation_config(self, num_supernodes: int) -> str:
         return (
             f"num-supernodes={num_supernodes} client-resources-num-cpus={self.num_cpus:g} "

@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         preset = load_preset(args.preset) if args.preset else {}
         overrides = parse_overrides(args.set)
         runs = {label_of(v): resolve_config(preset, overrides, v) for v in variants(compare)}
+        resources = ClientResources(args.cpus_per_client, args.gpus_per_client)
         if args.ray_address is not None:
             check_ray_address(args.ray_address)
     except (ConfigError, FileNotFoundError, ValueError, RayClusterUnreachable) as error:
@@ -71,7 +72,6 @@ def main(argv: list[str] | None = None) -> int:
 
     name = Path(args.preset).stem if args.preset else "main"
     out_dir = (args.out or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    resources = ClientResources(args.cpus_per_client, args.gpus_per_client)
     summaries, curves, failed = {}, {}, []
     for label, config in runs.items():
         run_dir = out_dir / label if len(runs) > 1 else out_dir

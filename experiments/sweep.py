@@ -113,9 +113,10 @@ def load_sweep(path: Path, overrides: Mapping[str, Any] | None = None) -> Sweep:
     bad = sorted(set(resources) - RESOURCE_KEYS)
     if bad:
         raise SweepError(f"sweep file {path}: unknown [resources] key(s) {', '.join(bad)}; allowed: num-cpus, num-gpus")
-    for key, value in resources.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise SweepError(f"sweep file {path}: [resources] {key} = {value!r} is not allowed; allowed: a number >= 0")
+    try:
+        client_resources = ClientResources(resources.get("num-cpus", 1), resources.get("num-gpus", 0.0))
+    except (TypeError, ValueError) as error:
+        raise SweepError(f"sweep file {path}: [resources] {error}") from None
     grid = spec.get("grid", {})
     if not isinstance(grid, dict) or not grid:
         raise SweepError(f"sweep file {path}: [grid] is missing or empty; allowed: axes such as alpha = [0.1, 0.5]")
@@ -137,7 +138,7 @@ def load_sweep(path: Path, overrides: Mapping[str, Any] | None = None) -> Sweep:
         seen[fingerprint] = run_id
         runs.append(SweepRun(run_id, config))
     name = spec.get("name", path.stem)
-    return Sweep(name, runs, ClientResources(resources.get("num-cpus", 1.0), resources.get("num-gpus", 0.0)), duplicates)
+    return Sweep(name, runs, client_resources, duplicates)
 
 
 def _axis(path: Path, name: str, values: Any) -> list[tuple[str, dict[str, Any]]]:

@@ -68,6 +68,7 @@ method = [{strategy = "fedavg"}, {strategy = "fedavg", seed = 0}]
         ("[grid]\nalpha = 0.1\n", SweepError, r"\[grid\] alpha = 0.1 .*non-empty list"),
         ("[set]\nnum-rounds = 2\n", SweepError, r"\[grid\] is missing"),
         ("[resources]\nnum-gpu = 1\n[grid]\nseed = [0]\n", SweepError, "num-gpu"),
+        ("[resources]\nnum-cpus = 0.5\n[grid]\nseed = [0]\n", SweepError, r"num-cpus per client = 0.5 .* a whole number >= 1"),
         ("[grid]\nalpha = [0.1, -1.0]\n", ConfigError, "run alpha=-1.0: .*'alpha' = -1.0"),
         ("[grid]\nstrategy = ['fedavg', 'fedavgg']\n", ConfigError, "'strategy' = 'fedavgg'.*allowed"),
         ("[grid]\nseed = [0, 0]\n", SweepError, "repeats a value"),
