@@ -143,23 +143,30 @@ def _stop_superlink(port: int) -> None:
     stop_process_tree(roots, table)
 
 
-def stop_process_tree(roots: list[int], table: dict[int, tuple[int, int, str]] | None = None) -> None:
-    """Terminate ``roots``, their descendants and the process groups they created.
-
-    SIGTERM first, SIGKILL after a short grace; process groups are killed as a whole so
-    that processes which left the tree (Ray's agents outlive their parent) go too.
-    ``table`` is a snapshot from ``_process_table`` (taken now if not given).
-    """
-    table = _process_table() if table is None else table
+def process_tree(roots: list[int], table: dict[int, tuple[int, int, str]]) -> set[int]:
+    """``roots`` and every process descending from them in ``table`` (see _process_table)."""
     tree, frontier = set(roots), list(roots)
     while frontier:
         parent = frontier.pop()
         children = [pid for pid, (ppid, _, _) in table.items() if ppid == parent and pid not in tree]
         tree.update(children)
         frontier.extend(children)
-    groups = {table[pid][1] for pid in tree} - {os.getpgrp()}
+    return tree
+
+
+def stop_process_tree(roots: list[int], table: dict[int, tuple[int, int, str]] | None = None, grace: float = 1.0) -> None:
+    """Terminate ``roots``, their descendants and the process groups they created.
+
+    SIGTERM first, SIGKILL after ``grace`` seconds; process groups are killed as a whole so
+    that processes which left the tree (Ray's agents outlive their parent) go too. The tree
+    is collected before signalling, as children are re-parented once their parent exits;
+    ``table`` is a snapshot from ``_process_table`` (taken now if not given).
+    """
+    table = _process_table() if table is None else table
+    tree = process_tree(roots, table)
+    groups = {table[pid][1] for pid in tree if pid in table} - {os.getpgrp()}
     _signal_all(tree, signal.SIGTERM)
-    deadline = time.monotonic() + 1  # the run is over: a short grace, then SIGKILL
+    deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(_alive(pid) for pid in tree):
         time.sleep(0.1)
     _signal_all(tree, signal.SIGKILL)

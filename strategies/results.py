@@ -64,6 +64,8 @@ def summarize(rows: list[Mapping[str, Any]], last_k: int, target: float) -> dict
         "final-accuracy": accuracies[-1],
         "target-accuracy": target,
         "round-reaching-target": reached,
+        "rounds-skipped": sum(str(r.get("round-status", "")).startswith("skipped") for r in rows),
+        "client-failures": int(sum(v for r in rows if not math.isnan(v := float(r.get("clients-failed", 0))))),
     }
 
 

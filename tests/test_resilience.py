@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.launch import APP_DIR, _process_table, launch, resolve_config, stop_process_tree
+from experiments.launch import APP_DIR, _process_table, launch, process_tree, resolve_config, stop_process_tree
 from strategies.checkpoint import CHECKPOINT_FILE
 
 # Wall-clock columns differ between any two runs; everything else must match exactly.
@@ -33,6 +33,7 @@ def test_faulty_clients_are_excluded_counted_and_never_hang_the_run(tmp_path):
     summary = launch(config, tmp_path / "run", progress=False)
     rows = pd.read_csv(tmp_path / "run" / "results.csv")
     assert summary["status"] == "completed" and summary["rounds"] == 3
+    assert summary["rounds-skipped"] == 1 and summary["client-failures"] == 7
     assert time.monotonic() - started < 120  # the hung client cost one round-timeout, not forever
     assert rows["clients-ok"].tolist() == [2, 2, 1] and rows["clients-failed"].tolist() == [2, 2, 3]
     first, second, third = rows["failures"]
@@ -49,18 +50,6 @@ def test_faulty_clients_are_excluded_counted_and_never_hang_the_run(tmp_path):
 
 KILLABLE_LAUNCH = "import json, sys; from pathlib import Path; from experiments.launch import launch; " \
     "launch(json.loads(sys.argv[1]), Path(sys.argv[2]), progress=False)"
-
-
-def _descendants(root: int) -> dict[int, str]:
-    table = _process_table()
-    found, frontier = {}, [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, (ppid, _, cmd) in table.items():
-            if ppid == parent and pid not in found:
-                found[pid] = cmd
-                frontier.append(pid)
-    return found
 
 
 def _rows(path) -> int:
@@ -87,7 +76,8 @@ def test_a_run_killed_with_sigkill_resumes_from_its_checkpoint_bitwise_identical
         while _rows(killed / "results.csv") < 3:  # round 2's checkpoint is written, round 3 is done
             assert time.monotonic() < deadline and launcher.poll() is None, "the run to kill never reached round 3"
             time.sleep(0.05)
-        server = [pid for pid, cmd in _descendants(launcher.pid).items() if "flwr-simulation" in cmd]
+        table = _process_table()
+        server = [pid for pid in process_tree([launcher.pid], table) if "flwr-simulation" in table[pid][2]]
         assert len(server) == 1
         os.kill(server[0], signal.SIGKILL)  # the ServerApp dies mid-run, with its in-memory state
         rows_at_kill = _rows(killed / "results.csv")

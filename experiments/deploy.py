@@ -1,0 +1,419 @@
+"""Run Basin on Flower's Deployment Engine on this machine.
+
+    python -m experiments.deploy --set num-rounds=5            # insecure
+    python -m experiments.deploy --tls --set num-rounds=5      # TLS
+    python -m experiments.deploy --auth --set num-rounds=5     # TLS + SuperNode authentication
+
+Unlike ``experiments.run`` (the Simulation Engine: one process, clients as Ray actors),
+this starts a real ``flower-superlink`` and one ``flower-supernode`` per client, each a
+separate process talking HTTP(S) over localhost, exactly as they would on separate
+machines; then ``flwr run APP_DIR <federation> --stream`` submits the run to that
+SuperLink. SuperNode ``K`` holds partition ``K`` of ``num-clients``
+(``--node-config "partition-id=K num-partitions=N"``); the ServerApp asks every node for
+its partition id before the first round, so cohorts, aggregation order and therefore the
+results are the same as in simulation. The same holds bit for bit because each
+SuperNode's ClientApp gets as many CPU threads as Ray gives a simulated client
+(``--cpus-per-client``, default 1; see ``LocalFederation._supernode_env``).
+
+Security modes:
+
+* insecure: plain HTTP (``--insecure`` everywhere).
+* ``--tls``: a throw-away CA and a server certificate for 127.0.0.1/localhost
+  (experiments/certificates.py); the SuperLink serves with it, SuperNodes and the
+  ``flwr`` CLI trust the CA (``--root-certificates``; ``root-certificates`` in the
+  federation entry).
+* ``--auth`` (implies ``--tls``; Flower requires TLS for it): the SuperLink only admits
+  SuperNodes whose public key was registered with ``flwr supernode register`` before
+  they connect; each SuperNode signs its requests with its own ECDSA key.
+
+Data: the default ``digits`` dataset ships with scikit-learn, so SuperNodes need nothing
+else. For file datasets (``dataset = "fashion-mnist"`` …) the run-config key ``data-dir``
+is read on every SuperNode's machine (and the SuperLink's, for the server's test set):
+in a real deployment each machine needs the data at that path.
+
+Everything started here lives under a temporary directory (a ``FLWR_HOME`` per process,
+certificates, keys, the SuperLink's database) and is stopped by PID, whole process
+trees, when the run ends or fails. Logs go to the output directory:
+``superlink.log``, ``supernode-K.log`` and ``flwr.log`` (the ``flwr run`` stream).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from experiments.certificates import KeyPair, TlsFiles, write_supernode_key_pair, write_tls_certificates
+from experiments.launch import (
+    APP_DIR,
+    RunFailed,
+    _follow,
+    _free_port,
+    _read_summary,
+    _toml_value,
+    load_preset,
+    parse_overrides,
+    resolve_config,
+    stop_process_tree,
+)
+from strategies.config import ConfigError, validate_run_config
+
+FEDERATION = "basin-local"
+HOST = "127.0.0.1"
+STARTUP_TIMEOUT = 60.0  # seconds for the SuperLink to listen and each SuperNode to join
+NODE_ID_LINE = re.compile(r"SuperNode ID: (\d+)")
+
+
+class DeploymentError(RuntimeError):
+    """A SuperLink or SuperNode did not start, or a ``flwr`` CLI command failed."""
+
+
+@dataclass(frozen=True)
+class Security:
+    """How the federation is secured: plain HTTP, TLS, or TLS with SuperNode authentication."""
+
+    tls: bool = False
+    auth: bool = False
+
+    def __post_init__(self) -> None:
+        if self.auth and not self.tls:
+            raise ValueError("SuperNode authentication needs TLS (Flower refuses --enable-supernode-auth without it)")
+
+    @property
+    def name(self) -> str:
+        """insecure, tls or tls+auth."""
+        return "tls+auth" if self.auth else "tls" if self.tls else "insecure"
+
+
+@dataclass
+class SuperNode:
+    """One started ``flower-supernode`` process and the partition it holds."""
+
+    partition_id: int
+    process: subprocess.Popen
+    log: Path
+    key: KeyPair | None = None
+
+    @property
+    def node_id(self) -> int | None:
+        """The id the SuperLink gave this node, once it has joined (read from its log)."""
+        match = NODE_ID_LINE.search(_read(self.log))
+        return int(match.group(1)) if match else None
+
+
+class LocalFederation:
+    """A SuperLink and SuperNodes on localhost, and a ``flwr`` CLI configured for them.
+
+    Use as a context manager: entering starts the SuperLink and writes the federation
+    entry; :meth:`start_supernodes` adds nodes; :meth:`run` submits a run; leaving stops
+    every process this object started, even after an error.
+
+    ``cpus_per_client``: CPU threads of each SuperNode's ClientApp, as ``--cpus-per-client``
+    gives a simulated client (see :meth:`_supernode_env`).
+    """
+
+    def __init__(self, log_dir: Path, security: Security = Security(), cpus_per_client: float = 1.0,
+                 name: str = FEDERATION):
+        self.log_dir = Path(log_dir).resolve()
+        self.security = security
+        self.cpus_per_client = cpus_per_client
+        self.name = name
+        self.port = 0
+        self.supernodes: list[SuperNode] = []
+        self.tls: TlsFiles | None = None
+        self._bin_dir = Path(sys.executable).parent
+        self._processes: list[subprocess.Popen] = []
+        self._temp: tempfile.TemporaryDirectory | None = None
+
+    def __enter__(self) -> LocalFederation:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._temp = tempfile.TemporaryDirectory(prefix="basin-deploy-")
+        self.work_dir = Path(self._temp.name)
+        try:
+            if self.security.tls:
+                self.tls = write_tls_certificates(self.work_dir / "tls")
+            self.superlink = self._start_superlink()
+            self._write_cli_config()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # --- processes ---------------------------------------------------------------
+
+    def _home(self, name: str) -> Path:
+        """A process's own FLWR_HOME, where it installs the app, as on separate machines
+        (SuperNodes sharing one can race: flwr creates the app's directory before copying
+        the app into it, and a second installer takes the empty directory as installed)."""
+        home = self.work_dir / "homes" / name
+        home.mkdir(parents=True, exist_ok=True)
+        return home
+
+    def _env(self, home: str) -> dict[str, str]:
+        """The environment of a Flower process: its own FLWR_HOME and this venv's commands first."""
+        path = f"{self._bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+        return {**os.environ, "PATH": path, "FLWR_HOME": str(self._home(home))}
+
+    def _supernode_env(self, home: str) -> dict[str, str]:
+        """A SuperNode's environment: CPU threads per ClientApp as Ray gives a simulated client.
+
+        Ray runs each simulated client with ``OMP_NUM_THREADS`` = its whole CPUs (at least
+        1) unless the variable is already set; torch sizes its thread pool from it. CPU
+        kernels sum in an order that depends on the thread count, so without this a
+        SuperNode's ClientApp (all cores by default) would train to slightly different
+        weights than the same client in simulation. It also keeps N SuperNodes on one
+        machine from oversubscribing its cores.
+        """
+        return {"OMP_NUM_THREADS": str(max(1, math.floor(self.cpus_per_client))), **self._env(home)}
+
+    def _spawn(self, command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+        # Own session: a terminal's Ctrl-C reaches only this script, whose cleanup then
+        # stops each process with everything it started (see launch.stop_process_tree).
+        with open(log, "w") as out:
+            process = subprocess.Popen(
+                command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=self.work_dir, start_new_session=True,
+            )
+        self._processes.append(process)
+        return process
+
+    def superlink_command(self) -> list[str]:
+        """The ``flower-superlink`` command line of this federation."""
+        command = [str(self._bin_dir / "flower-superlink"), "--host", HOST, "--port", str(self.port),
+                   "--isolation", "subprocess", "--disable-runtime-dependency-installation"]
+        if self.tls is None:
+            return command + ["--insecure"]
+        command += ["--ssl-ca-certfile", str(self.tls.ca_certificate), "--ssl-certfile", str(self.tls.server_certificate),
+                    "--ssl-keyfile", str(self.tls.server_key)]
+        if self.security.auth:
+            command += ["--enable-supernode-auth", "--database", str(self.work_dir / "superlink.db")]
+        return command
+
+    def _start_superlink(self) -> subprocess.Popen:
+        self.port = _free_port()
+        log = self.log_dir / "superlink.log"
+        process = self._spawn(self.superlink_command(), self._env("superlink"), log)
+        _wait_until(lambda: _listening(HOST, self.port), process, log, f"the SuperLink to listen on {HOST}:{self.port}")
+        return process
+
+    def start_supernode(self, partition_id: int, num_partitions: int, key: KeyPair | None = None,
+                        wait: bool = True, name: str = "") -> SuperNode:
+        """Start a SuperNode holding ``partition_id``; with ``wait``, return once it has joined.
+
+        ``key``: its authentication key pair (needed when the SuperLink authenticates
+        SuperNodes; it is admitted only if the public key was registered). ``name``
+        names its log and FLWR_HOME (default ``supernode-<partition_id>``).
+        """
+        name = name or f"supernode-{partition_id}"
+        command = [
+            str(self._bin_dir / "flower-supernode"), "--superlink", f"{HOST}:{self.port}", "--port", str(_free_port()),
+            "--isolation", "subprocess", "--node-config", f"partition-id={partition_id} num-partitions={num_partitions}",
+        ]
+        command += ["--root-certificates", str(self.tls.ca_certificate)] if self.tls else ["--insecure"]
+        if key is not None:
+            command += ["--auth-supernode-private-key", str(key.private_key)]
+        log = self.log_dir / f"{name}.log"
+        node = SuperNode(partition_id, self._spawn(command, self._supernode_env(name), log), log, key)
+        self.supernodes.append(node)
+        if wait:
+            self._wait_joined(node)
+        return node
+
+    def _wait_joined(self, node: SuperNode) -> None:
+        _wait_until(lambda: node.node_id is not None, node.process, node.log,
+                    f"SuperNode {node.partition_id} to join the SuperLink")
+
+    def start_supernodes(self, num_clients: int) -> list[SuperNode]:
+        """Start one SuperNode per partition (registering a fresh key for each when
+        authentication is on) and wait until all have joined."""
+        keys: list[KeyPair | None] = [None] * num_clients
+        if self.security.auth:
+            keys = [write_supernode_key_pair(self.work_dir / "keys", f"supernode-{k}") for k in range(num_clients)]
+            for key in keys:
+                self.register(key.public_key)
+        nodes = [self.start_supernode(k, num_clients, keys[k], wait=False) for k in range(num_clients)]
+        for node in nodes:
+            self._wait_joined(node)
+        return nodes
+
+    def stop(self) -> None:
+        """Stop every process started here, with all their descendants, then remove the
+        temporary directory.
+
+        A SuperNode that exited by itself (e.g. refused by the SuperLink) leaves its
+        SuperExec orphaned, outside any tree: processes are also found by their
+        FLWR_HOME, which every descendant inherits from the process started here.
+        """
+        roots = [process.pid for process in self._processes]
+        if self._temp is not None:
+            roots += [pid for pid, home in flwr_homes().items() if home.startswith(self._temp.name + os.sep)]
+        stop_process_tree(roots, grace=3.0)
+        for process in self._processes:
+            process.wait()
+        self._processes.clear()
+        if self._temp is not None:
+            self._temp.cleanup()
+            self._temp = None
+
+    # --- flwr CLI ----------------------------------------------------------------
+
+    def _write_cli_config(self) -> None:
+        """The ``flwr`` CLI's ``config.toml``: one remote federation, the default."""
+        entry = {"address": f"{HOST}:{self.port}"}
+        if self.tls is None:
+            entry["insecure"] = True
+        else:
+            entry["root-certificates"] = str(self.tls.ca_certificate)
+        text = f"[superlink]\ndefault = {_toml_value(self.name)}\n\n[superlink.{self.name}]\n"
+        text += "".join(f"{k} = {_toml_value(v)}\n" for k, v in entry.items())
+        (self._home("cli") / "config.toml").write_text(text)
+
+    def flwr(self, *args: str) -> str:
+        """Run a ``flwr`` CLI command against this federation; its stdout, or DeploymentError."""
+        # Wide enough that rich does not wrap the JSON output of ``--format json``.
+        result = subprocess.run([str(self._bin_dir / "flwr"), *args], env={**self._env("cli"), "COLUMNS": "1000"},
+                                capture_output=True, text=True, cwd=APP_DIR, timeout=120)
+        if result.returncode != 0:
+            raise DeploymentError(f"`flwr {' '.join(args)}` failed ({result.returncode}):\n{result.stdout}{result.stderr}")
+        return result.stdout
+
+    def register(self, public_key: Path) -> int:
+        """Register a SuperNode's public key with the SuperLink; the node id it reserves."""
+        reply = self.flwr("supernode", "register", str(public_key), self.name, "--format", "json")
+        return int(json.loads(reply)["node-id"])
+
+    def list_supernodes(self) -> list[dict[str, Any]]:
+        """``flwr supernode list``: one dict per node the SuperLink knows (node-id, status …)."""
+        return json.loads(self.flwr("supernode", "list", self.name, "--format", "json"))["nodes"]
+
+    def run(self, config: Mapping[str, Any], out_dir: Path, progress: bool = True, label: str = "") -> dict[str, Any]:
+        """Submit one run with ``flwr run`` and wait for it; its summary, or RunFailed."""
+        out_dir = Path(out_dir).resolve()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        config = validate_run_config({**config, "output-dir": str(out_dir)})
+        (out_dir / "summary.json").unlink(missing_ok=True)
+        run_config_path = out_dir / "run-config.toml"
+        run_config_path.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in config.items()))
+        command = [str(self._bin_dir / "flwr"), "run", str(APP_DIR), self.name, "--stream", "--run-config", str(run_config_path)]
+        log_path = out_dir / "flwr.log"
+        with open(log_path, "w") as log:
+            process = subprocess.Popen(command, env=self._env("cli"), stdout=log, stderr=subprocess.STDOUT, cwd=APP_DIR)
+        try:
+            _follow(process, out_dir, config["num-rounds"], progress, label or f"{out_dir.name} ({self.security.name})", True)
+        finally:
+            if process.poll() is None:
+                process.terminate()
+            process.wait()
+
+        summary = _read_summary(out_dir)
+        if summary is None or summary.get("status") != "completed":
+            reason = summary.get("error") if summary else "no summary.json was written"
+            if self.superlink.poll() is not None:
+                reason += f" (the SuperLink exited with {self.superlink.returncode})\n{_tail(self.log_dir / 'superlink.log')}"
+            raise RunFailed(f"run in {out_dir} failed: {reason}\n--- last lines of {log_path} ---\n{_tail(log_path)}")
+        return summary
+
+
+def deploy(config: Mapping[str, Any], out_dir: Path, security: Security = Security(), cpus_per_client: float = 1.0,
+           progress: bool = True) -> dict[str, Any]:
+    """Run one validated config on a fresh local deployment; its summary, or RunFailed /
+    DeploymentError. Logs of every process are written to ``out_dir``."""
+    with LocalFederation(out_dir, security, cpus_per_client) as federation:
+        federation.start_supernodes(int(config["num-clients"]))
+        return federation.run(config, out_dir, progress)
+
+
+# --- helpers -----------------------------------------------------------------------
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    return "\n".join(_read(path).splitlines()[-lines:])
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _wait_until(ready: Callable[[], bool], process: subprocess.Popen, log: Path, what: str,
+                timeout: float = STARTUP_TIMEOUT) -> None:
+    """Poll ``ready`` until true; DeploymentError with the log's tail if the process exits
+    or ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if process.poll() is not None:
+            raise DeploymentError(f"gave up waiting for {what}: the process exited with {process.returncode}\n"
+                                  f"--- last lines of {log} ---\n{_tail(log)}")
+        if time.monotonic() > deadline:
+            raise DeploymentError(f"timed out waiting for {what} ({timeout:.0f} s)\n--- last lines of {log} ---\n{_tail(log)}")
+        time.sleep(0.2)
+
+
+def flwr_homes() -> dict[int, str]:
+    """{pid: FLWR_HOME} of every visible process that has the variable set."""
+    homes = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes() if proc.name.isdigit() else b""
+        except OSError:
+            continue
+        for variable in environ.split(b"\0"):
+            if variable.startswith(b"FLWR_HOME="):
+                homes[int(proc.name)] = variable[len(b"FLWR_HOME="):].decode(errors="replace")
+    return homes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", help="a preset name from experiments/presets/ or a TOML file")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key")
+    parser.add_argument("--tls", action="store_true", help="TLS with a throw-away CA for 127.0.0.1/localhost")
+    parser.add_argument("--auth", action="store_true", help="SuperNode authentication (implies --tls)")
+    parser.add_argument("--out", type=Path, help="output directory (default runs/deploy-<preset>-<time>)")
+    parser.add_argument("--cpus-per-client", type=float, default=1.0,
+                        help="CPU threads per SuperNode's ClientApp (as in simulation; default 1)")
+    args = parser.parse_args(argv)
+
+    try:
+        config = resolve_config(load_preset(args.preset) if args.preset else {}, parse_overrides(args.set))
+    except (ConfigError, FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    security = Security(tls=args.tls or args.auth, auth=args.auth)
+    name = Path(args.preset).stem if args.preset else "main"
+    out_dir = (args.out or Path("runs") / f"deploy-{name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    try:
+        summary = deploy(config, out_dir, security, args.cpus_per_client)
+    except (RunFailed, DeploymentError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary, indent=2))
+    print(f"results: {out_dir} ({security.name}, {config['num-clients']} SuperNodes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Basin on Flower's Deployment Engine (real SuperLink and SuperNodes on localhost).
+
+The same config gives the same rounds and the same final model as in simulation, and a
+SuperLink with SuperNode authentication admits registered nodes only (over TLS). No
+process a test starts may outlive it.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from experiments.certificates import write_supernode_key_pair
+from experiments.deploy import LocalFederation, Security, deploy, flwr_homes
+from experiments.launch import _alive, launch, resolve_config
+
+SHORT = {"num-rounds": 2, "local-epochs": 1, "device": "cpu"}
+# 3 clients, 2 sampled per round (cohort_size: round(0.67 · 3) = 2); IMA averages the
+# window of rounds 1–2 and sends the average from round 2 on.
+FEDAVG_IMA = {**SHORT, "num-clients": 3, "participation": 0.67, "averaging": "ima", "window": 2, "avg-start": 2}
+
+
+def _rounds(out_dir: Path) -> pd.DataFrame:
+    """results.csv without its wall-clock columns (round-seconds, train-seconds …)."""
+    rows = pd.read_csv(out_dir / "results.csv")
+    return rows[[c for c in rows.columns if not c.endswith("-seconds")]]
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    """Fails a test after which a process of a local deployment it started still runs
+    (recognised by its FLWR_HOME, which LocalFederation puts in a basin-deploy- directory)."""
+    before = set(flwr_homes())
+    yield
+    left = [pid for pid, home in flwr_homes().items() if pid not in before and "/basin-deploy-" in home and _alive(pid)]
+    assert not left, f"processes left running: {left}"
+
+
+@pytest.mark.slow
+def test_deployment_and_simulation_give_identical_rounds_and_model(tmp_path):
+    config = resolve_config(FEDAVG_IMA)
+    deployed = deploy(config, tmp_path / "deployment", progress=False)
+    simulated = launch(config, tmp_path / "simulation", progress=False)
+
+    assert deployed["status"] == simulated["status"] == "completed"
+    a, b = _rounds(tmp_path / "deployment"), _rounds(tmp_path / "simulation")
+    assert list(a.columns) == list(b.columns)
+    assert (a["clients-ok"] == 2).all() and a["sent-model"].tolist() == ["base", "averaged"]
+    assert a.to_csv() == b.to_csv()  # every metric, to the last bit of its decimal form
+    model_a = torch.load(tmp_path / "deployment" / "final_model.pt", weights_only=True)
+    model_b = torch.load(tmp_path / "simulation" / "final_model.pt", weights_only=True)
+    assert model_a.keys() == model_b.keys()
+    assert all(torch.equal(model_a[k], model_b[k]) for k in model_a)
+    # Each process logged into the run's directory.
+    assert {"superlink.log", "supernode-0.log", "supernode-2.log", "flwr.log"} <= {
+        p.name for p in (tmp_path / "deployment").iterdir()}
+
+
+@pytest.mark.slow
+def test_tls_with_supernode_authentication_admits_registered_nodes_only(tmp_path):
+    config = resolve_config(SHORT, {"num-clients": 2, "participation": 1.0, "num-rounds": 1})
+    out = tmp_path / "run"
+    with LocalFederation(out, Security(tls=True, auth=True)) as federation:
+        nodes = federation.start_supernodes(2)
+        # An impostor claiming partition 0 with a key nobody registered.
+        impostor_key = write_supernode_key_pair(tmp_path / "keys", "impostor")
+        impostor = federation.start_supernode(0, 2, impostor_key, wait=False, name="impostor")
+        impostor.process.wait(timeout=60)  # the SuperLink refuses it, and it gives up
+        summary = federation.run(config, out, progress=False)
+        listed = {int(node["node-id"]) for node in federation.list_supernodes()}
+        cli_config = tomllib.loads((federation.work_dir / "homes" / "cli" / "config.toml").read_text())
+
+    assert not federation.work_dir.exists()  # keys, certificates and FLWR_HOMEs are gone
+    assert summary["status"] == "completed" and summary["rounds"] == 1
+    assert (pd.read_csv(out / "results.csv")["clients-ok"] == 2).all()
+    # Only the registered nodes are known to the SuperLink; the impostor never got an id.
+    assert listed == {node.node_id for node in nodes}
+    assert impostor.node_id is None and impostor.process.returncode != 0
+    assert "Failed to activate SuperNode" in impostor.log.read_text()
+    assert "No SuperNode found with the given public key" in (out / "superlink.log").read_text()
+    # The SuperLink served HTTPS and the CLI trusted the throw-away CA.
+    assert f"Uvicorn running on https://127.0.0.1:{federation.port}" in (out / "superlink.log").read_text()
+    entry = cli_config["superlink"][federation.name]
+    assert "insecure" not in entry and entry["root-certificates"].endswith("ca.crt")
