@@ -19,7 +19,8 @@ from flwr.serverapp import Grid
 
 def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float, max_poll: float = 0.02) -> list[Message]:
     """Push ``messages``; return the replies that arrive within ``timeout`` seconds."""
-    pending = set(grid.push_messages(messages))
+    # A message the SuperLink did not accept gets no id (None): its node simply never replies.
+    pending = {message_id for message_id in grid.push_messages(messages) if message_id}
     deadline = time.monotonic() + timeout
     replies: list[Message] = []
     poll = 0.001

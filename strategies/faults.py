@@ -83,6 +83,7 @@ def screen_replies(
     without a reply failed by timeout. Both lists come sorted by partition id, so
     aggregation sums in the same order in every run and engine.
     """
+    partition = {**partition_of_node, **sent_to}
     accepted, failures, replied = [], [], set()
     for reply in replies:
         node_id = reply.metadata.src_node_id
@@ -91,9 +92,9 @@ def screen_replies(
         if problem is None:
             accepted.append(reply)
         else:
-            failures.append(ClientFailure(node_id, partition_of_node.get(node_id, -1), problem))
-    failures.extend(ClientFailure(node, partition, TIMEOUT_REASON) for node, partition in sent_to.items() if node not in replied)
-    accepted.sort(key=lambda r: partition_of_node[r.metadata.src_node_id])
+            failures.append(ClientFailure(node_id, partition.get(node_id, -1), problem))
+    failures.extend(ClientFailure(node, part, TIMEOUT_REASON) for node, part in sent_to.items() if node not in replied)
+    accepted.sort(key=lambda r: partition.get(r.metadata.src_node_id, -1))
     failures.sort(key=lambda f: f.partition_id)
     return accepted, failures
 

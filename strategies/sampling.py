@@ -41,28 +41,44 @@ def discover_partitions(grid: Grid, num_clients: int, timeout: float) -> dict[in
                 f"deployment start {num_clients} SuperNodes (or raise node-timeout)"
             )
         time.sleep(0.5)
+    partition_of_node, problems = query_partitions(grid, node_ids, num_clients, timeout)
+    if problems:
+        raise NodeDiscoveryError("; ".join(f"node {node}: {reason}" for node, reason in sorted(problems.items())[:10]))
+    found = sorted(partition_of_node.values())
+    if found != list(range(num_clients)):
+        raise NodeDiscoveryError(f"nodes report partition ids {found[:20]}…, expected each of 0..{num_clients - 1} once")
+    return partition_of_node
+
+
+def query_partitions(
+    grid: Grid, node_ids: list[int], num_clients: int, timeout: float
+) -> tuple[dict[int, int], dict[int, str]]:
+    """Ask ``node_ids`` for their partition (a ``query`` message).
+
+    Returns {node id: partition id} of the nodes that answered well, and {node id: what
+    went wrong} of the others (an error, another num-partitions, or no answer in time).
+    """
     messages = [
         Message(content=RecordDict({"config": ConfigRecord()}), dst_node_id=node_id, message_type=MessageType.QUERY)
         for node_id in node_ids
     ]
     partition_of_node: dict[int, int] = {}
+    problems = {node_id: f"did not report its partition within {timeout:g} s" for node_id in node_ids}
     for reply in send_and_receive(grid, messages, timeout):
+        node_id = reply.metadata.src_node_id
         if reply.has_error():
-            raise NodeDiscoveryError(f"node {reply.metadata.src_node_id} failed to report its partition: {reply.error.reason}")
+            problems[node_id] = f"failed to report its partition: {reply.error.reason}"
+            continue
         info = reply.content["partition"]
         if int(info["num-partitions"]) != num_clients:
-            raise NodeDiscoveryError(
-                f"node {reply.metadata.src_node_id} has num-partitions = {info['num-partitions']} but the run "
-                f"config says num-clients = {num_clients}; they must match"
+            problems[node_id] = (
+                f"has num-partitions = {info['num-partitions']} but the run config says num-clients = "
+                f"{num_clients}; they must match"
             )
-        partition_of_node[reply.metadata.src_node_id] = int(info["partition-id"])
-    silent = sorted(set(node_ids) - set(partition_of_node))
-    if silent:
-        raise NodeDiscoveryError(f"nodes {silent[:10]} did not report their partition within node-timeout = {timeout:g} s")
-    found = sorted(partition_of_node.values())
-    if found != list(range(num_clients)):
-        raise NodeDiscoveryError(f"nodes report partition ids {found[:20]}…, expected each of 0..{num_clients - 1} once")
-    return partition_of_node
+            continue
+        partition_of_node[node_id] = int(info["partition-id"])
+        del problems[node_id]
+    return partition_of_node, problems
 
 
 class CohortGrid:
@@ -103,6 +119,7 @@ class CohortSampling:
         if not 1 <= min_replies <= cohort_size:
             raise ValueError(f"min_replies must be between 1 and the cohort size {cohort_size}, got {min_replies}")
         self.partition_of_node = dict(partition_of_node)
+        self.ignored_nodes: set[int] = set()
         self.cohort_size = cohort_size
         self.seed = seed
         self.min_replies = min_replies
@@ -111,6 +128,28 @@ class CohortSampling:
         self.round_clients: dict[str, float] = {}
         self.round_failures: list[ClientFailure] = []
         self.round_status = ""
+
+    def follow_rejoined_nodes(self, grid: Grid, timeout: float) -> None:
+        """Map partitions to the nodes that hold them now.
+
+        A SuperNode that restarts comes back under a new node id. Nodes the map does not
+        know are asked for their partition, which then moves to them; until a node
+        returns, messages for its partition fail (counted as timeouts). A new node that
+        cannot say which partition it holds is reported and left out.
+        """
+        new = sorted(set(grid.get_node_ids()) - set(self.partition_of_node) - self.ignored_nodes)
+        if not new:
+            return
+        found, problems = query_partitions(grid, new, len(self.partition_of_node), timeout)
+        found = {node: partition for node, partition in found.items() if 0 <= partition < len(self.partition_of_node)}
+        # Asked once: a node that cannot say which partition it holds must not cost every round a timeout.
+        self.ignored_nodes.update(set(new) - set(found))
+        for node, reason in problems.items():
+            print(f"[basin] new node {node} ignored: {reason}", flush=True)
+        if found:
+            moved = set(found.values())
+            self.partition_of_node = {n: p for n, p in self.partition_of_node.items() if p not in moved} | found
+            print(f"[basin] partitions {sorted(moved)} now on nodes {sorted(found)} (rejoined)", flush=True)
 
     def sample_partitions(self, server_round: int) -> list[int]:
         """The sorted partition ids of a round's cohort (depends only on seed and round)."""

@@ -100,6 +100,7 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
                   "this resumed run from fresh state, so results differ from an uninterrupted run", flush=True)
     for server_round in range(first_round, config["num-rounds"] + 1):
         started = time.perf_counter()
+        strategy.follow_rejoined_nodes(grid, config["round-timeout"])
         train_config = round_train_config(config, schedule, server_round)
         replies = send_and_receive(
             grid, strategy.configure_train(server_round, arrays, train_config, grid), config["round-timeout"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from clients.faults import InjectedFault, inject_faults, parse_faults
 from strategies.averaging import ModelAveraging
 from strategies.fedavg import FedAvg
 from strategies.faults import TIMEOUT_REASON, screen_replies
+from strategies.exchange import send_and_receive
 from strategies.sampling import NodeDiscoveryError, discover_partitions
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
@@ -132,3 +135,53 @@ def test_injected_faults_change_only_the_targeted_reply():
     assert inject_faults("shape:0", 0, 1, state, 1.0)["w"].shape == (3,)
     with pytest.raises(InjectedFault, match="partition 0 raises in round 5"):
         inject_faults("raise:0", 0, 5, state, 1.0)
+
+
+class QueryGrid(FakeGrid):
+    """A Grid whose nodes answer partition queries (node n holds partition n % 10), except
+    ``silent`` ones; ``refused`` nodes' messages are not accepted (no message id)."""
+
+    def __init__(self, node_ids, silent=(), refused=()):
+        super().__init__(node_ids)
+        self.silent, self.refused, self.replies, self.asked = set(silent), set(refused), {}, []
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            node = message.metadata.dst_node_id
+            self.asked.append(node)
+            if node in self.refused:
+                ids.append(None)
+                continue
+            message.metadata.__dict__["_message_id"] = f"m{node}"
+            ids.append(f"m{node}")
+            if node not in self.silent:
+                info = ConfigRecord({"partition-id": node % 10, "num-partitions": 4})
+                self.replies[f"m{node}"] = Message(content=RecordDict({"partition": info}), reply_to=message)
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+
+
+def test_a_restarted_node_takes_its_partition_back_and_a_silent_newcomer_is_asked_once(capsys):
+    strategy = _bound_strategy()  # partitions 0..3 on nodes 100..103
+    grid = QueryGrid([100, 101, 103, 112, 27], silent=[27])  # node 102 came back as 112; 27 never answers
+    strategy.follow_rejoined_nodes(grid, timeout=0.2)
+    assert strategy.partition_of_node == {100: 0, 101: 1, 103: 3, 112: 2}
+    assert strategy.ignored_nodes == {27}
+    out = capsys.readouterr().out
+    assert "partitions [2] now on nodes [112] (rejoined)" in out and "new node 27 ignored: did not report" in out
+    strategy.follow_rejoined_nodes(grid, timeout=0.2)
+    assert grid.asked == [27, 112]  # neither is asked again
+    rounds = [r for r in range(1, 30) if 2 in strategy.sample_partitions(r)]
+    messages = strategy.configure_train(rounds[0], SENT, ConfigRecord(), grid)
+    assert 112 in {m.metadata.dst_node_id for m in messages} and 102 not in {m.metadata.dst_node_id for m in messages}
+
+
+def test_a_message_the_superlink_refuses_counts_as_no_reply_and_does_not_stall_the_round():
+    grid = QueryGrid([1, 2], refused=[2])
+    messages = [Message(content=RecordDict({"config": ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY) for n in (1, 2)]
+    started = time.monotonic()
+    replies = send_and_receive(grid, messages, timeout=5.0)
+    assert [r.metadata.src_node_id for r in replies] == [1] and time.monotonic() - started < 1.0
