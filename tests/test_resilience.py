@@ -67,6 +67,13 @@ def test_a_run_killed_with_sigkill_resumes_from_its_checkpoint_bitwise_identical
         "checkpoint-every": 2,
     })
     launch(config, tmp_path / "uninterrupted", progress=False)
+    rows = pd.read_csv(tmp_path / "uninterrupted" / "results.csv")
+    # FedAdam+IMA: the window fills from round 2 (t_s − P + 1), the average is sent from t_s = 3 on.
+    assert rows["sent-model"].tolist() == ["base", "base"] + ["averaged"] * 4
+    assert rows["averaged-accuracy"].isna().tolist() == [True, True] + [False] * 4
+    assert (rows["test-accuracy"][2:] == rows["averaged-accuracy"][2:]).all()
+    # Mild exploration: ×0.97 per round after t_s on top of the base decay.
+    assert rows["lr"][3] == pytest.approx(0.05 * 0.99**2 * 0.97)
 
     killed = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(APP_DIR)}
@@ -93,7 +100,6 @@ def test_a_run_killed_with_sigkill_resumes_from_its_checkpoint_bitwise_identical
     resumed = pd.read_csv(killed / "results.csv").drop(columns=TIMING_COLUMNS)
     uninterrupted = pd.read_csv(tmp_path / "uninterrupted" / "results.csv").drop(columns=TIMING_COLUMNS)
     pd.testing.assert_frame_equal(resumed, uninterrupted, check_exact=True)
-    assert resumed["averaged-accuracy"].notna().sum() == 4  # IMA's window was restored, not restarted
     final = torch.load(killed / "final_model.pt", weights_only=True)
     expected = torch.load(tmp_path / "uninterrupted" / "final_model.pt", weights_only=True)
     assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in final)
