@@ -10,7 +10,8 @@ import pandas as pd
 
 
 def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per run label: last-k, best and final accuracy, round reaching target, time."""
+    """One row per run label: last-k, best and final accuracy, round reaching target, rounds
+    (run and skipped), failed client replies over the run, time."""
     rows = []
     for label, s in summaries.items():
         k = s.get("last-k", 10)
@@ -24,6 +25,8 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
             "round to target": s.get("round-reaching-target"),
             "target": s.get("target-accuracy"),
             "rounds": s.get("rounds"),
+            "skipped": s.get("rounds-skipped"),
+            "client failures": s.get("client-failures"),
             "seconds": s.get("wall-seconds"),
         })
     return pd.DataFrame(rows).set_index("run")
