@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -15,19 +19,81 @@ from experiments.launch import launch, load_preset, resolve_config
 
 SMALL = {"num-clients": 4, "participation": 0.5, "num-rounds": 3, "local-epochs": 1, "device": "cpu"}
 
+# Every method of METHODS.md §1.4 and §2 as a real `flwr run`, most composed with an
+# averaging method. Residual-network methods train ResNet-20-GN on the 8×8 digits.
+RESNET = {"model": "resnet20-gn", "lr": 0.05}
+METHOD_RUNS = {
+    "fednova+ima": {"strategy": "fednova", "averaging": "ima", "window": 2, "avg-start": 2},
+    "feddyn": {"strategy": "feddyn", "participation": 1.0},
+    "fedgma+wima": {"strategy": "fedgma", "averaging": "wima", "window": 2},
+    "fedswa": {"strategy": "fedswa"},
+    "fedmoswa+ima": {"strategy": "fedmoswa", "participation": 1.0, "momentum": 0.0, "lr": 0.1,
+                     "averaging": "ima", "window": 2, "avg-start": 3},
+    "fedmoswa-official-code": {"strategy": "fedmoswa", "fedswa-variant": "official-code", "num-rounds": 2},
+    "moon": {"strategy": "moon", "num-rounds": 2},
+    "fedsam": {"strategy": "fedsam", "num-rounds": 2},
+    "fedasam": {"strategy": "fedasam", "num-rounds": 2},
+    "fedalign+wima": {"strategy": "fedalign", "averaging": "wima", "window": 2, "grad-clip": 10.0, **RESNET},
+    "mixup": {"strategy": "mixup", "num-rounds": 2, **RESNET},
+    "stochastic-depth": {"strategy": "stochastic-depth", "num-rounds": 2, **RESNET},
+    "gradaug": {"strategy": "gradaug", "num-rounds": 2, **RESNET},
+}
+RUNS = {
+    "fedavg": {},
+    "fedavg-again": {},  # the same seed: must repeat "fedavg" bit for bit
+    # FedAdam+IMA end to end: tests/test_resilience.py (its uninterrupted run).
+    "fedprox+wima": {"num-rounds": 4, "strategy": "fedprox", "averaging": "wima", "window": 2},
+    # Plain local SGD, as in the paper (option II divides by K·η, which assumes no momentum).
+    "scaffold": {"strategy": "scaffold", "participation": 1.0, "momentum": 0.0, "lr": 0.1},
+    **METHOD_RUNS,
+}
+# One run alone leaves about a third of CI's 2 cores idle (Flower's polling and process
+# start-up), two at once keep both busy: measured here, 4 runs took 57 s instead of 78 s,
+# while three at once were slower again than two.
+RUNS_AT_ONCE = 2
+
+
+@dataclass
+class Launched:
+    """One finished `flwr run` of RUNS: its config and output folder, or how it failed."""
+
+    config: dict[str, Any]
+    out: Path
+    summary: dict[str, Any] | None
+    error: BaseException | None
+
+    def rows(self) -> pd.DataFrame:
+        if self.error is not None:
+            raise self.error
+        assert self.summary["status"] == "completed"
+        return pd.read_csv(self.out / "results.csv")
+
+
+def _runs_of(item: pytest.Item) -> set[str]:
+    marker = item.get_closest_marker("flower_runs")
+    callspec = getattr(item, "callspec", None)
+    return set(marker.args if marker else ()) | ({callspec.params["method"]} if callspec and "method" in callspec.params else set())
+
 
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory):
-    config = resolve_config(SMALL)
-    first = tmp_path_factory.mktemp("first")
-    second = tmp_path_factory.mktemp("second")
-    return launch(config, first, progress=False), first, launch(config, second, progress=False), second
+def flower_runs(request, tmp_path_factory) -> dict[str, Launched]:
+    """Launch the RUNS this module's selected tests need, RUNS_AT_ONCE at a time."""
+    names = [name for name in RUNS if any(name in _runs_of(item) for item in request.session.items if item.module is request.module)]
+    configs = {name: resolve_config(SMALL, RUNS[name]) for name in names}
+    outs = {name: tmp_path_factory.mktemp(name.replace("+", "-")) for name in names}
+    with ThreadPoolExecutor(max_workers=RUNS_AT_ONCE) as pool:
+        futures = {name: pool.submit(launch, configs[name], outs[name], progress=False) for name in names}
+    return {
+        name: Launched(configs[name], outs[name], None if future.exception() else future.result(), future.exception())
+        for name, future in futures.items()
+    }
 
 
-def test_run_writes_results_config_model_and_summary(two_runs):
-    summary, out, _, _ = two_runs
-    assert summary["status"] == "completed" and summary["rounds"] == 3
-    rows = pd.read_csv(out / "results.csv")
+@pytest.mark.flower_runs("fedavg")
+def test_run_writes_results_config_model_and_summary(flower_runs):
+    run = flower_runs["fedavg"]
+    rows, out = run.rows(), run.out
+    assert run.summary["rounds"] == 3
     assert rows["round"].tolist() == [1, 2, 3]
     assert (rows["clients-ok"] == 2).all() and (rows["clients-failed"] == 0).all()
     assert rows["test-accuracy"].between(0, 1).all() and rows["round-seconds"].gt(0).all()
@@ -42,14 +108,14 @@ def test_run_writes_results_config_model_and_summary(two_runs):
     assert rows["test-accuracy"].iloc[-1] > 0.3
 
 
-def test_same_seed_gives_bitwise_identical_rounds_and_model(two_runs):
-    _, first, _, second = two_runs
+@pytest.mark.flower_runs("fedavg", "fedavg-again")
+def test_same_seed_gives_bitwise_identical_rounds_and_model(flower_runs):
+    # The two runs ran at the same time, each with its own SuperLink and Ray.
+    first, second = flower_runs["fedavg"], flower_runs["fedavg-again"]
     columns = ["round", "lr", "test-accuracy", "test-loss", "train-loss", "clients-ok", "local-steps"]
-    a = pd.read_csv(first / "results.csv")[columns]
-    b = pd.read_csv(second / "results.csv")[columns]
-    assert a.to_csv() == b.to_csv()
-    model_a = torch.load(first / "final_model.pt", weights_only=True)
-    model_b = torch.load(second / "final_model.pt", weights_only=True)
+    assert first.rows()[columns].to_csv() == second.rows()[columns].to_csv()
+    model_a = torch.load(first.out / "final_model.pt", weights_only=True)
+    model_b = torch.load(second.out / "final_model.pt", weights_only=True)
     assert all(torch.equal(model_a[k], model_b[k]) for k in model_a)
 
 
@@ -75,56 +141,27 @@ def test_fashion_mnist_ima_preset_runs_a_few_rounds(tmp_path, fashion_mnist_dir)
     assert rows["test-accuracy"].iloc[-1] > 0.2
 
 
-def test_wima_on_fedprox(tmp_path):
-    # FedAdam+IMA end to end: tests/test_resilience.py (its uninterrupted run).
-    config = resolve_config(SMALL, {"num-rounds": 4, "strategy": "fedprox", "averaging": "wima", "window": 2})
-    summary = launch(config, tmp_path, progress=False)
-    rows = pd.read_csv(tmp_path / "results.csv")
-    assert summary["status"] == "completed"
+@pytest.mark.flower_runs("fedprox+wima")
+def test_wima_on_fedprox(flower_runs):
+    rows = flower_runs["fedprox+wima"].rows()
     # WIMA: a shadow model from round W = 2 on; clients keep receiving the base model.
     assert rows["sent-model"].tolist() == ["base"] * 4
     assert rows["averaged-accuracy"].isna().tolist() == [True, False, False, False]
 
 
-def test_scaffold_client_controls_survive_across_rounds(tmp_path):
-    # Plain local SGD, as in the paper (option II divides by K·η, which assumes no momentum).
-    config = resolve_config(SMALL, {"strategy": "scaffold", "participation": 1.0, "momentum": 0.0, "lr": 0.1})
-    summary = launch(config, tmp_path, progress=False)
-    rows = pd.read_csv(tmp_path / "results.csv")
-    assert summary["status"] == "completed"
+@pytest.mark.flower_runs("scaffold")
+def test_scaffold_client_controls_survive_across_rounds(flower_runs):
+    rows = flower_runs["scaffold"].rows()
     # Every client trains every round: c_i is 0 in round 1 and carried over afterwards.
     assert rows["client-state-norm"].iloc[0] == 0.0
     assert (rows["client-state-norm"].iloc[1:] > 0).all()
     assert rows["test-accuracy"].iloc[-1] > 0.3
 
 
-# Every method of METHODS.md §1.4 and §2 as a real `flwr run`, most composed with an
-# averaging method. Residual-network methods train ResNet-20-GN on the 8×8 digits.
-RESNET = {"model": "resnet20-gn", "lr": 0.05}
-METHOD_RUNS = {
-    "fednova+ima": {"strategy": "fednova", "averaging": "ima", "window": 2, "avg-start": 2},
-    "feddyn": {"strategy": "feddyn", "participation": 1.0},
-    "fedgma+wima": {"strategy": "fedgma", "averaging": "wima", "window": 2},
-    "fedswa": {"strategy": "fedswa"},
-    "fedmoswa+ima": {"strategy": "fedmoswa", "participation": 1.0, "momentum": 0.0, "lr": 0.1,
-                     "averaging": "ima", "window": 2, "avg-start": 3},
-    "fedmoswa-official-code": {"strategy": "fedmoswa", "fedswa-variant": "official-code", "num-rounds": 2},
-    "moon": {"strategy": "moon", "num-rounds": 2},
-    "fedsam": {"strategy": "fedsam", "num-rounds": 2},
-    "fedasam": {"strategy": "fedasam", "num-rounds": 2},
-    "fedalign+wima": {"strategy": "fedalign", "averaging": "wima", "window": 2, "grad-clip": 10.0, **RESNET},
-    "mixup": {"strategy": "mixup", "num-rounds": 2, **RESNET},
-    "stochastic-depth": {"strategy": "stochastic-depth", "num-rounds": 2, **RESNET},
-    "gradaug": {"strategy": "gradaug", "num-rounds": 2, **RESNET},
-}
-
-
-@pytest.mark.parametrize("overrides", METHOD_RUNS.values(), ids=METHOD_RUNS.keys())
-def test_every_method_runs_end_to_end(tmp_path, overrides):
-    config = resolve_config(SMALL, overrides)
-    summary = launch(config, tmp_path, progress=False)
-    rows = pd.read_csv(tmp_path / "results.csv")
-    assert summary["status"] == "completed"
+@pytest.mark.parametrize("method", METHOD_RUNS)
+def test_every_method_runs_end_to_end(flower_runs, method):
+    run = flower_runs[method]
+    rows, config = run.rows(), run.config
     assert (rows["clients-ok"] == round(config["participation"] * 4)).all() and (rows["clients-failed"] == 0).all()
     assert rows["test-accuracy"].notna().all() and rows["train-loss"].notna().all()
     assert np.isfinite(rows[["test-loss", "train-loss"]].to_numpy()).all()
