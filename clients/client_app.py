@@ -20,6 +20,7 @@ from clients.data import client_tensors
 from clients.faults import inject_faults
 from clients.models import build_model, resolve_model_name
 from clients.local_round import LocalRound, round_randomness
+from clients.state_store import ClientStateStore, last_checkpoint_round
 from clients.training import select_device
 from partitions import load_dataset
 
@@ -60,15 +61,24 @@ def train(msg: Message, context: Context) -> Message:
     model = _process_model(model_name, data.input_shape, data.num_classes, str(device))
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
 
-    generator, rng = round_randomness(int(round_config["seed"]), int(round_config["server-round"]), partition_id)
+    server_round = int(round_config["server-round"])
+    snapshots = ClientStateStore.for_round(round_config, context.node_config, partition_id)
+    resumed_after = int(round_config.get(protocol.RESUMED_AFTER_ROUND, 0))
+    if snapshots and resumed_after and not context.state:  # this node's first round of a resumed run
+        snapshots.restore(context.state, resumed_after)
+
+    generator, rng = round_randomness(int(round_config["seed"]), server_round, partition_id)
     local_round = LocalRound(model, msg.content, context.state, rng)
     result = local_round.train(model, x, y, generator)
     metrics, records = local_round.finish(model, result)
+    if snapshots:
+        every = int(round_config[protocol.CHECKPOINT_EVERY])
+        snapshots.save(context.state, server_round, last_checkpoint_round(server_round, every, resumed_after))
     metrics.update(process_usage(started, device))
     state = model.state_dict()
     if run_config["fault-injection"]:
         state = inject_faults(
-            str(run_config["fault-injection"]), partition_id, int(round_config["server-round"]), state,
+            str(run_config["fault-injection"]), partition_id, server_round, state,
             float(run_config["round-timeout"]),
         )
     reply = RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics), **records})

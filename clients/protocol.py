@@ -11,8 +11,15 @@ FEDDYN_ALPHA = "feddyn-alpha"  # FedDyn's α
 STEP_LR_START = "step-lr-start"  # in-round lr factor at the first local step (FedSWA: 1; official code: 2)
 STEP_LR_END = "step-lr-end"  # in-round lr factor reached after the last step (FedSWA: ρ; official code: 0)
 LOCAL_STEPS = "local-steps"  # train this many local steps instead of local-epochs epochs (0 = epochs)
+# Stateful methods with checkpoints on (clients/state_store.py); absent: no snapshots.
+CLIENT_STATE_ROOT = "client-state-root"  # the server's output-dir/client-state
+CLIENT_STATE_RUN = "client-state-run"  # the token naming this run's snapshots (kept in the checkpoint)
+CHECKPOINT_EVERY = "checkpoint-every"  # the server checkpoints every this many rounds
+RESUMED_AFTER_ROUND = "resumed-after-round"  # the checkpoint's round this run resumed after (0: fresh run)
 
 # Client state (context.state) entries.
+# Node config entry: where this SuperNode keeps its state snapshots instead of CLIENT_STATE_ROOT.
+NODE_CLIENT_STATE_DIR = "client-state-dir"
 SCAFFOLD_CLIENT_CONTROL = "scaffold-client-control"  # c_i
 MOSWA_CLIENT_CONTROL = "moswa-client-control"  # c_i
 FEDDYN_CLIENT_GRADIENT = "feddyn-client-gradient"  # ∇L_k(θ_k^{t−1}), FedDyn's linear term

@@ -12,13 +12,14 @@ A checkpoint that cannot be read, or that another config wrote, is refused with 
 :class:`CheckpointError` that says what to do.
 
 What lives on the clients (SCAFFOLD's and FedMoSWA's c_i, FedDyn's gradient, MOON's
-previous model, kept in each ClientApp's ``context.state``) is not in the checkpoint;
-a resumed run of those methods starts their clients from fresh state.
+previous model, kept in each ClientApp's ``context.state``) is saved by the clients
+themselves, one snapshot per round they train in (clients/state_store.py); the checkpoint
+keeps the token that names this run's snapshots, and a resumed run hands every client
+the snapshot of the checkpoint's round.
 """
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,14 +29,15 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
+from clients.state_store import atomic_save
 from strategies.averaging import ModelAveraging, to_arrays, to_numpy
 
 CHECKPOINT_FILE = "checkpoint.pt"
-CHECKPOINT_FORMAT = 1
-CHECKPOINT_ENTRIES = {"format", "config", "round", "arrays", "strategy", "rng", "rows"}
+CHECKPOINT_FORMAT = 2
+CHECKPOINT_ENTRIES = {"format", "config", "round", "arrays", "strategy", "rng", "rows", "client-state-run"}
 # Run-config keys that do not change a run's numbers: resuming may change them.
 RESUMABLE_CHANGES = ("output-dir", "checkpoint-every", "resume", "round-timeout", "node-timeout")
-# Methods whose clients keep state across rounds (in context.state), which no checkpoint holds.
+# Methods whose clients keep state across rounds (in context.state, snapshot by the clients).
 CLIENT_STATE_METHODS = ("scaffold", "fedmoswa", "feddyn", "moon")
 
 
@@ -151,13 +153,7 @@ def read_checkpoint(directory: Path, config: Mapping[str, Any]) -> dict[str, Any
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    """Write atomically (temporary file, then rename)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(_encode(payload), tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_save(_encode(payload), path)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -165,9 +161,11 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def write_checkpoint(
-    directory: Path, config: Mapping[str, Any], server_round: int, arrays: ArrayRecord, strategy, rows: list[dict[str, Any]]
+    directory: Path, config: Mapping[str, Any], server_round: int, arrays: ArrayRecord, strategy,
+    rows: list[dict[str, Any]], client_state_run: str,
 ) -> None:
-    """Write ``directory/checkpoint.pt``: everything needed to continue after ``server_round``."""
+    """Write ``directory/checkpoint.pt``: everything needed to continue after ``server_round``
+    (``client_state_run`` names the clients' state snapshots of this run)."""
     save_checkpoint(Path(directory) / CHECKPOINT_FILE, {
         "format": CHECKPOINT_FORMAT,
         "config": run_identity(config),
@@ -176,6 +174,7 @@ def write_checkpoint(
         "strategy": strategy_state(strategy),
         "rng": rng_states(),
         "rows": list(rows),
+        "client-state-run": client_state_run,
     })
 
 

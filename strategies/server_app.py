@@ -6,11 +6,13 @@ are screened (a client that raised, timed out, or returned non-finite or misshap
 arrays is left out and counted) and aggregated in partition order; the new global model
 is evaluated on the central test set; one row is appended to ``results.csv``. Every
 ``checkpoint-every`` rounds a checkpoint is written, and a run started again on the same
-output directory continues from it (strategies/checkpoint.py).
+output directory continues from it (strategies/checkpoint.py); stateful clients snapshot
+their state for it (clients/state_store.py).
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,9 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
+from clients import protocol
 from clients.models import build_model, resolve_model_name
+from clients.state_store import CLIENT_STATE_DIR, discard_snapshots_after, remove_run_snapshots
 from clients.training import evaluate, select_device
 from clients.data import partition_indices
 from partitions import class_count_table, load_dataset, plot_class_counts
@@ -92,16 +96,21 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
         config["min-replies"],
     )
     first_round = 1
+    # A fresh token per fresh run: a resume never reads client snapshots of another run.
+    client_state_run = checkpoint["client-state-run"] if checkpoint else secrets.token_hex(8)
+    snapshots = client_state_snapshots(config, recorder.directory, client_state_run)
+    run_snapshots = recorder.directory / CLIENT_STATE_DIR / client_state_run
     if checkpoint:
         arrays, first_round = restore_checkpoint(checkpoint, strategy)
         print(f"[basin] resuming after round {first_round - 1} from {recorder.directory / CHECKPOINT_FILE}", flush=True)
-        if config["strategy"] in CLIENT_STATE_METHODS:
-            print(f"[basin] warning: {config['strategy']}'s client state is not checkpointed; its clients start "
-                  "this resumed run from fresh state, so results differ from an uninterrupted run", flush=True)
+        if snapshots:
+            discard_snapshots_after(run_snapshots, first_round - 1)
     for server_round in range(first_round, config["num-rounds"] + 1):
         started = time.perf_counter()
         strategy.follow_rejoined_nodes(grid, config["round-timeout"])
         train_config = round_train_config(config, schedule, server_round)
+        if snapshots:
+            train_config.update({**snapshots, protocol.RESUMED_AFTER_ROUND: first_round - 1})
         replies = send_and_receive(
             grid, strategy.configure_train(server_round, arrays, train_config, grid), config["round-timeout"]
         )
@@ -134,7 +143,7 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
         if config["checkpoint-every"] and (
             server_round % config["checkpoint-every"] == 0 or server_round == config["num-rounds"]
         ):
-            write_checkpoint(recorder.directory, config, server_round, arrays, strategy, recorder.rows)
+            write_checkpoint(recorder.directory, config, server_round, arrays, strategy, recorder.rows, client_state_run)
         print(
             f"[basin] round {server_round}/{config['num-rounds']} accuracy {test_accuracy:.4f} "
             f"({time.perf_counter() - started:.2f} s)",
@@ -142,6 +151,19 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
         )
     final = strategy.averaged_arrays if isinstance(strategy, ModelAveraging) and strategy.averaged_arrays else arrays
     torch.save(final.to_torch_state_dict(), recorder.directory / "final_model.pt")
+    if snapshots:  # the run is complete: no resume will need them
+        remove_run_snapshots(run_snapshots)
+
+
+def client_state_snapshots(config: dict[str, Any], directory: Path, run_token: str) -> dict[str, Any]:
+    """What stateful clients need to snapshot their state for checkpoints (none: {})."""
+    if config["strategy"] not in CLIENT_STATE_METHODS or not config["checkpoint-every"]:
+        return {}
+    return {
+        protocol.CLIENT_STATE_ROOT: str(directory / CLIENT_STATE_DIR),
+        protocol.CLIENT_STATE_RUN: run_token,
+        protocol.CHECKPOINT_EVERY: config["checkpoint-every"],
+    }
 
 
 def write_partition_statistics(config: dict[str, Any], data, directory: Path) -> None:

@@ -33,7 +33,7 @@ def _checkpointed(tmp_path, config):
     strategy.base_arrays = ArrayRecord({"w": Array(np.array([3.0, 4.0]))})
     strategy.averaged_arrays = ArrayRecord({"w": Array(np.array([2.0, 3.0]))})
     rows = [{"round": 1, "test-accuracy": 0.5, "failures": ""}, {"round": 2, "test-accuracy": 0.625, "failures": "p 1"}]
-    write_checkpoint(tmp_path, config, 2, strategy.averaged_arrays, strategy, rows)
+    write_checkpoint(tmp_path, config, 2, strategy.averaged_arrays, strategy, rows, "0123abcd")
     return strategy, rows
 
 
@@ -52,7 +52,7 @@ def test_a_checkpoint_restores_model_window_rows_and_generators(tmp_path):
     assert first_round == 3 and arrays["w"].numpy().tolist() == [2.0, 3.0]
     assert [m["w"].tolist() for m in restored.window] == [[1.0, 2.0], [3.0, 4.0]]
     assert restored.averaged_arrays["w"].numpy().tolist() == [2.0, 3.0]
-    assert checkpoint["rows"] == rows
+    assert checkpoint["rows"] == rows and checkpoint["client-state-run"] == "0123abcd"
     assert torch.equal(torch.rand(3), expected[0]) and np.array_equal(np.random.rand(3), expected[1])
     assert random.random() == expected[2]
     assert not (tmp_path / (CHECKPOINT_FILE + ".tmp")).exists()
@@ -82,7 +82,7 @@ def test_a_corrupt_checkpoint_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="corrupt or not a Basin checkpoint"):
         read_checkpoint(tmp_path, _config())
     torch.save({"round": 2}, path)
-    with pytest.raises(CheckpointError, match="lacks arrays, config, format, rng, rows, strategy"):
+    with pytest.raises(CheckpointError, match="lacks arrays, client-state-run, config, format, rng, rows, strategy"):
         read_checkpoint(tmp_path, _config())
 
 

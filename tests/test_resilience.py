@@ -9,11 +9,13 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
 import pytest
 import torch
 
+from clients.state_store import CLIENT_STATE_DIR
 from experiments.launch import APP_DIR, _process_table, launch, process_tree, resolve_config, stop_process_tree
 from strategies.checkpoint import CHECKPOINT_FILE
 
@@ -59,47 +61,67 @@ def _rows(path) -> int:
         return 0
 
 
+# Both compose IMA (its window) with a stateful server: FedAdam's moments; SCAFFOLD's
+# server control c and, on the clients, each c_i (restored from the clients' snapshots;
+# plain local SGD as in the paper). 2 of 4 clients per round, checkpoints every 2 rounds.
+RESUMED_METHODS = {
+    "fedadam+ima": {"strategy": "fedadam", "server-lr": 0.05},
+    "scaffold+ima": {"strategy": "scaffold", "momentum": 0.0, "lr": 0.1},
+}
+
+
 @pytest.mark.slow
-def test_a_run_killed_with_sigkill_resumes_from_its_checkpoint_bitwise_identically(tmp_path):
+@pytest.mark.parametrize("method", RESUMED_METHODS)
+def test_a_run_killed_with_sigkill_resumes_from_its_checkpoint_bitwise_identically(tmp_path, method):
     config = resolve_config({
         "num-clients": 4, "participation": 0.5, "num-rounds": 6, "local-epochs": 1, "device": "cpu",
-        "strategy": "fedadam", "server-lr": 0.05, "averaging": "ima", "window": 2, "avg-start": 3,
-        "checkpoint-every": 2,
+        "averaging": "ima", "window": 2, "avg-start": 3, "checkpoint-every": 2, **RESUMED_METHODS[method],
     })
-    launch(config, tmp_path / "uninterrupted", progress=False)
+    killed = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(APP_DIR)}
+    # The reference run goes on beside the one to kill (each has its own SuperLink and Ray).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        uninterrupted = pool.submit(launch, config, tmp_path / "uninterrupted", progress=False)
+        launcher = subprocess.Popen([sys.executable, "-c", KILLABLE_LAUNCH, json.dumps(config), str(killed)], cwd=APP_DIR, env=env)
+        try:
+            deadline = time.monotonic() + 240
+            while _rows(killed / "results.csv") < 3:  # round 2's checkpoint is written, round 3 is done
+                assert time.monotonic() < deadline and launcher.poll() is None, "the run to kill never reached round 3"
+                time.sleep(0.05)
+            table = _process_table()
+            server = [pid for pid in process_tree([launcher.pid], table) if "flwr-simulation" in table[pid][2]]
+            assert len(server) == 1
+            os.kill(server[0], signal.SIGKILL)  # the ServerApp dies mid-run, with its in-memory state
+            rows_at_kill = _rows(killed / "results.csv")
+        finally:
+            stop_process_tree([launcher.pid])
+            launcher.wait()
+        uninterrupted.result()
+    assert json.loads((killed / "summary.json").read_text())["status"] != "completed"
+    checkpoint = torch.load(killed / CHECKPOINT_FILE, weights_only=True)
+    assert checkpoint["round"] in (2, 4) and checkpoint["round"] <= rows_at_kill < 6
+    snapshots = killed / CLIENT_STATE_DIR / checkpoint["client-state-run"]
+    # Only SCAFFOLD's clients keep state; each of them snapshots it after every round it trains in.
+    assert sorted(p.name for p in snapshots.glob("partition-*")) == (
+        [f"partition-{k}" for k in range(4)] if method == "scaffold+ima" else []
+    )
+
+    summary = launch(config, killed, progress=False)  # the same command again
+    assert summary["status"] == "completed" and summary["resumed-after-round"] == checkpoint["round"]
+    resumed = pd.read_csv(killed / "results.csv").drop(columns=TIMING_COLUMNS)
     rows = pd.read_csv(tmp_path / "uninterrupted" / "results.csv")
-    # FedAdam+IMA: the window fills from round 2 (t_s − P + 1), the average is sent from t_s = 3 on.
+    pd.testing.assert_frame_equal(resumed, rows.drop(columns=TIMING_COLUMNS), check_exact=True)
+    final = torch.load(killed / "final_model.pt", weights_only=True)
+    expected = torch.load(tmp_path / "uninterrupted" / "final_model.pt", weights_only=True)
+    assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in final)
+    assert not (killed / CLIENT_STATE_DIR).exists()  # a completed run leaves no snapshots
+
+    # IMA on either base: the window fills from round 2 (t_s − P + 1), the average is sent from t_s = 3 on.
     assert rows["sent-model"].tolist() == ["base", "base"] + ["averaged"] * 4
     assert rows["averaged-accuracy"].isna().tolist() == [True, True] + [False] * 4
     assert (rows["test-accuracy"][2:] == rows["averaged-accuracy"][2:]).all()
     # Mild exploration: ×0.97 per round after t_s on top of the base decay.
-    assert rows["lr"][3] == pytest.approx(0.05 * 0.99**2 * 0.97)
-
-    killed = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": str(APP_DIR)}
-    launcher = subprocess.Popen([sys.executable, "-c", KILLABLE_LAUNCH, json.dumps(config), str(killed)], cwd=APP_DIR, env=env)
-    try:
-        deadline = time.monotonic() + 180
-        while _rows(killed / "results.csv") < 3:  # round 2's checkpoint is written, round 3 is done
-            assert time.monotonic() < deadline and launcher.poll() is None, "the run to kill never reached round 3"
-            time.sleep(0.05)
-        table = _process_table()
-        server = [pid for pid in process_tree([launcher.pid], table) if "flwr-simulation" in table[pid][2]]
-        assert len(server) == 1
-        os.kill(server[0], signal.SIGKILL)  # the ServerApp dies mid-run, with its in-memory state
-        rows_at_kill = _rows(killed / "results.csv")
-    finally:
-        stop_process_tree([launcher.pid])
-        launcher.wait()
-    assert json.loads((killed / "summary.json").read_text())["status"] != "completed"
-    checkpoint_round = torch.load(killed / CHECKPOINT_FILE, weights_only=True)["round"]
-    assert checkpoint_round in (2, 4) and checkpoint_round <= rows_at_kill < 6
-
-    summary = launch(config, killed, progress=False)  # the same command again
-    assert summary["status"] == "completed" and summary["resumed-after-round"] == checkpoint_round
-    resumed = pd.read_csv(killed / "results.csv").drop(columns=TIMING_COLUMNS)
-    uninterrupted = pd.read_csv(tmp_path / "uninterrupted" / "results.csv").drop(columns=TIMING_COLUMNS)
-    pd.testing.assert_frame_equal(resumed, uninterrupted, check_exact=True)
-    final = torch.load(killed / "final_model.pt", weights_only=True)
-    expected = torch.load(tmp_path / "uninterrupted" / "final_model.pt", weights_only=True)
-    assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in final)
+    assert rows["lr"][3] == pytest.approx(config["lr"] * 0.99**2 * 0.97)
+    if method == "scaffold+ima":
+        # c_i is carried across rounds: after round 1, some sampled client has a non-zero one.
+        assert rows["client-state-norm"][0] == 0.0 and rows["client-state-norm"][2:].gt(0).all()

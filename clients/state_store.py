@@ -1,0 +1,117 @@
+"""Client state that outlives a run: snapshots of ``context.state`` for checkpoint/resume.
+
+Stateful methods keep tensors on each client across rounds (SCAFFOLD's and FedMoSWA's
+c_i, FedDyn's gradient, MOON's previous model). A resumed run (strategies/checkpoint.py)
+is a new Flower run whose ClientApps start with an empty ``context.state``; to continue
+exactly, every client needs the state it had when the server's checkpoint was written.
+
+So after each round it trains in, a stateful client writes its state to
+``DIR/round-R.pt`` (atomically), where DIR is ``ROOT/RUN/partition-K``: ROOT the server's
+``output-dir/client-state`` (or the node's own ``client-state-dir`` node-config entry, for
+SuperNodes that do not share the server's disk) and RUN a token the checkpoint keeps, so
+a fresh run never reads an older run's files. When a resumed run first reaches a client,
+the client loads its newest snapshot of a round ≤ the checkpoint's round. Snapshots are
+pruned to the ones a later resume could need: the newest one up to the server's last
+checkpoint and those after it (at most ``checkpoint-every`` + 1 per client).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, RecordDict
+
+from clients import protocol
+
+CLIENT_STATE_DIR = "client-state"  # in the server's output-dir
+SNAPSHOT = re.compile(r"round-(\d+)\.pt")
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    """``torch.save`` to a temporary file, flushed to disk, then renamed over ``path``: a
+    reader sees the old file or the new one, never a torn one (also after ``kill -9``)."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def last_checkpoint_round(server_round: int, checkpoint_every: int, resumed_after: int) -> int:
+    """The newest round the server has a checkpoint of while round ``server_round`` runs:
+    the last multiple of ``checkpoint-every`` before it, or the round this run resumed after."""
+    return max(resumed_after, (server_round - 1) // checkpoint_every * checkpoint_every)
+
+
+def snapshot_rounds(directory: Path) -> dict[int, Path]:
+    """{round: snapshot file} in ``directory``."""
+    if not directory.is_dir():
+        return {}
+    return {
+        int(match.group(1)): path
+        for path in directory.iterdir()
+        if (match := SNAPSHOT.fullmatch(path.name))
+    }
+
+
+class ClientStateStore:
+    """The snapshots of one partition's ``context.state`` (its ArrayRecords)."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+
+    @classmethod
+    def for_round(cls, round_config: Mapping[str, Any], node_config: Mapping[str, Any], partition_id: int):
+        """The store a training message asks for, or None (stateless method, no checkpoints)."""
+        if protocol.CLIENT_STATE_RUN not in round_config:
+            return None
+        root = node_config.get(protocol.NODE_CLIENT_STATE_DIR, round_config[protocol.CLIENT_STATE_ROOT])
+        return cls(Path(str(root)) / str(round_config[protocol.CLIENT_STATE_RUN]) / f"partition-{partition_id}")
+
+    def save(self, state: RecordDict, server_round: int, last_checkpoint: int) -> None:
+        """Write the state after ``server_round``; drop snapshots no resume can need any more
+        (those older than the newest one of a round ≤ ``last_checkpoint``)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        records = {key: record.to_torch_state_dict() for key, record in state.items() if isinstance(record, ArrayRecord)}
+        atomic_save(records, self.directory / f"round-{server_round}.pt")
+        rounds = snapshot_rounds(self.directory)
+        kept = max((r for r in rounds if r <= last_checkpoint), default=None)
+        for r, path in rounds.items():
+            if kept is not None and r < kept:
+                path.unlink(missing_ok=True)
+
+    def restore(self, state: RecordDict, resumed_after: int) -> int | None:
+        """Fill ``state`` from the newest snapshot of a round ≤ ``resumed_after``; return that
+        round (None: the client had not trained before the checkpoint, its state stays empty)."""
+        rounds = [r for r in snapshot_rounds(self.directory) if r <= resumed_after]
+        if not rounds:
+            return None
+        newest = max(rounds)
+        for key, tensors in torch.load(self.directory / f"round-{newest}.pt", weights_only=True).items():
+            state[key] = ArrayRecord(tensors)
+        return newest
+
+
+def discard_snapshots_after(run_directory: Path, resumed_after: int) -> None:
+    """Remove every partition's snapshots of rounds after ``resumed_after`` (written by the
+    killed run after its last checkpoint), so no later resume can read them."""
+    for partition in Path(run_directory).glob("partition-*"):
+        for r, path in snapshot_rounds(partition).items():
+            if r > resumed_after:
+                path.unlink(missing_ok=True)
+
+
+def remove_run_snapshots(run_directory: Path) -> None:
+    """Remove a run's snapshots once nothing can resume it (and their folder, if now empty)."""
+    shutil.rmtree(run_directory, ignore_errors=True)
+    try:
+        Path(run_directory).parent.rmdir()
+    except OSError:  # other runs' snapshots are still there
+        pass
