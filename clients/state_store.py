@@ -68,7 +68,9 @@ class ClientStateStore:
         self.directory = Path(directory)
 
     @classmethod
-    def for_round(cls, round_config: Mapping[str, Any], node_config: Mapping[str, Any], partition_id: int):
+    def for_round(
+        cls, round_config: Mapping[str, Any], node_config: Mapping[str, Any], partition_id: int
+    ) -> ClientStateStore | None:
         """The store a training message asks for, or None (stateless method, no checkpoints)."""
         if protocol.CLIENT_STATE_RUN not in round_config:
             return None
