@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from experiments import sweep as sweep_module
-from experiments.launch import RunFailed
+from experiments.launch import RunFailed, _process_table
 from experiments.sweep import SWEEPS_DIR, SweepError, collect, load_sweep, run_sweep
 from strategies.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from strategies.config import ConfigError
@@ -147,15 +147,8 @@ def test_a_changed_config_reruns_and_an_unfinished_run_is_pending(tmp_path, monk
 
 
 def flower_processes() -> set[int]:
-    pids = set()
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if proc.name.isdigit() and any(name in cmdline for name in ("flower-superlink", "flwr-simulation", "ray::", "raylet")):
-            pids.add(int(proc.name))
-    return pids
+    names = ("flower-superlink", "flwr-simulation", "ray::", "raylet")
+    return {pid for pid, (_, _, cmdline) in _process_table().items() if any(name in cmdline for name in names)}
 
 
 def test_a_real_sweep_interrupted_and_resumed_loses_and_repeats_nothing(tmp_path):
@@ -173,7 +166,7 @@ seed = [0]
     first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     third = out / "runs" / "alpha=1.0_averaging=none_seed=0"
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not (third / "checkpoint.pt").is_file():
+    while time.monotonic() < deadline and not (third / CHECKPOINT_FILE).is_file():
         assert first.poll() is None, first.communicate()
         time.sleep(0.05)
     first.send_signal(signal.SIGTERM)
