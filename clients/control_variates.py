@@ -5,8 +5,12 @@ w ← w − η(g − c_i + c) with the server's c; after K steps, option II:
 c_i⁺ = c_i − c + (w^t − w_i)/(K·η).
 FedMoSWA (ICML 2025, Algorithm 1; METHODS.md §1.4): the same with the server's m in place
 of c and Σ_k η_k in place of K·η (its in-round lr decays): c_i⁺ = c_i − m + (θ^{t−1} − θ_{i,K})/Σ_k η_k.
-Both send Δc_i = c_i⁺ − c_i and keep c_i⁺ in ``context.state`` for the next round they
-are sampled in (FedMoSWA's official-code variant also sends c_i⁺ itself).
+Both keep c_i⁺ in ``context.state`` for the next round they are sampled in and send a
+control difference, measured from a different point:
+- SCAFFOLD sends Δc_i = c_i⁺ − c_i (its server adds (|S|/N)·mean Δc_i to c);
+- FedMoSWA sends Δc_i = c_i⁺ − m (Algorithm 1 line 14, "Communicate (θ_{i,K}, c_i⁺ − m)"),
+  so the server's m ← m + γ·mean Δc_i = (1 − γ)·m + γ·mean c_i⁺ is a momentum of the
+  cohort's controls; FedMoSWA also sends c_i⁺ itself (the official-code variant's EMA).
 
 Option II estimates the mean local gradient from the distance travelled in K plain SGD
 steps; with client momentum β that distance, and so c_i, is inflated by up to 1/(1 − β).
@@ -34,11 +38,26 @@ def client_control_update(
     }
 
 
+DELTA_REFERENCES = ("client", "server")
+
+
 class ControlVariateClient:
     """One round of a control-variate method on a client: the gradient correction and the
-    control update. ``state_key`` names c_i in the client's ``context.state``."""
+    control update. ``state_key`` names c_i in the client's ``context.state``;
+    ``delta_reference`` is what the sent Δc_i is measured from: 'client' (c_i⁺ − c_i,
+    SCAFFOLD) or 'server' (c_i⁺ − m, FedMoSWA)."""
 
-    def __init__(self, model: nn.Module, server_control: ArrayRecord, state: RecordDict, state_key: str):
+    def __init__(
+        self,
+        model: nn.Module,
+        server_control: ArrayRecord,
+        state: RecordDict,
+        state_key: str,
+        delta_reference: str = "client",
+    ):
+        if delta_reference not in DELTA_REFERENCES:
+            raise ValueError(f"delta_reference must be one of {DELTA_REFERENCES}, got {delta_reference!r}")
+        self.delta_reference = delta_reference
         self.names = [name for name, _ in model.named_parameters()]
         device = next(model.parameters()).device
         self.server_control = {k: v.to(device) for k, v in server_control.to_torch_state_dict().items()}
@@ -70,4 +89,5 @@ class ControlVariateClient:
         )
         new_control = ArrayRecord({k: v.cpu() for k, v in updated.items()})
         self.state[self.state_key] = new_control
-        return ArrayRecord({k: (updated[k] - self.client_control[k]).cpu() for k in updated}), new_control
+        reference = self.client_control if self.delta_reference == "client" else self.server_control
+        return ArrayRecord({k: (updated[k] - reference[k]).cpu() for k in updated}), new_control

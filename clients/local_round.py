@@ -21,11 +21,14 @@ from clients.feddyn import FedDynClient
 from clients.objectives import build_objective
 from clients.training import LocalTrainingConfig, LocalTrainingResult, momentum_a_norm, proximal_hook, train_local
 
-# Server records that carry a control variate → where the client keeps its own, and the
-# names of its reply records (Δc_i, and c_i⁺ when the method's server needs it).
+# Server records that carry a control variate → where the client keeps its own, the names
+# of its reply records (Δc_i, and c_i⁺ when the method's server needs it) and what Δc_i is
+# measured from (clients/control_variates.py).
 CONTROL_VARIATES = {
-    protocol.SCAFFOLD_SERVER_CONTROL: (protocol.SCAFFOLD_CLIENT_CONTROL, protocol.SCAFFOLD_DELTA_CONTROL, None),
-    protocol.MOSWA_SERVER_CONTROL: (protocol.MOSWA_CLIENT_CONTROL, protocol.MOSWA_DELTA_CONTROL, protocol.MOSWA_NEW_CONTROL),
+    protocol.SCAFFOLD_SERVER_CONTROL: (protocol.SCAFFOLD_CLIENT_CONTROL, protocol.SCAFFOLD_DELTA_CONTROL, None, "client"),
+    protocol.MOSWA_SERVER_CONTROL: (
+        protocol.MOSWA_CLIENT_CONTROL, protocol.MOSWA_DELTA_CONTROL, protocol.MOSWA_NEW_CONTROL, "server"
+    ),
 }
 
 
@@ -69,9 +72,11 @@ class LocalRound:
         if float(self.round_config.get("proximal-mu", 0.0)) > 0:
             self.hooks.append(proximal_hook(model, float(self.round_config["proximal-mu"])))
         self.controls = {}
-        for server_key, (state_key, _, _) in CONTROL_VARIATES.items():
+        for server_key, (state_key, _, _, delta_reference) in CONTROL_VARIATES.items():
             if server_key in content:
-                self.controls[server_key] = ControlVariateClient(model, content[server_key], state, state_key)
+                self.controls[server_key] = ControlVariateClient(
+                    model, content[server_key], state, state_key, delta_reference
+                )
                 self.hooks.append(self.controls[server_key].hook)
         self.feddyn = None
         if protocol.FEDDYN_ALPHA in self.round_config:
@@ -93,7 +98,7 @@ class LocalRound:
         }
         records = {}
         for server_key, client in self.controls.items():
-            _, delta_key, new_key = CONTROL_VARIATES[server_key]
+            _, delta_key, new_key, _ = CONTROL_VARIATES[server_key]
             metrics["client-state-norm"] = client.control_norm()  # c_i as the round started
             delta, new = client.finish(model, result.lr_sum)
             records[delta_key] = delta

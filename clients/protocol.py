@@ -35,5 +35,5 @@ GPU_PEAK_MB = "gpu-peak-mb"  # the client process's peak CUDA memory allocated s
 SCAFFOLD_SERVER_CONTROL = "scaffold-control"  # server → client: c
 SCAFFOLD_DELTA_CONTROL = "scaffold-delta-control"  # client → server: Δc_i
 MOSWA_SERVER_CONTROL = "moswa-control"  # server → client: m
-MOSWA_DELTA_CONTROL = "moswa-delta-control"  # client → server: Δc_i = c_i⁺ − c_i
+MOSWA_DELTA_CONTROL = "moswa-delta-control"  # client → server: Δc_i = c_i⁺ − m (Algorithm 1 line 14)
 MOSWA_NEW_CONTROL = "moswa-new-control"  # client → server: c_i⁺ (official-code variant's EMA)

@@ -82,7 +82,7 @@ SCHEMA: dict[str, Option] = {
     "gma-threshold": Option(float, "a number in (0, 1] (FedGMA's sign-agreement threshold ε)", lambda v: 0 < v <= 1),
     "fedswa-variant": _one_of(*FEDSWA_VARIANTS),
     "fedswa-rho": Option(float, "a number in [0, 1] (FedSWA's in-round lr end factor ρ)", lambda v: 0 <= v <= 1),
-    "fedmoswa-gamma": Option(float, "a number > 0 (FedMoSWA's server control step γ)", lambda v: v > 0),
+    "fedmoswa-gamma": Option(float, "a number in (0, 1] (FedMoSWA's server control momentum γ: m ← (1 − γ)·m + γ·mean c_i⁺)", lambda v: 0 < v <= 1),
     "moon-mu": Option(float, "a number >= 0 (MOON's contrastive weight μ)", lambda v: v >= 0),
     "moon-temperature": Option(float, "a number > 0 (MOON's τ)", lambda v: v > 0),
     "sam-rho": Option(float, "a number >= 0 (SAM/ASAM radius ρ; 0 = the method's default)", lambda v: v >= 0),

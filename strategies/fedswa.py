@@ -6,10 +6,14 @@ linearly inside the round, η_k = η_l·(1 − k/K) + (k/K)·ρ·η_l (``clients
 server sends the start and end factors 1 and ρ as ``STEP_LR_START``/``STEP_LR_END``).
 FedMoSWA (``momentum_control=True``) also sends the server control m
 (``MOSWA_SERVER_CONTROL``, zero at first); client i steps with g_i − c_i + m and replies
-with Δc_i = c_i⁺ − c_i (``MOSWA_DELTA_CONTROL``). With s the number of replies:
+with Δc_i = c_i⁺ − m (``MOSWA_DELTA_CONTROL``; Algorithm 1 line 14). With s the number of
+replies:
 
-    m ← m + γ·(1/s)·Σ_i Δc_i                       (:func:`moswa_control_update`)
+    m ← m + γ·(1/s)·Σ_i Δc_i = (1 − γ)·m + γ·mean_i c_i⁺     (:func:`moswa_control_update`)
     v_t = (1/s)·Σ_i θ_{i,K};  θ_t = θ_{t−1} + α·(v_t − θ_{t−1})   (:func:`swa_server_update`)
+
+so m is a momentum of the cohort's control variates, not SCAFFOLD's (s/N)-scaled sum of
+changes; γ = 0.4 by default (the value the authors' code fixes).
 
 Authors' public code (``variant="official-code"``): FedSWA's in-round lr decays from
 2·η_l to 0 (factors 2 and 0); FedMoSWA uses a constant in-round lr (factors 1 and 1) and
@@ -61,7 +65,7 @@ def swa_server_update(
 def moswa_control_update(
     control: dict[str, np.ndarray], deltas: list[dict[str, np.ndarray]], gamma: float
 ) -> dict[str, np.ndarray]:
-    """Paper: m + γ·(1/s)·Σ Δc_i."""
+    """Paper: m + γ·(1/s)·Σ Δc_i with Δc_i = c_i⁺ − m."""
     return {
         key: (m + gamma * sum(d[key] for d in deltas) / len(deltas)).astype(m.dtype) for key, m in control.items()
     }
@@ -101,12 +105,14 @@ class FedSwa(CohortSampling, FlowerFedAvg):
         server_step: float = 1.0,
         rho: float = 0.1,
         momentum_control: bool = False,
-        gamma: float = 1.0,
+        gamma: float = 0.4,
         variant: str = "paper",
         **kwargs,
     ):
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        if not 0 < gamma <= 1:
+            raise ValueError(f"gamma must be in (0, 1], got {gamma}")
         if server_step <= 0:
             raise ValueError(f"server_step must be > 0, got {server_step}")
         if rho < 0:

@@ -22,6 +22,7 @@ from clients.objectives.sam import SharpnessAware
 from clients.objectives.stochastic_depth import StochasticDepth, drop_rates
 from clients.protocol import FEDDYN_CLIENT_GRADIENT, MOON_PREVIOUS_MODEL, MOSWA_CLIENT_CONTROL
 from clients.training import LocalObjective, LocalTrainingConfig, in_round_lrs, train_local
+from strategies.fedswa import FedSwa, moswa_control_update
 
 
 def _linear(weight: list[float]) -> nn.Linear:
@@ -64,17 +65,47 @@ def test_fedmoswa_client_control_by_hand():
     # c_i⁺ = c_i − m + (θ^{t−1} − θ_K)/Σ_k η_k with c_i = 0 (first round), m = [0.1, −0.1]
     model = _linear([1.0, 1.0])
     state = RecordDict()
-    client = ControlVariateClient(model, _record({"weight": [[0.1, -0.1]]}), state, MOSWA_CLIENT_CONTROL)
+    client = ControlVariateClient(model, _record({"weight": [[0.1, -0.1]]}), state, MOSWA_CLIENT_CONTROL, "server")
     model.weight.grad = torch.tensor([[1.0, 2.0]])
     client.hook([model.weight])
     assert model.weight.grad.flatten().tolist() == pytest.approx([1.1, 1.9])  # g − c_i + m
     with torch.no_grad():
         model.weight.copy_(torch.tensor([[0.76, 0.52]]))  # moved by [0.24, 0.48]
     delta, new = client.finish(model, lr_sum=0.24)
-    # [−0.1 + 0.24/0.24, 0.1 + 0.48/0.24] = [0.9, 2.1]; Δc_i = c_i⁺ − 0
+    # [−0.1 + 0.24/0.24, 0.1 + 0.48/0.24] = [0.9, 2.1]; Δc_i = c_i⁺ − m (Algorithm 1 line 14)
     assert new["weight"].numpy().ravel().tolist() == pytest.approx([0.9, 2.1])
-    assert delta["weight"].numpy().ravel().tolist() == pytest.approx([0.9, 2.1])
+    assert delta["weight"].numpy().ravel().tolist() == pytest.approx([0.8, 2.2])
     assert state[MOSWA_CLIENT_CONTROL]["weight"].numpy().ravel().tolist() == pytest.approx([0.9, 2.1])
+
+
+def _moswa_client_round(state: RecordDict, m: float, theta_end: float, lr_sum: float = 0.1) -> float:
+    """One FedMoSWA client round from θ^{t−1} = 1 to ``theta_end``; returns the sent Δc_i."""
+    model = _linear([1.0])
+    client = ControlVariateClient(model, _record({"weight": [[m]]}), state, MOSWA_CLIENT_CONTROL, "server")
+    with torch.no_grad():
+        model.weight.fill_(theta_end)
+    delta, _ = client.finish(model, lr_sum)
+    return delta["weight"].numpy().item()
+
+
+def test_fedmoswa_two_rounds_by_hand_with_partial_participation():
+    # N = 3 clients, s = 2 per round (A, B then A, C), γ = 0.4 (the default), Σ_k η_k = 0.1.
+    states = {name: RecordDict() for name in "ABC"}
+    assert FedSwa(momentum_control=True).gamma == 0.4
+    # Round 1, m = 0: c_A⁺ = 0.2/0.1 = 2, c_B⁺ = 0.1/0.1 = 1; Δc = c⁺ − m = 2, 1.
+    deltas = [_moswa_client_round(states["A"], 0.0, 0.8), _moswa_client_round(states["B"], 0.0, 0.9)]
+    assert deltas == pytest.approx([2.0, 1.0])
+    m = moswa_control_update({"w": np.zeros(1)}, [{"w": np.array([d])} for d in deltas], 0.4)["w"].item()
+    assert m == pytest.approx(0.6)  # 0 + 0.4·1.5
+    # Round 2, m = 0.6: c_A⁺ = 2 − 0.6 + 0.3/0.1 = 4.4 → Δc_A = 3.8;
+    # c_C⁺ = 0 − 0.6 + 0.05/0.1 = −0.1 → Δc_C = −0.7.
+    deltas = [_moswa_client_round(states["A"], m, 0.7), _moswa_client_round(states["C"], m, 0.95)]
+    assert deltas == pytest.approx([3.8, -0.7])
+    m = moswa_control_update({"w": np.array([m])}, [{"w": np.array([d])} for d in deltas], 0.4)["w"].item()
+    # m + γ·mean Δc = 0.6 + 0.4·1.55 = (1 − γ)·0.6 + γ·mean(4.4, −0.1) = 1.22; neither scaled by N/s
+    # nor drifting with Σ(c_i⁺ − c_i) (which would give 0.6 + 0.4·1.15 = 1.06).
+    assert m == pytest.approx(1.22)
+    assert states["B"][MOSWA_CLIENT_CONTROL]["weight"].numpy().item() == pytest.approx(1.0)  # unsampled: kept
 
 
 def _record(values: dict[str, list]) -> "ArrayRecord":
