@@ -14,6 +14,7 @@ from torch.nn import functional as F
 from clients.control_variates import ControlVariateClient
 from clients.feddyn import FedDynClient
 from clients.models import build_model
+from clients.models.slimmable import sliced_channels
 from clients.objectives.fedalign import FedAlign, scaled_lipschitz_loss, top_singular_value, transmitting_matrix
 from clients.objectives.gradaug import GradAug
 from clients.objectives.mixup import Mixup
@@ -226,15 +227,53 @@ def test_fedalign_loss_scaling():
     assert term.item() == pytest.approx(0.45 * 2.0)  # value μ·CE
     term.backward()
     assert lip.grad.item() == pytest.approx(0.45 * 2.0 / 0.5)  # μ·CE/L_Lip
-    assert ce.grad.item() == pytest.approx(0.45)  # the authors' code also scales CE by μ
+    assert ce.grad is None  # the factor CE.item()/L_Lip.item() is a constant: CE gets no extra gradient
+
+
+def _fedalign_model_and_batch() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    model = build_model("resnet20-gn", (1, 8, 8), 10)
+    for block in model.residual_blocks():  # switch the zero-initialised branches on: L_Lip > 0
+        torch.nn.init.ones_(block.last_norm.weight)
+    return model, torch.randn(6, 1, 8, 8), torch.arange(6)
+
+
+def _cross_entropy_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    model.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    return grads
+
+
+def test_fedalign_classifier_gradient_is_cross_entropys_alone():
+    model, x, y = _fedalign_model_and_batch()
+    expected = _cross_entropy_gradients(model, x, y)
+    FedAlign(mu=0.45, width=0.25).backward(model, x, y)
+    for name in ("classifier.weight", "classifier.bias"):
+        torch.testing.assert_close(model.get_parameter(name).grad, expected[name], rtol=1e-5, atol=1e-7)
+
+
+def test_fedalign_lipschitz_term_reaches_the_last_stage_only_through_the_slim_pass():
+    # σ_F is computed from detached full-width features, so the last stage's weights outside
+    # the slim slice (output channels ≥ ⌈ω_S·C⌉) get exactly CE's gradient, while the slice
+    # itself gets CE's plus L_Lip's.
+    model, x, y = _fedalign_model_and_batch()
+    expected = _cross_entropy_gradients(model, x, y)
+    FedAlign(mu=0.45, width=0.25).backward(model, x, y)
+    conv = model.stages[-1][-1].conv1
+    name = next(n for n, p in model.named_parameters() if p is conv.weight)
+    kept = sliced_channels(conv.out_channels, 0.25)
+    torch.testing.assert_close(conv.weight.grad[kept:], expected[name][kept:], rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(conv.weight.grad[:kept], expected[name][:kept], rtol=1e-3, atol=1e-6)
+    # The stages before the last one are reached by CE only (f_{L−1} is detached for the slim pass).
+    for n, p in model.named_parameters():
+        if n.startswith(("stem.", "stages.0.", "stages.1.")):
+            torch.testing.assert_close(p.grad, expected[n], rtol=1e-5, atol=1e-7)
 
 
 def test_fedalign_trains_a_resnet_and_touches_only_its_weights():
-    torch.manual_seed(0)
-    model = build_model("resnet20-gn", (1, 8, 8), 10)
-    for block in model.residual_blocks():  # switch the zero-initialised branches on
-        torch.nn.init.ones_(block.last_norm.weight)
-    x, y = torch.randn(6, 1, 8, 8), torch.arange(6)
+    model, x, y = _fedalign_model_and_batch()
     loss = FedAlign(mu=0.45, width=0.25).backward(model, x, y)
     ce = F.cross_entropy(model(x), y).item()
     assert loss.item() == pytest.approx(ce * 1.45, rel=1e-5)  # CE + μ·CE

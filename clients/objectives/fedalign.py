@@ -8,9 +8,14 @@ Local loss (their eq. 5): L = CE(F(x), y) + μ·L_Lip(K_S, K_F), μ = 0.45, ω_S
 - Transmitting matrix (eqs. 6–7): T = f_{L−1}ᵀ f_L / HW per sample, f_{L−1} first
   average-pooled to f_L's spatial size; its Lipschitz constant is the top singular value
   of T, by 10 power iterations on K = T·Tᵀ from v = 1: σ = sqrt(‖K v‖ / ‖v‖).
-- L_Lip = MSE(σ_S, σ_F) over the batch. As in the authors' code the term is rescaled so
-  its value equals μ·CE: μ·(CE / L_Lip.detach())·L_Lip; gradient-norm clip 10 is the
-  run config's ``grad-clip`` (set by the FedAlign presets).
+- L_Lip = MSE(σ_S, σ_F) over the batch, σ_F from the full-width features **detached**:
+  the full network is the teacher (the authors pass ``t_feats[-2].detach()`` and
+  ``t_feats[-1].detach()``), so L_Lip reaches the last stage's weights only through the
+  slim pass, i.e. only their first ⌈ω_S·C⌉ channels.
+- As in the authors' code the term is rescaled so that its value equals μ·CE:
+  loss = CE + μ·(CE.item() / L_Lip.item())·L_Lip. The scale factor carries no gradient,
+  so ∇loss = ∇CE + μ·(CE/L_Lip)·∇L_Lip: CE's gradient is not multiplied by 1 + μ.
+  Gradient-norm clip 10 is the run config's ``grad-clip`` (set by the FedAlign presets).
 
 Only one model is held; the extra cost is one pass of the slimmed last stage.
 """
@@ -52,11 +57,16 @@ def top_singular_value(matrix: torch.Tensor, iterations: int = POWER_ITERATIONS)
 
 
 def scaled_lipschitz_loss(cross_entropy: torch.Tensor, lipschitz: torch.Tensor, mu: float) -> torch.Tensor:
-    """μ·(CE / L_Lip.detach())·L_Lip, as the authors' code writes it: value μ·CE, gradient
-    μ·∇CE + μ·(CE/L_Lip)·∇L_Lip (CE is not detached there, so it also scales CE by 1 + μ)."""
-    if lipschitz.item() == 0.0:  # σ_S = σ_F (e.g. residual branches still at zero): nothing to align
-        return lipschitz * 0.0
-    return mu * (cross_entropy / lipschitz.detach()) * lipschitz
+    """μ·(CE.item() / L_Lip.item())·L_Lip, as the authors' code writes it: value μ·CE,
+    gradient μ·(CE/L_Lip)·∇L_Lip only (the factor is a constant).
+
+    The factor is formed from detached tensors rather than ``.item()`` (the same numbers,
+    without a device-to-host synchronisation per step). Where L_Lip = 0 (σ_S = σ_F, e.g.
+    residual branches still at zero) there is nothing to align: the term is 0, not CE/0.
+    """
+    lip = lipschitz.detach()
+    scale = torch.where(lip > 0, cross_entropy.detach() / torch.where(lip > 0, lip, torch.ones_like(lip)), 0.0)
+    return mu * scale * lipschitz
 
 
 class FedAlign(LocalObjective):
@@ -71,7 +81,8 @@ class FedAlign(LocalObjective):
             raise TypeError(f"FedAlign needs a model with a width-slimmable last stage, got {type(model).__name__}")
         stage_outputs, logits = model.forward_stages(x)
         cross_entropy = F.cross_entropy(logits, y)
-        f_before, f_last = stage_outputs[-2].detach(), stage_outputs[-1]
+        # The full network is the teacher: neither of its features carries L_Lip's gradient.
+        f_before, f_last = stage_outputs[-2].detach(), stage_outputs[-1].detach()
         f_before_slim = f_before[:, : sliced_channels(f_before.shape[1], self.width)]
         with slimmable_width(model.stages[-1], self.width):
             f_last_slim = model.stages[-1](f_before_slim)
