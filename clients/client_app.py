@@ -18,7 +18,7 @@ from flwr.clientapp import ClientApp
 from clients import protocol
 from clients.data import client_tensors
 from clients.faults import inject_faults
-from clients.models import build_model, resolve_model_name
+from clients.models import build_model, resolve_model_name, uses_projection_head
 from clients.local_round import LocalRound, round_randomness
 from clients.state_store import ClientStateStore, last_checkpoint_round
 from clients.training import select_device
@@ -28,10 +28,12 @@ app = ClientApp()
 
 
 @lru_cache(maxsize=4)
-def _process_model(name: str, input_shape: tuple[int, ...], num_classes: int, device: str) -> torch.nn.Module:
+def _process_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, projection_head: bool, device: str
+) -> torch.nn.Module:
     """One model per client process, reused every round: each round overwrites all of its
     weights with the received ones, so only the allocation is saved."""
-    return build_model(name, input_shape, num_classes).to(device)
+    return build_model(name, input_shape, num_classes, projection_head).to(device)
 
 
 def _partition(context: Context) -> tuple[int, int]:
@@ -56,9 +58,10 @@ def train(msg: Message, context: Context) -> Message:
     device = select_device(str(run_config["device"]))
     x, y = client_tensors(tuple(sorted(run_config.items())), partition_id, num_partitions, str(device))
 
-    data = load_dataset(str(run_config["dataset"]), str(run_config["data-dir"]))
+    data = load_dataset(str(run_config["dataset"]), str(run_config["data-dir"]), bool(run_config["normalize"]))
     model_name = resolve_model_name(str(run_config["model"]), str(run_config["dataset"]))
-    model = _process_model(model_name, data.input_shape, data.num_classes, str(device))
+    projection_head = uses_projection_head(model_name, str(run_config["strategy"]))
+    model = _process_model(model_name, data.input_shape, data.num_classes, projection_head, str(device))
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
 
     server_round = int(round_config["server-round"])

@@ -31,9 +31,14 @@ def client_control_update(
     local_weights: dict[str, torch.Tensor],
     lr_sum: float,
 ) -> dict[str, torch.Tensor]:
-    """Option II: c_i⁺ = c_i − c + (w^t − w_i)/Σ_k η_k (Σ_k η_k = K·η at a constant lr)."""
+    """Option II: c_i⁺ = c_i − c + (w^t − w_i)/Σ_k η_k (Σ_k η_k = K·η at a constant lr).
+
+    Arrays that are not trained weights (BatchNorm running statistics: the server sends a
+    control for every array of the model) keep their control, which stays 0."""
     return {
         k: client_control[k] - server_control[k] + (global_weights[k] - local_weights[k]) / lr_sum
+        if k in global_weights
+        else client_control[k]
         for k in client_control
     }
 

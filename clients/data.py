@@ -25,7 +25,7 @@ def partition_indices(
 def client_tensors(run_config_items: tuple, partition_id: int, num_partitions: int, device: str):
     """(x, y) of one partition on ``device``; cached so each process copies it once."""
     cfg = dict(run_config_items)
-    data = load_dataset(cfg["dataset"], cfg["data-dir"])
+    data = load_dataset(cfg["dataset"], cfg["data-dir"], bool(cfg["normalize"]))
     indices = partition_indices(
         cfg["dataset"], cfg["data-dir"], cfg["partition"], num_partitions, int(cfg["seed"]),
         float(cfg["alpha"]), int(cfg["classes-per-client"]), int(cfg["min-partition-size"]),

@@ -7,7 +7,7 @@ exactly the same local computation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -16,6 +16,7 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from clients import protocol
+from clients.augmentation import crop_flip
 from clients.control_variates import ControlVariateClient
 from clients.feddyn import FedDynClient
 from clients.objectives import build_objective
@@ -44,7 +45,16 @@ def training_config(round_config: Mapping[str, Any]) -> LocalTrainingConfig:
         local_steps=int(round_config.get(protocol.LOCAL_STEPS, 0)),
         step_lr_start=float(round_config.get(protocol.STEP_LR_START, 1.0)),
         step_lr_end=float(round_config.get(protocol.STEP_LR_END, 1.0)),
+        nesterov=bool(round_config.get("nesterov", False)),
     )
+
+
+def batch_augmentation(round_config: Mapping[str, Any]) -> Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None:
+    """The round's data augmentation (``augment``), or None."""
+    if str(round_config.get("augment", "none")) == "none":
+        return None
+    pad_value = torch.tensor(list(round_config[protocol.AUGMENT_PAD]), dtype=torch.float32)
+    return lambda x, generator: crop_flip(x, generator, pad_value)
 
 
 def round_randomness(seed: int, server_round: int, partition_id: int) -> tuple[torch.Generator, np.random.Generator]:
@@ -84,7 +94,10 @@ class LocalRound:
             self.hooks.append(self.feddyn.hook)
 
     def train(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator) -> LocalTrainingResult:
-        return train_local(model, x, y, training_config(self.round_config), generator, self.hooks, self.objective)
+        return train_local(
+            model, x, y, training_config(self.round_config), generator, self.hooks, self.objective,
+            batch_augmentation(self.round_config),
+        )
 
     def finish(self, model: nn.Module, result: LocalTrainingResult) -> tuple[dict[str, float], dict[str, ArrayRecord]]:
         """Update the client state; return the reply's metrics and extra ArrayRecords."""

@@ -8,8 +8,9 @@ Local SGD (PyTorch's ``torch.optim.SGD``): for each epoch, a seeded permutation 
 partition is cut into batches (or, with ``local_steps`` > 0, exactly that many batches,
 epoch after epoch); per batch the *local objective* fills g (default: ∇ CE(w; batch);
 MOON, FedSAM, FedAlign, … in clients/objectives/), gradient hooks add their terms, g is
-clipped to ``grad_clip`` in global 2-norm when > 0, then the SGD update with momentum and
-weight decay. The momentum buffer starts at zero every round.
+clipped to ``grad_clip`` in global 2-norm when > 0, then the SGD update with momentum
+(heavy-ball, or Nesterov's with ``nesterov``, as FedAlign's code) and weight decay. The
+momentum buffer starts at zero every round.
 
 Step k of K uses η_k = η·(s·(1 − k/K) + e·k/K), s = ``step_lr_start``, e = ``step_lr_end``:
 constant by default (s = e = 1); FedSWA's in-round decay from η to ρ·η (METHODS.md §1.4).
@@ -43,6 +44,7 @@ class LocalTrainingConfig:
     local_steps: int = 0
     step_lr_start: float = 1.0
     step_lr_end: float = 1.0
+    nesterov: bool = False
 
     def num_steps(self, num_examples: int) -> int:
         """K: ``local_steps`` when set, else ``local_epochs`` passes of ⌈n/B⌉ batches."""
@@ -93,26 +95,34 @@ def train_local(
     generator: torch.Generator,
     gradient_hooks: Sequence[Callable[[list[nn.Parameter]], None]] = (),
     objective: LocalObjective | None = None,
+    augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None,
 ) -> LocalTrainingResult:
     """Run local SGD on (x, y), which live on the model's device; return loss and steps.
 
     ``objective`` computes each batch's loss and gradient (default: cross-entropy); each
-    of ``gradient_hooks`` is then called with the parameters.
+    of ``gradient_hooks`` is then called with the parameters. ``augment`` (e.g.
+    clients/augmentation.py's crop and flip) transforms each batch of images with its own
+    generator, seeded by one draw from ``generator`` before the first batch.
     """
     objective = objective or LocalObjective()
     model.train()
     optimizer = torch.optim.SGD(
-        model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+        model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
+        nesterov=config.nesterov,
     )
     params = list(model.parameters())
     num_steps = config.num_steps(len(y))
     lrs = in_round_lrs(config.lr, num_steps, config.step_lr_start, config.step_lr_end)
+    augment_generator = None
+    if augment is not None:
+        augment_generator = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
     loss_sum = torch.zeros((), device=x.device)
     for step, batch in enumerate(batches(len(y), config.batch_size, num_steps, generator, x.device)):
         for group in optimizer.param_groups:
             group["lr"] = lrs[step]
         optimizer.zero_grad(set_to_none=True)
-        loss = objective.backward(model, x[batch], y[batch])
+        inputs = x[batch] if augment is None else augment(x[batch], augment_generator)
+        loss = objective.backward(model, inputs, y[batch])
         for hook in gradient_hooks:
             hook(params)
         if config.grad_clip > 0:

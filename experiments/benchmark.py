@@ -51,7 +51,7 @@ from flwr.app import RecordDict
 
 from clients.data import client_tensors
 from clients.local_round import LocalRound, round_randomness
-from clients.models import build_model, resolve_model_name
+from clients.models import build_run_model, resolve_model_name
 from clients.training import evaluate, select_device
 from experiments.launch import ClientResources, RunFailed, launch, load_preset, parse_overrides, resolve_config
 from partitions import load_dataset
@@ -92,12 +92,11 @@ def synchronize(device: torch.device) -> None:
 def run_bare(config: dict[str, Any]) -> BareRun:
     """The Flower run's client work, aggregation and evaluation, sequentially in this process."""
     device = select_device(config["device"])
-    data = load_dataset(config["dataset"], config["data-dir"])
+    data = load_dataset(config["dataset"], config["data-dir"], config["normalize"])
     x_test, y_test = data.x_test.to(device), data.y_test.to(device)
-    model_name = resolve_model_name(config["model"], config["dataset"])
     torch.manual_seed(config["seed"])  # the ServerApp's initial model
-    global_state = {k: v.to(device) for k, v in build_model(model_name, data.input_shape, data.num_classes).state_dict().items()}
-    model = build_model(model_name, data.input_shape, data.num_classes).to(device)
+    global_state = {k: v.to(device) for k, v in build_run_model(config, data.input_shape, data.num_classes).state_dict().items()}
+    model = build_run_model(config, data.input_shape, data.num_classes).to(device)
     schedule = build_client_schedule(config)
     sampler = CohortSampling()
     sampler.bind_partitions({p: p for p in range(config["num-clients"])}, cohort_size(config), config["seed"])
@@ -109,7 +108,7 @@ def run_bare(config: dict[str, Any]) -> BareRun:
     for server_round in range(1, config["num-rounds"] + 1):
         synchronize(device)
         started = time.perf_counter()
-        round_config = round_train_config(config, schedule, server_round)
+        round_config = round_train_config(config, schedule, server_round, data.black)
         round_config["server-round"] = server_round  # Flower's strategy adds it to every message
         content = RecordDict({"config": round_config})
         sums = {key: torch.zeros_like(value, dtype=torch.float32) for key, value in global_state.items()}

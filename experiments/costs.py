@@ -90,7 +90,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from clients import protocol
 from clients.local_round import LocalRound
-from clients.models import MODEL_NAMES, build_model
+from clients.models import MODEL_NAMES, build_model, uses_projection_head
 from clients.training import select_device
 from experiments.launch import parse_overrides, resolve_config
 from partitions.datasets import INPUT_SHAPES
@@ -285,14 +285,15 @@ def measure(method: str, config: Mapping[str, Any], model_name: str, input_shape
     if device.type == "cuda":
         torch.cuda.empty_cache()
     torch.manual_seed(config["seed"])
-    server_model = build_model(model_name, input_shape, num_classes)
+    projection_head = uses_projection_head(model_name, method)
+    server_model = build_model(model_name, input_shape, num_classes, projection_head)
     content = training_content(config, ArrayRecord(server_model.state_dict()))
     del server_model
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     # The client: its model on the device, loaded with the received weights (as the ClientApp).
-    model = build_model(model_name, input_shape, num_classes).to(device)
+    model = build_model(model_name, input_shape, num_classes, projection_head).to(device)
     model.load_state_dict(content["arrays"].to_torch_state_dict())
     data = torch.Generator().manual_seed(config["seed"])
     x = torch.randn(batch_size, *input_shape, generator=data).to(device)

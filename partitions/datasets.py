@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import gzip
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -35,7 +35,9 @@ INPUT_SHAPES = {"digits": (1, 8, 8), "fashion-mnist": (1, 28, 28), "cifar10": (3
 
 @dataclass(frozen=True)
 class TensorDataset:
-    """Train and test splits: images (N, C, H, W) float32, labels (N,) int64."""
+    """Train and test splits: images (N, C, H, W) float32, labels (N,) int64; ``black`` is
+    the value a black pixel has in each channel (0 for images scaled to [0, 1], −mean/std
+    once standardised), what crop augmentation pads with."""
 
     name: str
     x_train: torch.Tensor
@@ -43,6 +45,7 @@ class TensorDataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
+    black: tuple[float, ...] = ()
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -54,8 +57,22 @@ def is_known_dataset(name: str) -> bool:
 
 
 @lru_cache(maxsize=4)
-def load_dataset(name: str, data_dir: str = "") -> TensorDataset:
-    """Load a data set by name (cached per process: clients load it once)."""
+def load_dataset(name: str, data_dir: str = "", normalize: bool = True) -> TensorDataset:
+    """Load a data set by name (cached per process: clients load it once): images scaled to
+    [0, 1], then, with ``normalize``, standardised per channel with the training split's
+    mean and std (the IMA authors' Fashion-MNIST is only scaled: ``normalize = false``)."""
+    data = _load_scaled(name, data_dir)
+    if not normalize:
+        return replace(data, black=(0.0,) * data.input_shape[0])
+    dims = (0, 2, 3)
+    mean = data.x_train.mean(dim=dims, keepdim=True)
+    std = data.x_train.std(dim=dims, keepdim=True).clamp_min(1e-8)
+    black = tuple(float(v) for v in (-mean / std).flatten())
+    return replace(data, x_train=(data.x_train - mean) / std, x_test=(data.x_test - mean) / std, black=black)
+
+
+@lru_cache(maxsize=2)
+def _load_scaled(name: str, data_dir: str) -> TensorDataset:
     if name == "digits":
         return _load_digits()
     if name == "fashion-mnist":
@@ -67,14 +84,6 @@ def load_dataset(name: str, data_dir: str = "") -> TensorDataset:
     raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(BUILTIN_DATASETS)} or hf:<hub id>")
 
 
-def _normalize(x_train: torch.Tensor, x_test: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Standardize each channel with the training split's mean and std."""
-    dims = (0, 2, 3)
-    mean = x_train.mean(dim=dims, keepdim=True)
-    std = x_train.std(dim=dims, keepdim=True).clamp_min(1e-8)
-    return (x_train - mean) / std, (x_test - mean) / std
-
-
 def _load_digits() -> TensorDataset:
     from sklearn.datasets import load_digits
 
@@ -84,8 +93,7 @@ def _load_digits() -> TensorDataset:
     order = torch.from_numpy(np.random.default_rng(0).permutation(len(y)))
     num_test = len(y) // 5
     test, train = order[:num_test], order[num_test:]
-    x_train, x_test = _normalize(x[train], x[test])
-    return TensorDataset("digits", x_train, y[train], x_test, y[test], 10)
+    return TensorDataset("digits", x[train], y[train], x[test], y[test], 10)
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -121,7 +129,6 @@ def _load_fashion_mnist(directory: Path) -> TensorDataset:
     (xtr, ytr), (xte, yte) = arrays["train"], arrays["test"]
     x_train = torch.from_numpy(xtr.astype(np.float32) / 255.0).unsqueeze(1)
     x_test = torch.from_numpy(xte.astype(np.float32) / 255.0).unsqueeze(1)
-    x_train, x_test = _normalize(x_train, x_test)
     return TensorDataset(
         "fashion-mnist", x_train, torch.from_numpy(ytr.astype(np.int64)),
         x_test, torch.from_numpy(yte.astype(np.int64)), 10,
@@ -162,6 +169,5 @@ def load_hub_dataset(hub_id: str) -> TensorDataset:
 
     x_train, y_train = to_tensors(splits["train"])
     x_test, y_test = to_tensors(splits["test"])
-    x_train, x_test = _normalize(x_train, x_test)
     num_classes = features[label_key].num_classes
     return TensorDataset(f"hf:{hub_id}", x_train, y_train, x_test, y_test, num_classes)

@@ -29,6 +29,8 @@ RESIDUAL_ONLY = ("fedalign", "stochastic-depth", "gradaug")
 FEDSWA_VARIANTS = ("paper", "official-code")
 AVERAGING_NAMES = ("none", "ima", "wima", "swa")
 DEVICES = ("auto", "cpu", "cuda")
+# Local data augmentation: none, or random crop (padding 4) + horizontal flip (clients/augmentation.py).
+AUGMENTATIONS = ("none", "crop-flip")
 
 
 class ConfigError(ValueError):
@@ -71,6 +73,9 @@ SCHEMA: dict[str, Option] = {
     "lr-decay": Option(float, "a number in (0, 1] (client lr of round t is lr * lr-decay^(t-1))", lambda v: 0 < v <= 1),
     "momentum": Option(float, "a number in [0, 1)", lambda v: 0 <= v < 1),
     "weight-decay": Option(float, "a number >= 0", lambda v: v >= 0),
+    "nesterov": Option(bool, "true or false (Nesterov momentum in local SGD, as FedAlign's code; needs momentum > 0)"),
+    "augment": _one_of(*AUGMENTATIONS),
+    "normalize": Option(bool, "true or false (standardise each channel with the training split's mean and std; false: pixels in [0, 1])"),
     "grad-clip": Option(float, "a number >= 0 (max gradient norm; 0 = no clipping)", lambda v: v >= 0),
     "strategy": _one_of(*STRATEGY_NAMES),
     "server-lr": Option(float, "a number >= 0 (0 = the method's default: 0.01 for fedadam/fedyogi/fedadagrad, else 1; FedSWA's α)", lambda v: v >= 0),
@@ -154,6 +159,18 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"{config['strategy']!r}, which needs a residual network with width-slimmable stages; "
             f"allowed: {', '.join(SLIMMABLE_MODELS)}"
         )
+    if config["nesterov"] and config["momentum"] == 0:
+        raise ConfigError(
+            f"run config key 'nesterov' = true needs momentum > 0 (momentum = {config['momentum']}); "
+            f"allowed: nesterov = false, or momentum in (0, 1)"
+        )
+    if config["nesterov"] and config["strategy"] == "fednova":
+        raise ConfigError(
+            "run config key 'nesterov' = true cannot run strategy = 'fednova', whose normalisation ‖a_i‖₁ is "
+            "derived for heavy-ball momentum; allowed: nesterov = false with fednova"
+        )
+    if config["augment"] != "none" and len(INPUT_SHAPES.get(config["dataset"], (3, 32, 32))) != 3:
+        raise ConfigError(f"run config key 'augment' = {config['augment']!r} needs image inputs; allowed: 'none'")
     if round(config["participation"] * config["num-clients"]) < 1:
         raise ConfigError(
             f"run config key 'participation' = {config['participation']} samples no client out of "

@@ -131,7 +131,7 @@ class FedSwa(CohortSampling, FlowerFedAvg):
         official code, its optimizer settings (overriding the run config's)."""
         if self.variant == "paper":
             return {STEP_LR_START: 1.0, STEP_LR_END: self.rho, LOCAL_STEPS: 0}
-        optimizer = {"momentum": 0.0, "weight-decay": 1e-3, "grad-clip": 10.0}
+        optimizer = {"momentum": 0.0, "nesterov": False, "weight-decay": 1e-3, "grad-clip": 10.0}
         if self.momentum_control:
             return {STEP_LR_START: 1.0, STEP_LR_END: 1.0, LOCAL_STEPS: OFFICIAL_MOSWA_LOCAL_STEPS, **optimizer}
         return {STEP_LR_START: 2.0, STEP_LR_END: 0.0, LOCAL_STEPS: 0, **optimizer}

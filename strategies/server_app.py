@@ -15,6 +15,7 @@ from __future__ import annotations
 import secrets
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from clients import protocol
-from clients.models import build_model, resolve_model_name
+from clients.models import build_run_model
 from clients.state_store import CLIENT_STATE_DIR, discard_snapshots_after, remove_run_snapshots
 from clients.training import evaluate, select_device
 from clients.data import partition_indices
@@ -45,18 +46,26 @@ def output_directory(config: dict[str, Any], run_id: int) -> Path:
     return Path.home() / "basin-runs" / str(run_id)
 
 
-def round_train_config(config: dict[str, Any], schedule: ClientSchedule, server_round: int) -> ConfigRecord:
-    """What clients receive with round ``server_round`` (1-based)."""
+def round_train_config(
+    config: dict[str, Any], schedule: ClientSchedule, server_round: int, black: Sequence[float] = ()
+) -> ConfigRecord:
+    """What clients receive with round ``server_round`` (1-based); ``black`` is the data
+    set's standardised black pixel per channel (the crop's padding, when ``augment`` is on)."""
     lr, local_epochs = schedule(server_round)
-    return ConfigRecord({
+    entries = {
         "lr": lr,
         "local-epochs": local_epochs,
         "batch-size": config["batch-size"],
         "momentum": config["momentum"],
+        "nesterov": config["nesterov"],
         "weight-decay": config["weight-decay"],
         "grad-clip": config["grad-clip"],
+        "augment": config["augment"],
         "seed": config["seed"],
-    })
+    }
+    if config["augment"] != "none":
+        entries[protocol.AUGMENT_PAD] = [float(v) for v in black] or [0.0]
+    return ConfigRecord(entries)
 
 
 @app.main()
@@ -81,11 +90,11 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
     """Run all rounds (those after ``checkpoint``'s when given), writing one results row per
     round and a checkpoint every ``checkpoint-every`` rounds."""
     device = select_device(config["device"])
-    data = load_dataset(config["dataset"], config["data-dir"])
+    data = load_dataset(config["dataset"], config["data-dir"], config["normalize"])
     write_partition_statistics(config, data, recorder.directory)
     x_test, y_test = data.x_test.to(device), data.y_test.to(device)
     torch.manual_seed(config["seed"])
-    model = build_model(resolve_model_name(config["model"], config["dataset"]), data.input_shape, data.num_classes)
+    model = build_run_model(config, data.input_shape, data.num_classes)
     arrays = ArrayRecord(model.state_dict())
     model.to(device)
 
@@ -108,7 +117,7 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
     for server_round in range(first_round, config["num-rounds"] + 1):
         started = time.perf_counter()
         strategy.follow_rejoined_nodes(grid, config["round-timeout"])
-        train_config = round_train_config(config, schedule, server_round)
+        train_config = round_train_config(config, schedule, server_round, data.black)
         if snapshots:
             train_config.update({**snapshots, protocol.RESUMED_AFTER_ROUND: first_round - 1})
         replies = send_and_receive(

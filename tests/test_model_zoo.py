@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from clients.models import MODEL_NAMES, SLIMMABLE_MODELS, build_model, is_slimmable
+from clients.models import MODEL_NAMES, SLIMMABLE_MODELS, build_model, is_slimmable, uses_projection_head
 from clients.models.slimmable import SlimConv2d, SlimLinear, sliced_channels, slimmable_width
 
 
@@ -106,6 +106,7 @@ def test_residual_branches_start_switched_off():
     [
         ("resnet20-gn", resnet20_parameters),
         ("resnet56", resnet56_parameters),
+        ("resnet56-bn", resnet56_parameters),  # BN has GN's weight and bias per channel
         # kuangliu's 11,173,962 − fc(512,10) + head fc(512,128) + classifier fc(128,C)
         ("resnet18-gn", lambda c: 11_173_962 - fc(512, 10) + fc(512, 128) + fc(128, c)),
         ("vgg11-gn", vgg11_parameters),
@@ -114,6 +115,44 @@ def test_residual_branches_start_switched_off():
 def test_parameter_counts(name, expected, classes):
     model = build_model(name, (3, 32, 32), classes)
     assert sum(p.numel() for p in model.parameters()) == expected(classes)
+
+
+@pytest.mark.parametrize("name", ["resnet56", "resnet56-bn"])
+def test_moons_projection_head_on_resnet56_adds_two_256_wide_layers(name):
+    # FedAlign's code: p1 = Linear(256, 256), ReLU, p2 = Linear(256, 256), then fc(256, C).
+    model = build_model(name, (3, 32, 32), 100, projection_head=True)
+    assert sum(p.numel() for p in model.parameters()) == resnet56_parameters(100) + 2 * fc(256, 256)
+    assert model.represent(torch.randn(2, 3, 32, 32)).shape == (2, 256)
+    assert uses_projection_head(name, "moon") and not uses_projection_head(name, "fedavg")
+    assert not uses_projection_head("resnet18-gn", "moon")  # its MLP head is the projection already
+    with pytest.raises(ValueError, match="projection-head"):
+        build_model("resnet18-gn", (3, 32, 32), 10, projection_head=True)
+
+
+def test_resnet56_bn_keeps_float_running_statistics_of_the_full_width_only():
+    torch.manual_seed(0)
+    model = build_model("resnet56-bn", (3, 32, 32), 100)
+    state = model.state_dict()
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    # running mean and var per channel of every BN, nothing else (no integer batch counter).
+    buffers = sum(t.numel() for k, t in state.items() if "running" in k)
+    assert buffers == 2 * sum(m.num_features for m in norms)
+    assert all(t.is_floating_point() for t in state.values())
+    # Not zero-initialised (the authors' zero_init_residual=False): every branch is on.
+    assert all(float(block.last_norm.weight.min()) == 1.0 for block in model.residual_blocks())
+    model.train()
+    last = model.stages[-1]
+    before = {k: v.clone() for k, v in last.state_dict().items()}
+    f = torch.randn(4, 128, 16, 16)
+    with slimmable_width(last, 0.25):
+        last(f[:, :32])  # the slim pass: batch statistics, nothing stored
+    assert all(torch.equal(before[k], v) for k, v in last.state_dict().items())
+    last(f)  # the full pass updates the running statistics
+    assert not torch.equal(before["0.gn1.running_mean"], last.state_dict()["0.gn1.running_mean"])
+    model.eval()  # evaluation at a reduced width still normalises with the batch's statistics
+    with slimmable_width(last, 0.25):
+        out = last[0].gn1(torch.randn(4, 16, 8, 8) * 5 + 3)
+    assert abs(float(out.mean())) < 1e-5
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)

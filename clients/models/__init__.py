@@ -4,23 +4,31 @@ method giving the representation fed to it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from torch import nn
 
 from clients.models.cnn import cifar_cnn, fmnist_cnn
 from clients.models.mlp import Mlp
-from clients.models.resnet import resnet18_gn, resnet20_gn, resnet56
+from clients.models.resnet import resnet18_gn, resnet20_gn, resnet56, resnet56_bn
 from clients.models.slimmable import StagedNet
 from clients.models.vgg import vgg11_gn
 
-MODEL_NAMES = ("mlp", "fmnist-cnn", "cifar-cnn", "resnet20-gn", "resnet56", "resnet18-gn", "vgg11-gn")
+MODEL_NAMES = ("mlp", "fmnist-cnn", "cifar-cnn", "resnet20-gn", "resnet56", "resnet56-bn", "resnet18-gn", "vgg11-gn")
 # Models that are StagedNet instances whose stages can run at a reduced width.
-SLIMMABLE_MODELS = ("resnet20-gn", "resnet56", "resnet18-gn")
+SLIMMABLE_MODELS = ("resnet20-gn", "resnet56", "resnet56-bn", "resnet18-gn")
+# Models without an MLP head, which MOON gives its two-layer projection head (FedAlign's code).
+PROJECTION_HEAD_MODELS = ("resnet56", "resnet56-bn")
 # The model a data set gets when the run config says model = "auto".
 DEFAULT_MODEL = {"digits": "mlp", "fashion-mnist": "fmnist-cnn", "cifar10": "cifar-cnn", "cifar100": "cifar-cnn"}
 # The input shape each fixed-architecture model needs.
 REQUIRED_INPUT = {"fmnist-cnn": (1, 28, 28), "cifar-cnn": (3, 32, 32)}
 # Builders of the models that take any (C, H, W) input with H, W >= MIN_SIDE (adaptive pooling).
-_ANY_SIZE = {"resnet20-gn": resnet20_gn, "resnet56": resnet56, "resnet18-gn": resnet18_gn, "vgg11-gn": vgg11_gn}
+_ANY_SIZE = {
+    "resnet20-gn": resnet20_gn, "resnet56": resnet56, "resnet56-bn": resnet56_bn, "resnet18-gn": resnet18_gn,
+    "vgg11-gn": vgg11_gn,
+}
 # The smallest side the embedded 8×8 digits have; the strided stages need at least that.
 MIN_SIDE = 8
 
@@ -36,8 +44,24 @@ def is_slimmable(model: nn.Module) -> bool:
     return isinstance(model, StagedNet)
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """Build a freshly initialised model (callers seed torch for reproducible weights)."""
+def uses_projection_head(model: str, strategy: str) -> bool:
+    """MOON on FedAlign's ResNet-56 trains it with a two-layer projection head (the other
+    models' MLP heads already play that role)."""
+    return strategy == "moon" and model in PROJECTION_HEAD_MODELS
+
+
+def build_run_model(run_config: Mapping[str, Any], input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The model a run config names (``model``, resolved for ``dataset``, with MOON's head
+    where :func:`uses_projection_head`)."""
+    name = resolve_model_name(str(run_config["model"]), str(run_config["dataset"]))
+    return build_model(name, input_shape, num_classes, uses_projection_head(name, str(run_config["strategy"])))
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, projection_head: bool = False) -> nn.Module:
+    """Build a freshly initialised model (callers seed torch for reproducible weights);
+    ``projection_head`` only for :data:`PROJECTION_HEAD_MODELS`."""
+    if projection_head and name not in PROJECTION_HEAD_MODELS:
+        raise ValueError(f"model {name!r} has no projection-head variant; allowed: {', '.join(PROJECTION_HEAD_MODELS)}")
     required = REQUIRED_INPUT.get(name)
     if required is not None and tuple(input_shape) != required:
         raise ValueError(f"model {name!r} needs inputs of shape {required}, the data set has {tuple(input_shape)}")
@@ -53,5 +77,6 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
                 f"model {name!r} needs image inputs (C, H, W) with H, W >= {MIN_SIDE}, "
                 f"the data set has {tuple(input_shape)}"
             )
-        return _ANY_SIZE[name](num_classes, in_channels=input_shape[0])
+        extra = {"projection": True} if projection_head else {}
+        return _ANY_SIZE[name](num_classes, in_channels=input_shape[0], **extra)
     raise ValueError(f"unknown model {name!r}; allowed: {', '.join(MODEL_NAMES)}")

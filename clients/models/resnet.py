@@ -7,7 +7,10 @@
 - ResNet-20-GN as used by WIMA (Caldarola, Caputo, Ciccone), with He et al.'s
   parameter-free "option A" shortcuts.
 - ResNet-56 with Bottleneck blocks [6, 6, 6] (planes 16/32/64, 256 output features) as in
-  FedAlign (Mendieta et al., CVPR 2022) and the FedML code it builds on.
+  FedAlign (Mendieta et al., CVPR 2022) and the FedML code it builds on; ``resnet56-bn`` is
+  the authors' own BatchNorm network (slimmable BN for the slim pass, no zero-initialised
+  residual branches: their ``zero_init_residual=False``), and MOON's variant of it adds their
+  two-layer projection head FC(256,256)–ReLU–FC(256,256) before the classifier.
 - ResNet-18-GN with the CIFAR stem (3×3 conv, no max-pool) and an FC(512,128) head.
 
 Every convolution is a :class:`SlimConv2d`, so any stage (FedAlign slims the last one) or the
@@ -21,13 +24,19 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import stochastic_depth
 
-from clients.models.slimmable import SlimConv2d, SlimGroupNorm, SlimLinear, StagedNet
+from collections.abc import Callable
+
+from clients.models.slimmable import SlimBatchNorm2d, SlimConv2d, SlimGroupNorm, SlimLinear, StagedNet
+
+Norm = Callable[[int], nn.Module]
 
 
-def _conv_gn(in_channels: int, out_channels: int, kernel_size: int, stride: int = 1) -> list[nn.Module]:
-    # bias=False: the GroupNorm that follows has its own shift, as in the papers' ResNets.
+def _conv_gn(
+    in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, norm: Norm = SlimGroupNorm
+) -> list[nn.Module]:
+    # bias=False: the norm that follows has its own shift, as in the papers' ResNets.
     conv = SlimConv2d(in_channels, out_channels, kernel_size, stride, padding=kernel_size // 2, bias=False)
-    return [conv, SlimGroupNorm(out_channels)]
+    return [conv, norm(out_channels)]
 
 
 def _zero_pad_shortcut(x: torch.Tensor, stride: int, channels: int, front: int) -> torch.Tensor:
@@ -49,7 +58,7 @@ class _ResidualBlock(nn.Module):
 
     expansion = 1  # output channels / planes
 
-    def __init__(self, in_channels: int, out_channels: int, stride: int, zero_pad_shortcut: bool):
+    def __init__(self, in_channels: int, out_channels: int, stride: int, zero_pad_shortcut: bool, norm: Norm):
         super().__init__()
         # Probability of dropping the residual branch in training (Stochastic Depth,
         # Huang et al., ECCV 2016); set per block by the method that uses it.
@@ -62,7 +71,7 @@ class _ResidualBlock(nn.Module):
         self.zero_pad_front = (out_channels - in_channels) // 2
         self.shortcut: nn.Module | None = None
         if reshapes and not zero_pad_shortcut:
-            self.shortcut = nn.Sequential(*_conv_gn(in_channels, out_channels, 1, stride))
+            self.shortcut = nn.Sequential(*_conv_gn(in_channels, out_channels, 1, stride, norm))
 
     def branch(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -83,17 +92,19 @@ class _ResidualBlock(nn.Module):
 class BasicBlock(_ResidualBlock):
     """3×3 conv–GN–ReLU–3×3 conv–GN plus shortcut (He et al. 2016, Fig. 2 left)."""
 
-    def __init__(self, in_channels: int, planes: int, stride: int = 1, zero_pad_shortcut: bool = False):
-        super().__init__(in_channels, planes, stride, zero_pad_shortcut)
-        self.conv1, self.gn1 = _conv_gn(in_channels, planes, 3, stride)
-        self.conv2, self.gn2 = _conv_gn(planes, planes, 3)
+    def __init__(
+        self, in_channels: int, planes: int, stride: int = 1, zero_pad_shortcut: bool = False, norm: Norm = SlimGroupNorm
+    ):
+        super().__init__(in_channels, planes, stride, zero_pad_shortcut, norm)
+        self.conv1, self.gn1 = _conv_gn(in_channels, planes, 3, stride, norm)
+        self.conv2, self.gn2 = _conv_gn(planes, planes, 3, 1, norm)
 
     def branch(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.gn1(self.conv1(x)))
         return self.gn2(self.conv2(out))
 
     @property
-    def last_norm(self) -> nn.GroupNorm:
+    def last_norm(self) -> nn.Module:
         return self.gn2
 
 
@@ -103,11 +114,13 @@ class Bottleneck(_ResidualBlock):
 
     expansion = 4
 
-    def __init__(self, in_channels: int, planes: int, stride: int = 1, zero_pad_shortcut: bool = False):
-        super().__init__(in_channels, planes * self.expansion, stride, zero_pad_shortcut)
-        self.conv1, self.gn1 = _conv_gn(in_channels, planes, 1)
-        self.conv2, self.gn2 = _conv_gn(planes, planes, 3, stride)
-        self.conv3, self.gn3 = _conv_gn(planes, planes * self.expansion, 1)
+    def __init__(
+        self, in_channels: int, planes: int, stride: int = 1, zero_pad_shortcut: bool = False, norm: Norm = SlimGroupNorm
+    ):
+        super().__init__(in_channels, planes * self.expansion, stride, zero_pad_shortcut, norm)
+        self.conv1, self.gn1 = _conv_gn(in_channels, planes, 1, 1, norm)
+        self.conv2, self.gn2 = _conv_gn(planes, planes, 3, stride, norm)
+        self.conv3, self.gn3 = _conv_gn(planes, planes * self.expansion, 1, 1, norm)
 
     def branch(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.gn1(self.conv1(x)))
@@ -115,12 +128,17 @@ class Bottleneck(_ResidualBlock):
         return self.gn3(self.conv3(out))
 
     @property
-    def last_norm(self) -> nn.GroupNorm:
+    def last_norm(self) -> nn.Module:
         return self.gn3
 
 
 def _stages(
-    block: type[_ResidualBlock], in_channels: int, planes: list[int], depths: list[int], zero_pad: bool = False
+    block: type[_ResidualBlock],
+    in_channels: int,
+    planes: list[int],
+    depths: list[int],
+    zero_pad: bool = False,
+    norm: Norm = SlimGroupNorm,
 ) -> list[nn.Module]:
     """One nn.Sequential per stage; the first block of every stage but the first halves
     the spatial size."""
@@ -129,17 +147,22 @@ def _stages(
         blocks = []
         for position in range(depth):
             stride = 2 if index > 0 and position == 0 else 1
-            blocks.append(block(in_channels, width, stride, zero_pad))
+            blocks.append(block(in_channels, width, stride, zero_pad, norm))
             in_channels = width * block.expansion
         stages.append(nn.Sequential(*blocks))
     return stages
 
 
-def _stem(in_channels: int, channels: int) -> nn.Sequential:
-    return nn.Sequential(*_conv_gn(in_channels, channels, 3), nn.ReLU())
+def _stem(in_channels: int, channels: int, norm: Norm = SlimGroupNorm) -> nn.Sequential:
+    return nn.Sequential(*_conv_gn(in_channels, channels, 3, 1, norm), nn.ReLU())
 
 
-def _init(model: StagedNet) -> StagedNet:
+def projection_head(features: int) -> nn.Sequential:
+    """MOON's two-layer projection head in FedAlign's ResNet-56: FC–ReLU–FC, features wide."""
+    return nn.Sequential(SlimLinear(features, features), nn.ReLU(), SlimLinear(features, features))
+
+
+def _init(model: StagedNet, zero_init_residual: bool = True) -> StagedNet:
     # He (fan-out) initialisation of the convolutions, as torchvision's and FedML's ResNets;
     # GroupNorm starts as the identity (weight 1, bias 0) by default, except the last norm of
     # each residual branch, which starts at 0 (torchvision's zero_init_residual; Goyal et al.
@@ -148,8 +171,9 @@ def _init(model: StagedNet) -> StagedNet:
     for module in model.modules():
         if isinstance(module, nn.Conv2d):
             nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-    for block in model.residual_blocks():
-        nn.init.zeros_(block.last_norm.weight)
+    if zero_init_residual:
+        for block in model.residual_blocks():
+            nn.init.zeros_(block.last_norm.weight)
     return model
 
 
@@ -159,11 +183,21 @@ def resnet20_gn(num_classes: int, in_channels: int = 3) -> StagedNet:
     return _init(StagedNet(_stem(in_channels, 16), stages, nn.Identity(), SlimLinear(64, num_classes)))
 
 
-def resnet56(num_classes: int, in_channels: int = 3) -> StagedNet:
+def resnet56(num_classes: int, in_channels: int = 3, projection: bool = False) -> StagedNet:
     """FedAlign's ResNet-56: Bottleneck [6, 6, 6], planes 16/32/64 (256 output features),
-    projection shortcuts, GroupNorm."""
+    projection shortcuts, GroupNorm; ``projection``: MOON's two-layer projection head."""
     stages = _stages(Bottleneck, 16, [16, 32, 64], [6, 6, 6])
-    return _init(StagedNet(_stem(in_channels, 16), stages, nn.Identity(), SlimLinear(64 * 4, num_classes)))
+    head = projection_head(64 * 4) if projection else nn.Identity()
+    return _init(StagedNet(_stem(in_channels, 16), stages, head, SlimLinear(64 * 4, num_classes)))
+
+
+def resnet56_bn(num_classes: int, in_channels: int = 3, projection: bool = False) -> StagedNet:
+    """FedAlign's ResNet-56 as the authors ran it: BatchNorm (slimmable for the slim pass),
+    residual branches not zero-initialised; ``projection``: MOON's two-layer head."""
+    stages = _stages(Bottleneck, 16, [16, 32, 64], [6, 6, 6], norm=SlimBatchNorm2d)
+    head = projection_head(64 * 4) if projection else nn.Identity()
+    model = StagedNet(_stem(in_channels, 16, SlimBatchNorm2d), stages, head, SlimLinear(64 * 4, num_classes))
+    return _init(model, zero_init_residual=False)
 
 
 def resnet18_gn(num_classes: int, in_channels: int = 3) -> StagedNet:

@@ -5,10 +5,11 @@ A layer run at width ``w`` < 1 uses the first channels of its full-width weight 
 Yu & Huang, ICCV 2019) and in the sub-networks of GradAug (Yang et al., NeurIPS 2020)
 and FedAlign (Mendieta et al., CVPR 2022), whose code builds on those layers.
 Normalisation is GroupNorm with 2 groups (Wu & He, ECCV 2018) instead of BatchNorm,
-as every model of METHODS.md §4.
+as every model of METHODS.md §4, except FedAlign's own BatchNorm ResNet-56
+(:class:`SlimBatchNorm2d`, the authors' slimmable BN).
 
-Only :class:`SlimConv2d` chooses its output width; :class:`SlimGroupNorm` and
-:class:`SlimLinear` follow the channel count of their input. :class:`StagedNet` is the
+Only :class:`SlimConv2d` chooses its output width; :class:`SlimGroupNorm`,
+:class:`SlimBatchNorm2d` and :class:`SlimLinear` follow the channel count of their input. :class:`StagedNet` is the
 layout of the slimmable networks (the ResNets of ``resnet.py``): stem, stages, head,
 classifier.
 
@@ -79,6 +80,30 @@ class SlimGroupNorm(nn.GroupNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = x.shape[1]
         return F.group_norm(x, self.num_groups, self.weight[:c], self.bias[:c], self.eps)
+
+
+class SlimBatchNorm2d(nn.BatchNorm2d):
+    """BatchNorm whose affine parameters are sliced to the input's channels, with the
+    authors' "universally slimmable" BN semantics (FedAlign's ``USBatchNorm2d``): at full
+    width it keeps and uses running statistics; at a reduced width it always normalises
+    with the batch's own statistics and updates nothing (one set of running statistics,
+    the full network's, as in FedAlign's and GradAug's code).
+
+    ``num_batches_tracked`` is not kept (the momentum is fixed at 0.1, so it is never read):
+    every array of the state dict is a float that averaging over clients keeps meaningful.
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1):
+        super().__init__(num_features, eps, momentum)
+        self.register_buffer("num_batches_tracked", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = x.shape[1]
+        if c == self.num_features:
+            return F.batch_norm(
+                x, self.running_mean, self.running_var, self.weight, self.bias, self.training, self.momentum, self.eps
+            )
+        return F.batch_norm(x, None, None, self.weight[:c], self.bias[:c], True, 0.0, self.eps)
 
 
 class SlimLinear(nn.Linear):
