@@ -26,7 +26,7 @@ def crop_flip(
 ) -> torch.Tensor:
     """A randomly cropped (after ``padding`` on each side) and flipped copy of ``x`` (B, C, H, W).
 
-    ``pad_value`` is one value per channel (C,). Draws, in this order, from ``generator``:
+    ``pad_value`` is one value per channel (C,), or one for all. Draws, in this order, from ``generator``:
     the row offsets (B), the column offsets (B) and the flip bits (B).
     """
     batch, channels, height, width = x.shape
@@ -38,7 +38,7 @@ def crop_flip(
     padded = F.pad(x, (padding, padding, padding, padding))
     frame = torch.ones(1, 1, height, width, device=x.device, dtype=x.dtype)
     border = 1 - F.pad(frame, (padding, padding, padding, padding))
-    padded = padded + border * pad_value.to(device=x.device, dtype=x.dtype).view(1, channels, 1, 1)
+    padded = padded + border * pad_value.to(device=x.device, dtype=x.dtype).view(1, -1, 1, 1)
     row_index = rows[:, None] + torch.arange(height, device=x.device)  # (B, H)
     col_steps = torch.arange(width, device=x.device)
     # A flipped crop reads its columns right to left: column w of the output is w' = W − 1 − w.

@@ -17,7 +17,9 @@ and every measured step is ``LocalRound.train`` on synthetic data (random inputs
 loaded). The number of measured steps is set through the round config's own
 ``local-steps`` key. ``--set KEY=VALUE`` overrides run-config keys for every method (e.g.
 ``prox-mu``, ``fedalign-width``, ``gradaug-min-width``). Method names: any strategy of
-strategies/config.py, plus ``gradaug-n<k>`` (GradAug with ``gradaug-subnets = k``).
+strategies/config.py, plus ``gradaug-n<k>`` (GradAug with ``gradaug-subnets = k``), each
+optionally with ``+crop-flip`` (``augment = crop-flip``: what the on-device random crop
+and flip of clients/augmentation.py add to a step).
 FedAvg is always measured, first, as the reference of the ratio columns.
 
 Columns (one row per method):
@@ -98,7 +100,8 @@ from strategies.config import DEVICES, STRATEGY_NAMES, ConfigError
 from strategies.registry import build_client_schedule, build_strategy
 from strategies.server_app import round_train_config
 
-DEFAULT_METHODS = "fedavg,fedprox,scaffold,moon,fedsam,gradaug-n1,gradaug-n2,fedalign"
+DEFAULT_METHODS = "fedavg,fedavg+crop-flip,fedprox,scaffold,moon,fedsam,gradaug-n1,gradaug-n2,fedalign"
+AUGMENTED = "+crop-flip"
 REFERENCE = "fedavg"
 GRADAUG_VARIANT = re.compile(r"gradaug-n(\d+)")
 NODE_ID = 1000  # the one client of the benchmark's cohort
@@ -111,14 +114,18 @@ class UsageError(ValueError):
 
 # -- methods and their run configs ---------------------------------------------------------
 def method_overrides(method: str) -> dict[str, Any]:
-    """Run-config keys of a method name: a strategy name, or ``gradaug-n<k>``."""
+    """Run-config keys of a method name: a strategy name, or ``gradaug-n<k>``, optionally
+    followed by ``+crop-flip`` (the same with on-device crop and flip augmentation)."""
+    if method.endswith(AUGMENTED):
+        return {**method_overrides(method.removesuffix(AUGMENTED)), "augment": "crop-flip"}
     variant = GRADAUG_VARIANT.fullmatch(method)
     if variant and int(variant.group(1)) >= 1:
         return {"strategy": "gradaug", "gradaug-subnets": int(variant.group(1))}
     if method in STRATEGY_NAMES:
         return {"strategy": method}
     raise UsageError(
-        f"--methods: unknown method {method!r}; allowed: {', '.join(STRATEGY_NAMES)}, or gradaug-n<k> with k >= 1"
+        f"--methods: unknown method {method!r}; allowed: {', '.join(STRATEGY_NAMES)}, or gradaug-n<k> with k >= 1, "
+        f"each optionally followed by {AUGMENTED}"
     )
 
 

@@ -22,6 +22,7 @@ from clients.objectives.moon import Moon, contrastive_loss
 from clients.objectives.sam import SharpnessAware
 from clients.objectives.stochastic_depth import StochasticDepth, drop_rates
 from clients.protocol import FEDDYN_CLIENT_GRADIENT, MOON_PREVIOUS_MODEL, MOSWA_CLIENT_CONTROL
+from clients.local_round import training_config
 from clients.training import LocalObjective, LocalTrainingConfig, in_round_lrs, train_local
 from strategies.fedswa import FedSwa, moswa_control_update
 
@@ -60,6 +61,18 @@ def test_local_steps_and_in_round_lrs_drive_the_optimizer():
     assert result.num_steps == 3
     assert result.lr_sum == pytest.approx(0.24)
     assert model.weight.item() == pytest.approx(0.9 * 0.92 * 0.94)
+
+
+@pytest.mark.parametrize("nesterov, expected", [(False, 0.72), (True, 0.5751)])
+def test_nesterov_momentum_by_hand(nesterov, expected):
+    # L = ½w², w = 1, η = 0.1, β = 0.9. Heavy ball: 0.9, then b = 0.9 + 0.9 = 1.8 → 0.72.
+    # Nesterov (g + β·b): b = 1, w = 1 − 0.1·1.9 = 0.81; b = 0.9 + 0.81 = 1.71, w = 0.81 − 0.1·(0.81 + 1.539).
+    round_config = {"lr": 0.1, "local-epochs": 1, "batch-size": 1, "momentum": 0.9, "weight-decay": 0.0,
+                    "grad-clip": 0.0, "nesterov": nesterov, "local-steps": 2}
+    model = _linear([1.0])
+    x, y = torch.zeros(2, 1), torch.zeros(2, dtype=torch.long)
+    train_local(model, x, y, training_config(round_config), torch.Generator().manual_seed(0), objective=_HalfSquaredNorm())
+    assert model.weight.item() == pytest.approx(expected)
 
 
 def test_fedmoswa_client_control_by_hand():
