@@ -24,7 +24,8 @@ from typing import Any
 
 from experiments.ray_cluster import check_ray_address
 from strategies.checkpoint import read_checkpoint
-from strategies.config import validate_run_config
+from partitions.feasibility import check_partition
+from strategies.config import ConfigError, validate_run_config
 
 APP_DIR = Path(__file__).resolve().parents[1]
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
@@ -94,11 +95,17 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
 
 
 def resolve_config(*layers: Mapping[str, Any]) -> dict[str, Any]:
-    """Defaults, then each layer of overrides, validated (raises ConfigError)."""
+    """Defaults, then each layer of overrides, validated, and its partition built once on
+    the data set's labels (raises ConfigError: before Flower starts, not in every client)."""
     config = default_run_config()
     for layer in layers:
         config.update(layer)
-    return validate_run_config(config)
+    config = validate_run_config(config)
+    try:
+        check_partition(config)
+    except ValueError as error:
+        raise ConfigError(f"run config keys 'partition', 'alpha', 'num-clients', 'min-partition-size': {error}") from None
+    return config
 
 
 def _toml_value(value: Any) -> str:

@@ -22,12 +22,13 @@ def build_partitioner(
     alpha: float = 0.5,
     classes_per_client: int = 2,
     min_partition_size: int = 10,
+    balance: bool = False,
 ) -> LabelPartitioner:
     """The partitioner of a scheme named in the run config (``partition`` key)."""
     if scheme == "iid":
         return IidPartitioner(num_partitions, seed=seed)
     if scheme == "dirichlet":
-        return DirichletPartitioner(num_partitions, alpha, min_partition_size, seed=seed)
+        return DirichletPartitioner(num_partitions, alpha, min_partition_size, balance, seed=seed)
     if scheme == "shards":
         return ShardPartitioner(num_partitions, classes_per_client, seed=seed)
     raise ValueError(f"unknown partition scheme {scheme!r}; allowed: {', '.join(PARTITION_SCHEMES)}")

@@ -63,6 +63,7 @@ SCHEMA: dict[str, Option] = {
     "partition": _one_of(*PARTITION_SCHEMES),
     "alpha": Option(float, "a number >= 0 (Dirichlet concentration; 0 = one class per client)", lambda v: v >= 0),
     "classes-per-client": Option(int, "an integer >= 1", lambda v: v >= 1),
+    "dirichlet-balance": Option(bool, "true or false (NIID-Bench/FedLab rule: a client holding >= N/K samples gets no share of later classes)"),
     "min-partition-size": Option(int, "an integer >= 0", lambda v: v >= 0),
     "num-clients": Option(int, "an integer >= 1", lambda v: v >= 1),
     "participation": Option(float, "a number in (0, 1]", lambda v: 0 < v <= 1),

@@ -28,6 +28,7 @@ from clients.state_store import CLIENT_STATE_DIR, discard_snapshots_after, remov
 from clients.training import evaluate, select_device
 from clients.data import partition_indices
 from partitions import class_count_table, load_dataset, plot_class_counts
+from partitions.feasibility import partition_settings
 from strategies.averaging import ModelAveraging
 from strategies.checkpoint import CHECKPOINT_FILE, CLIENT_STATE_METHODS, read_checkpoint, restore_checkpoint, write_checkpoint
 from strategies.exchange import send_and_receive
@@ -177,10 +178,7 @@ def client_state_snapshots(config: dict[str, Any], directory: Path, run_token: s
 
 def write_partition_statistics(config: dict[str, Any], data, directory: Path) -> None:
     """partition.csv (class counts per client) and partition.png: the heterogeneity to look at."""
-    indices = partition_indices(
-        config["dataset"], config["data-dir"], config["partition"], config["num-clients"], config["seed"],
-        config["alpha"], config["classes-per-client"], config["min-partition-size"],
-    )
+    indices = partition_indices(config["dataset"], config["data-dir"], partition_settings(config))
     table = class_count_table(data.y_train.numpy(), list(indices), data.num_classes)
     table.to_csv(directory / "partition.csv")
     title = f"{config['dataset']}: {config['partition']} partition of {config['num-clients']} clients"

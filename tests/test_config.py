@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from experiments.launch import default_run_config, load_preset, parse_overrides, resolve_config
+from experiments.launch import PRESETS_DIR, default_run_config, load_preset, parse_overrides, resolve_config
 from strategies.config import SCHEMA, ConfigError, validate_run_config
 
 BAD_VALUES = [
@@ -105,12 +105,33 @@ def test_presets_are_valid():
 
 def test_issue_4_presets_match_the_papers_setups():
     fedalign = resolve_config(load_preset("fedalign-cifar100"))
-    assert (fedalign["model"], fedalign["alpha"], fedalign["num-clients"], fedalign["participation"]) == ("resnet56", 0.5, 16, 1.0)
+    assert (fedalign["model"], fedalign["alpha"], fedalign["num-clients"], fedalign["participation"]) == ("resnet56-bn", 0.5, 16, 1.0)
     assert (fedalign["local-epochs"], fedalign["num-rounds"], fedalign["fedalign-mu"], fedalign["fedalign-width"]) == (20, 25, 0.45, 0.25)
+    assert (fedalign["nesterov"], fedalign["prox-mu"], fedalign["augment"]) == (True, 1e-4, "crop-flip")
     for alpha in (0.1, 0.3, 0.6):
         fedswa = resolve_config(load_preset(f"fedswa-cifar100-dir{alpha}"))
         assert (fedswa["dataset"], fedswa["model"], fedswa["alpha"]) == ("cifar100", "resnet18-gn", alpha)
         assert (fedswa["num-clients"], fedswa["participation"], fedswa["local-epochs"], fedswa["batch-size"]) == (100, 0.1, 5, 50)
+        assert (fedswa["num-rounds"], fedswa["augment"]) == (1000, "crop-flip")  # the paper's Table 3 horizon
+    assert resolve_config(load_preset("fedswa-cifar100-dir0.1-short"))["num-rounds"] == 300
+    for name in ("ima-fmnist-dir0.1", "ima-fmnist-shards"):  # the IMA authors' data pipeline
+        ima = resolve_config(load_preset(name))
+        assert (ima["normalize"], ima["dirichlet-balance"], ima["augment"]) == (False, True, "none")
+
+
+@pytest.mark.parametrize("path", sorted(PRESETS_DIR.glob("*.toml")), ids=lambda p: p.stem)
+def test_every_preset_resolves_and_its_partition_can_be_built(path):
+    # resolve_config builds the partition on the data set's labels (synthetic class counts
+    # where the data is not local) and raises ConfigError when it cannot be built.
+    config = resolve_config(load_preset(path.stem))
+    assert config["augment"] == ("crop-flip" if config["dataset"].startswith("cifar") else "none")
+
+
+def test_infeasible_partitions_are_refused_before_flower_starts_naming_the_setting():
+    with pytest.raises(ConfigError, match=r"Dirichlet\(alpha=0.05\) over num-clients = 500 with min-partition-size = 10"):
+        resolve_config({"num-clients": 500, "participation": 0.1, "alpha": 0.05})
+    with pytest.raises(ConfigError, match="classes-per-client = 20 on digits, which has 10 classes"):
+        resolve_config({"partition": "shards", "classes-per-client": 20})
 
 
 @pytest.mark.parametrize("strategy", ["fedalign", "gradaug", "stochastic-depth"])

@@ -105,3 +105,22 @@ def test_class_count_figure(labels, tmp_path):
     assert table.shape == (10, 11)
     path = plot_class_counts(table, tmp_path / "counts.png")
     assert path.stat().st_size > 1000
+
+
+def test_dirichlet_balance_rule_by_hand():
+    # Class sizes 8 and 4 over K = 2 clients, cap N/K = 6. Class 0 with p = (0.9, 0.1):
+    # cuts ⌊(7.2, 8)⌋ → 7 and 1 samples. Client 0 now holds 7 ≥ 6, so for class 1 its
+    # proportion is 0 and client 1 takes all 4 (without the rule: p = (0.5, 0.5) → 2 and 2).
+    proportions = np.array([[[0.9, 0.1], [0.5, 0.5]]])
+    sizes = np.array([8, 4])
+    balanced = DirichletPartitioner(2, alpha=1.0, balance=True)._split_counts(proportions, sizes)
+    plain = DirichletPartitioner(2, alpha=1.0)._split_counts(proportions, sizes)
+    assert balanced[0].tolist() == [[7, 1], [0, 4]]
+    assert plain[0].tolist() == [[7, 1], [2, 2]]
+
+
+def test_ima_setting_dirichlet_0_05_over_100_clients_is_feasible_with_the_balance_rule():
+    labels = np.repeat(np.arange(10), 6000)  # Fashion-MNIST's class counts
+    parts = DirichletPartitioner(100, alpha=0.05, min_partition_size=10, balance=True, seed=0).assign(labels)
+    assert min(len(p) for p in parts) >= 10
+    assert sorted(np.concatenate(parts).tolist()) == list(range(len(labels)))

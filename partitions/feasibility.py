@@ -1,0 +1,79 @@
+"""Whether a run config's partition can be built, checked before Flower starts.
+
+A partition that cannot be built (Dirichlet draws that never give every client its
+minimum, more shards than samples, a class count the scheme cannot serve) would
+otherwise fail inside every client process after Flower and Ray have started. The
+launcher and the sweep validation build it here first, on the data set's real labels
+where they are on this machine (digits; Fashion-MNIST's label file), and otherwise on
+synthetic labels with the data set's class counts (CIFAR-10: 10 × 5 000; CIFAR-100:
+100 × 500; Fashion-MNIST without its files: 10 × 6 000). Hub sets of other names are
+not checked (their class counts are not known before loading them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from partitions.datasets import FASHION_MNIST_DEFAULT_DIR, load_dataset, read_idx
+from partitions.stats import build_partitioner
+
+# Training-split class counts of the built-in sets: (classes, samples per class).
+CLASS_COUNTS = {"fashion-mnist": (10, 6000), "cifar10": (10, 5000), "cifar100": (100, 500)}
+
+
+def partition_labels(dataset: str, data_dir: str) -> np.ndarray | None:
+    """The training labels to partition: real where local, synthetic with the right class
+    counts otherwise, None when unknown."""
+    if dataset == "digits":
+        return load_dataset("digits").y_train.numpy()
+    if dataset == "fashion-mnist":
+        directory = Path(data_dir) if data_dir else FASHION_MNIST_DEFAULT_DIR
+        for name in ("train-labels-idx1-ubyte", "train-labels-idx1-ubyte.gz"):
+            if (directory / name).is_file():
+                return read_idx(directory / name).astype(np.int64)
+    if dataset in CLASS_COUNTS:
+        classes, per_class = CLASS_COUNTS[dataset]
+        return np.repeat(np.arange(classes), per_class)
+    return None
+
+
+def partition_settings(config: Mapping[str, Any]) -> tuple:
+    """The run-config values a partition depends on, in :func:`build_partitioner`'s order
+    after the scheme: (scheme, K, seed, alpha, classes-per-client, min size, balance)."""
+    return (
+        str(config["partition"]), int(config["num-clients"]), int(config["seed"]), float(config["alpha"]),
+        int(config["classes-per-client"]), int(config["min-partition-size"]), bool(config["dirichlet-balance"]),
+    )
+
+
+def check_partition(config: Mapping[str, Any]) -> None:
+    """Raise ValueError naming the setting when the config's partition cannot be built."""
+    _check(str(config["dataset"]), str(config["data-dir"]), partition_settings(config))
+
+
+@lru_cache(maxsize=64)
+def _check(dataset: str, data_dir: str, settings: tuple) -> None:
+    labels = partition_labels(dataset, data_dir)
+    if labels is None:
+        return
+    scheme, num_clients, seed, alpha, classes_per_client, min_size, balance = settings
+    classes = len(np.unique(labels))
+    if scheme == "shards" and classes_per_client > classes:
+        raise ValueError(
+            f"partition = 'shards' with classes-per-client = {classes_per_client} on {dataset}, which has "
+            f"{classes} classes; allowed: classes-per-client <= {classes}"
+        )
+    try:
+        build_partitioner(*settings).assign(labels)
+    except ValueError as error:
+        what = {"dirichlet": f"Dirichlet(alpha={alpha}){' with balance' if balance else ''}",
+                "shards": f"#C = {classes_per_client} shards", "iid": "IID"}[scheme]
+        raise ValueError(
+            f"{what} over num-clients = {num_clients} with min-partition-size = {min_size} cannot be built "
+            f"on {dataset} ({len(labels)} training samples): {error}"
+        ) from None
