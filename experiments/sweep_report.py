@@ -83,10 +83,11 @@ def _value(v: object) -> str:
 
 
 def setting_label(row: pd.Series, keys: Iterable[str]) -> str:
-    """Human-readable setting: partitions in paper notation, other keys as key=value."""
+    """Human-readable setting: the partition in paper notation (always: a sweep on one
+    partition still says which, e.g. ``#C=2``), other varied keys as key=value."""
     keys = list(keys)
     parts = []
-    if "partition" in row and any(k in keys for k in PARTITION_KEYS):
+    if "partition" in row:
         notation = {"dirichlet": f"Dir({_value(row.get('alpha'))})",
                     "shards": f"#C={_value(row.get('classes-per-client'))}", "iid": "IID"}
         parts.append(notation.get(row["partition"], str(row["partition"])))

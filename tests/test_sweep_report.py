@@ -139,7 +139,7 @@ def test_window_and_start_ablations(tmp_path):
     assert "fedavg+ima (window=3, avg-start=0.5)" in accuracy_table(results).index
     write_sweep(tmp_path / "sweep", results)
     names = {p.name for p in write_report(tmp_path / "sweep", tmp_path / "out")}
-    assert {"window-ablation.png", "rounds-to-target-vs-start.png", "curves-all.png"} <= names
+    assert {"window-ablation.png", "rounds-to-target-vs-start.png", "curves-dir-0.1.png"} <= names
     assert (tmp_path / "out" / "window-ablation.png").stat().st_size > 1000
     assert not any(n.startswith("gain-vs-") for n in names)
 
@@ -164,3 +164,9 @@ def test_load_sweep_falls_back_to_csv_without_curves(tmp_path):
     results, curves = load_results(tmp_path)
     assert len(results) == 17 and list(curves.columns) == ["run", "round"] and curves.empty
     assert accuracy_table(results).loc["fedavg+ima", "Dir(0.1)"] == "64.00 ± 2.00 (+3.00)"
+
+
+def test_a_single_partition_is_still_named():
+    rows = [run_row(j, acc=acc, strategy="fedavg", averaging=averaging, seed=0, partition="shards",
+                    **{"classes-per-client": 2}) for j, (averaging, acc) in enumerate([("none", 0.7), ("ima", 0.72)])]
+    assert list(accuracy_table(pd.DataFrame(rows)).columns) == ["#C=2"]
