@@ -10,8 +10,15 @@ With Δ_i = w − w_i the update of client i in cohort S and p_i = n_i/Σ_j n_j:
     w^{t+1} = w^t − η_s·(mask ⊙ Σ_i p_i·Δ_i)
 
 Server lr η_s defaults to 1: GMA is a drop-in replacement for FedAvg's aggregation,
-whose server step is 1, and mask ≡ 1 (ε = 0) then gives FedAvg exactly. The IMA authors'
-code runs FedGMA with η_s = 1e-4; pass ``server_learning_rate=1e-4`` to reproduce that.
+whose server step is 1, and mask ≡ 1 (ε = 0) then gives FedAvg exactly.
+
+What the IMA authors' η = 1e-4 means (their utils/aggregator.py, ``agg_mode == 'gma'``):
+the new model is the FMA model w_FMA minus 1e-4·mask_i ⊙ (w_i − w)/|S| — and since the
+loop resets the model to w_FMA for every client, only the last client's term remains. So
+their "FedGMA" is the FMA up to a correction of relative size 1e-4: in effect FedAvg. The
+same number as Basin's η_s would scale the *whole* masked step and leave the model almost
+where it was. The IMA sweeps therefore run FedGMA with η_s = 1 (the masked FedAvg of the
+GMA paper); ``server-lr`` sets another value.
 
 Differences: the agreement is a plain count over clients (each client one vote, not
 weighted by n_i), and a coordinate a client left unchanged (sign 0) counts against
