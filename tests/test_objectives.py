@@ -330,3 +330,10 @@ def test_gradaug_without_distillation_is_plain_cross_entropy():
     model.zero_grad()
     loss = GradAug(2, 0.8, 1.75, np.random.default_rng(0)).backward(model, x, y)
     assert loss.item() > F.cross_entropy(model(x), y).item()  # plus the sub-networks' KL terms
+
+
+def test_gradaug_always_trains_the_smallest_width_widest_first():
+    assert GradAug(1, 0.8, 1.75, np.random.default_rng(0)).subnet_widths() == [0.8]
+    widths = GradAug(3, 0.8, 1.75, np.random.default_rng(0)).subnet_widths()
+    drawn = sorted(np.random.default_rng(0).uniform(0.8, 1.0, 2).tolist(), reverse=True)
+    assert widths == [*drawn, 0.8]

@@ -1,11 +1,16 @@
 """GradAug (Yang, Ma, Zhou, Huang, NeurIPS 2020), a local regularizer of the FedAlign study.
 
 Per batch: the full network is trained with CE on the labels; then n sub-networks — the
-first ⌈ω·C⌉ channels of every layer, ω ~ U(ω_b, 1), ω_b = 0.8, sharing the weights —
-each see the batch at a random lower resolution and are trained to match the full
-network's (detached) soft predictions: μ·KL(p_full ‖ p_sub), μ = 1.75 for n = 2
-(METHODS.md §2.1). Gradients of the n + 1 passes accumulate before the one SGD step.
-Resolutions: the input size scaled by one of 1, 0.875, 0.75 (GradAug's CIFAR set 32/28/24).
+first ⌈ω·C⌉ channels of every layer, sharing the weights — each see the batch at a random
+resolution and are trained to match the full network's (detached) soft predictions:
+μ·KL(p_full ‖ p_sub), μ = 1.75 for n = 2. Gradients of the n + 1 passes accumulate
+before the one SGD step.
+
+Widths as in GradAug's and FedAlign's code (the "sandwich rule"): the smallest width
+ω_b = 0.8 is always one of the n, the other n − 1 are drawn from U(ω_b, 1), and they run
+from the widest to the narrowest. Resolutions: the input size scaled by one of 1, 0.875,
+0.75 (GradAug's CIFAR set 32/28/24), drawn per sub-network; bilinear with
+``align_corners=True`` as in the authors' code.
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ class GradAug(LocalObjective):
         self.mu = mu
         self.rng = rng
 
+    def subnet_widths(self) -> list[float]:
+        """ω_b and n − 1 draws from U(ω_b, 1), widest first."""
+        drawn = [float(w) for w in self.rng.uniform(self.min_width, 1.0, self.num_subnets - 1)]
+        return sorted([self.min_width, *drawn], reverse=True)
+
     def backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if not isinstance(model, StagedNet):
             raise TypeError(f"GradAug needs a width-slimmable network, got {type(model).__name__}")
@@ -36,11 +46,10 @@ class GradAug(LocalObjective):
         loss.backward()
         target = F.softmax(logits.detach(), dim=1)
         total = loss.detach()
-        for _ in range(self.num_subnets):
-            width = float(self.rng.uniform(self.min_width, 1.0))
+        for width in self.subnet_widths():
             scale = RESOLUTION_SCALES[int(self.rng.integers(len(RESOLUTION_SCALES)))]
             size = [max(1, round(s * scale)) for s in x.shape[2:]]
-            x_sub = x if scale == 1.0 else F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+            x_sub = x if scale == 1.0 else F.interpolate(x, size=size, mode="bilinear", align_corners=True)
             with slimmable_width(model, width):
                 sub_logits = model(x_sub)
             distillation = self.mu * F.kl_div(F.log_softmax(sub_logits, dim=1), target, reduction="batchmean")
