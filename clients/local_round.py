@@ -81,13 +81,15 @@ class LocalRound:
         self.hooks = []
         if float(self.round_config.get("proximal-mu", 0.0)) > 0:
             self.hooks.append(proximal_hook(model, float(self.round_config["proximal-mu"])))
+        self.post_clip_hooks = []
+        control_hooks = self.post_clip_hooks if self.round_config.get(protocol.CONTROL_AFTER_CLIP, False) else self.hooks
         self.controls = {}
         for server_key, (state_key, _, _, delta_reference) in CONTROL_VARIATES.items():
             if server_key in content:
                 self.controls[server_key] = ControlVariateClient(
                     model, content[server_key], state, state_key, delta_reference
                 )
-                self.hooks.append(self.controls[server_key].hook)
+                control_hooks.append(self.controls[server_key].hook)
         self.feddyn = None
         if protocol.FEDDYN_ALPHA in self.round_config:
             self.feddyn = FedDynClient(model, float(self.round_config[protocol.FEDDYN_ALPHA]), state)
@@ -96,7 +98,7 @@ class LocalRound:
     def train(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator) -> LocalTrainingResult:
         return train_local(
             model, x, y, training_config(self.round_config), generator, self.hooks, self.objective,
-            batch_augmentation(self.round_config),
+            batch_augmentation(self.round_config), self.post_clip_hooks,
         )
 
     def finish(self, model: nn.Module, result: LocalTrainingResult) -> tuple[dict[str, float], dict[str, ArrayRecord]]:

@@ -96,6 +96,7 @@ def train_local(
     gradient_hooks: Sequence[Callable[[list[nn.Parameter]], None]] = (),
     objective: LocalObjective | None = None,
     augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None,
+    post_clip_hooks: Sequence[Callable[[list[nn.Parameter]], None]] = (),
 ) -> LocalTrainingResult:
     """Run local SGD on (x, y), which live on the model's device; return loss and steps.
 
@@ -103,6 +104,8 @@ def train_local(
     of ``gradient_hooks`` is then called with the parameters. ``augment`` (e.g.
     clients/augmentation.py's crop and flip) transforms each batch of images with its own
     generator, seeded by one draw from ``generator`` before the first batch.
+    ``post_clip_hooks`` run after gradient clipping (FedMoSWA's official code adds its
+    control-variate correction there).
     """
     objective = objective or LocalObjective()
     model.train()
@@ -127,6 +130,8 @@ def train_local(
             hook(params)
         if config.grad_clip > 0:
             nn.utils.clip_grad_norm_(params, config.grad_clip)
+        for hook in post_clip_hooks:
+            hook(params)
         optimizer.step()
         loss_sum += loss
     return LocalTrainingResult(float(loss_sum) / max(num_steps, 1), num_steps, len(y), sum(lrs))

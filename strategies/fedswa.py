@@ -21,7 +21,9 @@ K = 50 local steps (``LOCAL_STEPS``), clients reply with c_i⁺ (``MOSWA_NEW_CON
 the server control is an EMA, m ← 0.6·m + 0.4·mean_i c_i⁺ (:func:`official_control_update`;
 γ is unused there, the code fixes it to 0.4); the model update w += lg·mean(Δw), lg = 1,
 is the same α-step, taken with ``server_step``. The code's local optimizer is sent too:
-plain SGD (momentum 0), weight decay 1e-3, grad-norm clip 10. Its cosine round lr is the
+plain SGD (momentum 0), weight decay 1e-3, grad-norm clip 10; its MoFedSWA clips the
+gradient first and then adds the correction m − c_i (``CONTROL_AFTER_CLIP``; the paper
+and SCAFFOLD correct the gradient before any clipping). Its cosine round lr is the
 client schedule's (strategies/registry.py selects it for this variant).
 
 Differences: v_t is the uniform mean of the cohort's models, as in Algorithm 1, not
@@ -37,6 +39,7 @@ import numpy as np
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from clients.protocol import (
+    CONTROL_AFTER_CLIP,
     LOCAL_STEPS,
     MOSWA_DELTA_CONTROL,
     MOSWA_NEW_CONTROL,
@@ -133,7 +136,10 @@ class FedSwa(CohortSampling, FlowerFedAvg):
             return {STEP_LR_START: 1.0, STEP_LR_END: self.rho, LOCAL_STEPS: 0}
         optimizer = {"momentum": 0.0, "nesterov": False, "weight-decay": 1e-3, "grad-clip": 10.0}
         if self.momentum_control:
-            return {STEP_LR_START: 1.0, STEP_LR_END: 1.0, LOCAL_STEPS: OFFICIAL_MOSWA_LOCAL_STEPS, **optimizer}
+            return {
+                STEP_LR_START: 1.0, STEP_LR_END: 1.0, LOCAL_STEPS: OFFICIAL_MOSWA_LOCAL_STEPS,
+                CONTROL_AFTER_CLIP: True, **optimizer,
+            }
         return {STEP_LR_START: 2.0, STEP_LR_END: 0.0, LOCAL_STEPS: 0, **optimizer}
 
     def configure_train(self, server_round, arrays, config, grid):

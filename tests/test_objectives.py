@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from flwr.app import RecordDict
+from flwr.app import ConfigRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
@@ -22,7 +22,8 @@ from clients.objectives.moon import Moon, contrastive_loss
 from clients.objectives.sam import SharpnessAware
 from clients.objectives.stochastic_depth import StochasticDepth, drop_rates
 from clients.protocol import FEDDYN_CLIENT_GRADIENT, MOON_PREVIOUS_MODEL, MOSWA_CLIENT_CONTROL
-from clients.local_round import training_config
+from clients import protocol
+from clients.local_round import LocalRound, training_config
 from clients.training import LocalObjective, LocalTrainingConfig, in_round_lrs, train_local
 from strategies.fedswa import FedSwa, moswa_control_update
 
@@ -337,3 +338,25 @@ def test_gradaug_always_trains_the_smallest_width_widest_first():
     widths = GradAug(3, 0.8, 1.75, np.random.default_rng(0)).subnet_widths()
     drawn = sorted(np.random.default_rng(0).uniform(0.8, 1.0, 2).tolist(), reverse=True)
     assert widths == [*drawn, 0.8]
+
+
+@pytest.mark.parametrize("after_clip, expected", [(False, [-4 / math.sqrt(32), -4 / math.sqrt(32)]), (True, [-1.6, -0.8])])
+def test_official_fedmoswa_adds_its_correction_after_clipping(after_clip, expected):
+    # g = ∇½‖w − (−3, −4)‖²… at w = 0 is (3, 4) (norm 5); correction m − c_i = (1, 0); clip 1, lr 1.
+    # Before clipping (paper, SCAFFOLD): clip((4, 4)) = (4, 4)/√32. After (official code): (0.6, 0.8) + (1, 0).
+    class _Pull(LocalObjective):
+        def backward(self, model, x, y):
+            loss = 0.5 * ((model.weight - torch.tensor([[-3.0, -4.0]])) ** 2).sum()
+            loss.backward()
+            return loss.detach()
+
+    model = _linear([0.0, 0.0])
+    content = RecordDict({
+        "config": ConfigRecord({"lr": 1.0, "local-epochs": 1, "batch-size": 1, "momentum": 0.0, "weight-decay": 0.0,
+                                "grad-clip": 1.0, "local-steps": 1, protocol.CONTROL_AFTER_CLIP: after_clip}),
+        protocol.MOSWA_SERVER_CONTROL: _record({"weight": [[1.0, 0.0]]}),
+    })
+    local_round = LocalRound(model, content, RecordDict(), np.random.default_rng(0))
+    local_round.objective = _Pull()
+    local_round.train(model, torch.zeros(1, 2), torch.zeros(1, dtype=torch.long), torch.Generator().manual_seed(0))
+    assert model.weight.flatten().tolist() == pytest.approx(expected)

@@ -235,7 +235,8 @@ def test_fedgma_round_through_messages():
     [
         ("paper", False, {protocol.STEP_LR_START: 1.0, protocol.STEP_LR_END: 0.25, protocol.LOCAL_STEPS: 0}),
         ("official-code", False, {protocol.STEP_LR_START: 2.0, protocol.STEP_LR_END: 0.0, protocol.LOCAL_STEPS: 0}),
-        ("official-code", True, {protocol.STEP_LR_START: 1.0, protocol.STEP_LR_END: 1.0, protocol.LOCAL_STEPS: 50}),
+        ("official-code", True, {protocol.STEP_LR_START: 1.0, protocol.STEP_LR_END: 1.0, protocol.LOCAL_STEPS: 50,
+                                 protocol.CONTROL_AFTER_CLIP: True}),
     ],
 )
 def test_fedswa_config_entries(variant, momentum_control, settings):
