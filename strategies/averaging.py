@@ -11,7 +11,10 @@ averages of the global models the base produces — never of its own outputs:
   unless ``feedback=True``. Optionally only the feature extractor or only the classifier
   is averaged (their Table 5); the other parameters are the base model's.
 - **Server SWA** (Caldarola et al. 2022; §1.3): from the start round on, at the end of
-  each lr cycle of length c: w_SWA ← (n·w_SWA + w)/(n + 1); evaluation-only.
+  each lr cycle of length c: w_SWA ← (n·w_SWA + w)/(n + 1); evaluation-only. The
+  authors' code (``swa-variant = official-code``, built in strategies/registry.py) samples
+  instead after rounds S + c, S + 2c, … of its start round S: the first round of each
+  cycle in the lr schedule's phase, with the first sample c rounds after the start.
 
 The component's state (window, running average, counters) lives here and round-trips
 through :meth:`state_dict` / :meth:`load_state_dict` for checkpoints. Because the round
@@ -72,8 +75,10 @@ class ModelAveraging(Strategy):
     feedback : bool
         Send the average to the clients (IMA) instead of the base model (WIMA, SWA).
     sample_every : int
-        Sample the base model when ``(round − 1) mod sample_every == sample_every − 1``
-        (SWA: the end of each lr cycle); 1 samples every round.
+        Sample the base model when ``(round − sample_phase) mod sample_every == 0``
+        (SWA: the end of each lr cycle, round ≡ 0 mod c); 1 samples every round.
+    sample_phase : int
+        The round that sampling is in step with (0: rounds c, 2c, …).
     subset : str
         'all', 'features' (all but the classifier) or 'classifier': which parameters are
         averaged; the others are taken from the newest base model.
@@ -88,6 +93,7 @@ class ModelAveraging(Strategy):
         start_round: int,
         feedback: bool,
         sample_every: int = 1,
+        sample_phase: int = 0,
         subset: str = "all",
         classifier_prefix: str = "classifier.",
     ) -> None:
@@ -104,6 +110,7 @@ class ModelAveraging(Strategy):
         self.start_round = start_round
         self.feedback = feedback
         self.sample_every = sample_every
+        self.sample_phase = sample_phase
         self.subset = subset
         self.classifier_prefix = classifier_prefix
         self.window: deque[dict[str, np.ndarray]] = deque(maxlen=window_size)
@@ -126,8 +133,8 @@ class ModelAveraging(Strategy):
         return max(1, self.start_round - self.window_size + 1)
 
     def is_sampled(self, server_round: int) -> bool:
-        on_cycle_end = (server_round - 1) % self.sample_every == self.sample_every - 1
-        return server_round >= self.first_sampled_round() and on_cycle_end
+        in_step = (server_round - self.sample_phase) % self.sample_every == 0
+        return server_round >= self.first_sampled_round() and in_step
 
     def is_active(self, server_round: int) -> bool:
         """Whether the round's output includes an average."""

@@ -107,6 +107,7 @@ SCHEMA: dict[str, Option] = {
     "avg-subset": _one_of(*AVERAGING_SUBSETS),
     "ima-exploration": _one_of(*EXPLORATIONS),
     "ima-decay": Option(float, "a number in (0, 1] (client lr factor per round after t_s)", lambda v: 0 < v <= 1),
+    "swa-variant": _one_of("paper", "official-code"),
     "swa-cycle": Option(int, "an integer >= 1 (SWA lr cycle length in rounds)", lambda v: v >= 1),
     "seed": Option(int, "an integer >= 0", lambda v: v >= 0),
     "target-accuracy": Option(float, "a number in [0, 1]", lambda v: 0 <= v <= 1),

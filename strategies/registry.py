@@ -93,9 +93,14 @@ def build_strategy(config: Mapping[str, Any]) -> Strategy:
             base, config["window"], config["window"], feedback=config["avg-feedback"], subset=config["avg-subset"]
         )
     if averaging == "swa":
-        return ModelAveraging(
-            base, None, start, feedback=False, sample_every=config["swa-cycle"], subset=config["avg-subset"]
-        )
+        cycle = config["swa-cycle"]
+        if config["swa-variant"] == "official-code":
+            # fedsam's models/main.py: update after rounds i > s with (i − s) mod c = 0.
+            return ModelAveraging(
+                base, None, start + cycle, feedback=False, sample_every=cycle, sample_phase=start,
+                subset=config["avg-subset"],
+            )
+        return ModelAveraging(base, None, start, feedback=False, sample_every=cycle, subset=config["avg-subset"])
     return base
 
 

@@ -89,6 +89,26 @@ def test_swa_running_average_at_cycle_ends():
     assert swa.num_averaged == 3
 
 
+def test_swa_official_code_samples_c_rounds_after_its_start_in_the_starts_phase():
+    # fedsam's main.py with 0-based i, s = 2 (Basin round 3), c = 2: updates after i = 4, 6
+    # (rounds 5, 7), the first with weight 1/(0 + 1) = 1: the SWA model is that round's model.
+    from experiments.launch import resolve_config
+    from strategies.registry import build_strategy
+
+    config = resolve_config({"averaging": "swa", "avg-start": 3, "swa-cycle": 2, "swa-variant": "official-code",
+                             "num-rounds": 8})
+    swa = build_strategy(config)
+    assert [r for r in range(1, 9) if swa.is_sampled(r)] == [5, 7]
+    swa.base = ScriptedBase()
+    averages = []
+    for r in range(1, 9):
+        swa.aggregate_train(r, model(float(r)))
+        averages.append(None if swa.averaged_arrays is None else to_numpy(swa.averaged_arrays)["features.w"][0])
+    assert averages == [None, None, None, None, 5.0, 5.0, 6.0, 6.0]
+    paper = build_strategy({**config, "swa-variant": "paper"})
+    assert [r for r in range(1, 9) if paper.is_sampled(r)] == [4, 6, 8]  # ends of the lr cycles
+
+
 def _request(node_id):
     return Message(content=RecordDict({"config": ConfigRecord()}), dst_node_id=node_id, message_type=MessageType.TRAIN)
 
