@@ -7,7 +7,8 @@ IMA's "mild client exploration" from the start round t_s on (METHODS.md §1.1):
 - ``exponential`` (paper and code, default): lr_t = lr_{t_s} · d^(t − t_s), d = 0.97;
 - ``constant``: lr_t = 5e-5;
 - ``cyclic``: linear decay from 1e-2 to 5e-5 over each block of 20 rounds, repeated;
-- ``epoch``: the base lr, and one local epoch fewer every 20 rounds (at least one);
+- ``epoch``: the base lr, and one local epoch fewer every 20 rounds, the first 20 rounds
+  after t_s (at least one);
 - ``none``: the base schedule.
 
 Server SWA (§1.3) from its start round s on, cycle length c, with t = round − 1:
@@ -64,4 +65,6 @@ class ClientSchedule:
             position = since % CYCLE_ROUNDS
             return CYCLIC_HIGH - (CYCLIC_HIGH - CYCLIC_LOW) * position / (CYCLE_ROUNDS - 1), self.local_epochs
         # epoch decay
-        return self.base_lr(server_round), max(1, self.local_epochs - 1 - since // EPOCH_DECAY_ROUNDS)
+        # The IMA code ("ED"): E −= 1 when t − t_s is a positive multiple of 20, so the first
+        # epoch goes 20 rounds after t_s.
+        return self.base_lr(server_round), max(1, self.local_epochs - since // EPOCH_DECAY_ROUNDS)

@@ -210,7 +210,8 @@ def test_ima_exploration_and_swa_schedules():
     cyclic = ClientSchedule(**base, exploration="cyclic", exploration_start=11)
     assert cyclic(11)[0] == pytest.approx(1e-2) and cyclic(30)[0] == pytest.approx(5e-5) and cyclic(31)[0] == pytest.approx(1e-2)
     epoch = ClientSchedule(**base, exploration="epoch", exploration_start=11)
-    assert [epoch(r)[1] for r in (10, 11, 30, 31, 200)] == [5, 4, 4, 3, 1]
+    # The IMA code: E −= 1 at t − t_s = 20, 40, … (not already at t_s).
+    assert [epoch(r)[1] for r in (10, 11, 30, 31, 50, 51, 200)] == [5, 5, 5, 4, 4, 3, 1]
     swa = ClientSchedule(lr=0.1, decay=1.0, local_epochs=1, swa_start=11, swa_cycle=10)
     # t = round − 1; τ = ((t mod 10) + 1)/10; lr = (1 − τ)·0.1 + τ·0.001
     assert swa(11)[0] == pytest.approx(0.9 * 0.1 + 0.1 * 0.001)
