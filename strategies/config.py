@@ -82,6 +82,7 @@ SCHEMA: dict[str, Option] = {
     "server-lr": Option(float, "a number >= 0 (0 = the method's default: 0.01 for fedadam/fedyogi/fedadagrad, else 1; FedSWA's α)", lambda v: v >= 0),
     "server-momentum": Option(float, "a number in [0, 1) (FedAvgM's beta; FedOpt's beta_1)", lambda v: 0 <= v < 1),
     "beta-2": Option(float, "a number in [0, 1) (FedAdam/FedYogi second moment)", lambda v: 0 <= v < 1),
+    "fedadam-bias-correction": Option(bool, "true or false (Flower's Adam bias correction of FedAdam's step; false: Reddi et al.'s Algorithm 2)"),
     "tau": Option(float, "a number > 0 (FedOpt adaptivity)", lambda v: v > 0),
     "prox-mu": Option(float, "a number >= 0 (FedProx proximal weight)", lambda v: v >= 0),
     "feddyn-alpha": Option(float, "a number > 0 (FedDyn's α)", lambda v: v > 0),

@@ -50,6 +50,8 @@ def build_base_strategy(config: Mapping[str, Any]) -> Strategy:
         return FedAvgM(**common, server_learning_rate=server_lr, server_momentum=config["server-momentum"])
     if name in FEDOPT_CLASSES:
         moments = {} if name == "fedadagrad" else {"beta_1": config["server-momentum"], "beta_2": config["beta-2"]}
+        if name == "fedadam":
+            moments["bias_correction"] = config["fedadam-bias-correction"]
         return FEDOPT_CLASSES[name](**common, eta=server_lr, eta_l=config["lr"], tau=config["tau"], **moments)
     if name == "fednova":
         return FedNova(**common)

@@ -11,6 +11,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from clients import protocol
 from strategies.checkpoint import load_checkpoint, save_checkpoint
 from strategies.feddyn import FedDyn, feddyn_server_update
+from strategies.fedopt import FedAdam
 from strategies.fedgma import FedGMA, fedgma_update, gma_mask
 from clients.training import momentum_a_norm
 from strategies.fednova import FedNova, fednova_aggregate
@@ -293,3 +294,20 @@ def test_fedmoswa_requires_the_variants_control_record():
     replies = _replies(strategy, _configure(strategy), extra={protocol.MOSWA_DELTA_CONTROL: _delta_control})
     with pytest.raises(ValueError, match=protocol.MOSWA_NEW_CONTROL):
         strategy.aggregate_train(1, replies)
+
+
+# -- FedAdam -------------------------------------------------------------------------------
+@pytest.mark.parametrize("bias_correction", [False, True])
+def test_fedadam_round_one_by_hand(bias_correction):
+    # Δ = w_FMA − w; m = 0.1·Δ; v = 0.01·Δ²; paper: w + η·m/(√v + τ) = w + η·0.1Δ/(0.1|Δ| + τ).
+    # Flower multiplies η by √(1 − 0.99²)/(1 − 0.9²) in round 1.
+    strategy = _bound(FedAdam(**COMMON, eta=0.1, eta_l=0.1, beta_1=0.9, beta_2=0.99, tau=1e-3,
+                              bias_correction=bias_correction))
+    arrays, _ = strategy.aggregate_train(1, _replies(strategy, _configure(strategy)))
+    cohort = strategy.sample_partitions(1)
+    weights = np.array([10.0 * (p + 1) for p in cohort])
+    fma = sum(w * _client_model(p).astype(np.float64) for w, p in zip(weights, cohort)) / weights.sum()
+    delta = fma - GLOBAL
+    eta = 0.1 * (np.sqrt(1 - 0.99**2) / (1 - 0.9**2) if bias_correction else 1.0)
+    expected = GLOBAL + eta * 0.1 * delta / (np.sqrt(0.01 * delta**2) + 1e-3)
+    np.testing.assert_allclose(arrays["w"].numpy(), expected, rtol=1e-5)
