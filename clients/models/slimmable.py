@@ -97,6 +97,12 @@ class SlimBatchNorm2d(nn.BatchNorm2d):
         super().__init__(num_features, eps, momentum)
         self.register_buffer("num_batches_tracked", None)
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args) -> None:
+        # BatchNorm's own loader treats a state dict without version metadata (one rebuilt
+        # from a Flower ArrayRecord) as pre-1.0 and inserts a num_batches_tracked entry,
+        # which this layer does not have: load it as a plain module instead.
+        nn.Module._load_from_state_dict(self, state_dict, prefix, local_metadata, *args)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = x.shape[1]
         if c == self.num_features:
