@@ -199,3 +199,15 @@ seed = [0]
     assert "(+" in (report / "accuracy-table.md").read_text() or "(-" in (report / "accuracy-table.md").read_text()
     for figure in ["gain-vs-alpha.png", "curves-dir-0.1.png", "curves-dir-1.png"]:
         assert (report / figure).stat().st_size > 1000
+
+
+def test_ima_methods_sweeps_cover_ima_table_1_with_the_papers_settings():
+    for name in ("ima-fmnist-methods", "ima-cifar10"):
+        sweep = load_sweep(SWEEPS_DIR / f"{name}.toml")
+        strategies = {run.config["strategy"] for run in sweep.runs}
+        assert strategies == {"fedavg", "fedprox", "fedasam", "fednova", "fedadam", "fedyogi", "fedgma"}
+        assert {run.config["averaging"] for run in sweep.runs} == {"none", "ima"}
+        assert {run.config["prox-mu"] for run in sweep.runs} == {0.01}
+        assert {run.config["server-lr"] for run in sweep.runs} == {0.0}  # FedGMA η_s = 1, FedAdam/Yogi 0.01
+    cifar = load_sweep(SWEEPS_DIR / "ima-cifar10.toml")
+    assert {(run.config["augment"], run.config["normalize"]) for run in cifar.runs} == {("crop-flip", True)}
