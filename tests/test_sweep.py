@@ -73,6 +73,9 @@ method = [{strategy = "fedavg"}, {strategy = "fedavg", seed = 0}]
         ("[grid]\nalpha = [0.1, -1.0]\n", ConfigError, "run alpha=-1.0: .*'alpha' = -1.0"),
         ("[grid]\nstrategy = ['fedavg', 'fedavgg']\n", ConfigError, "'strategy' = 'fedavgg'.*allowed"),
         ("[grid]\nseed = [0, 0]\n", SweepError, "repeats a value"),
+        # An infeasible partition cell is refused at validation, naming the run, α, K and the minimum.
+        ("[set]\nparticipation = 0.1\n[grid]\nnum-clients = [10, 500]\n", ConfigError,
+         r"run num-clients=500: .*Dirichlet\(alpha=0.3\) over num-clients = 500 with min-partition-size = 10"),
     ],
 )
 def test_bad_sweep_files_are_refused_naming_the_key(tmp_path, text, error, match):
