@@ -43,28 +43,58 @@ def class_count_table(labels: np.ndarray, indices: list[np.ndarray], num_classes
     return table
 
 
-def plot_class_counts(table: pd.DataFrame, path: Path, title: str = "") -> Path:
-    """A stacked bar per client of its class counts (how heterogeneous the split is)."""
+# Up to this many classes the figure is stacked bars with one legend entry per class; beyond
+# it, a heat map (clients × classes) with a colour bar.
+MAX_LEGEND_CLASSES = 20
+
+
+def class_counts_figure(table: pd.DataFrame, title: str = ""):
+    """The figure of a class-count table: stacked bars per client with the legend outside
+    the axes (≤ 20 classes), or a heat map of samples per client and class; integer client
+    ticks; the title wrapped to the figure's width. Returns the matplotlib Figure."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     class_columns = [c for c in table.columns if c.startswith("class-")]
-    width = min(max(6.0, 0.12 * len(table) + 2), 24.0)
-    fig, ax = plt.subplots(figsize=(width, 4))
-    bottom = np.zeros(len(table))
-    colors = plt.get_cmap("tab20" if len(class_columns) > 10 else "tab10")
-    for i, column in enumerate(class_columns):
-        values = table[column].to_numpy()
-        ax.bar(table.index, values, bottom=bottom, width=0.9, color=colors(i % colors.N), label=column)
-        bottom += values
+    clients = table.index.to_numpy()
+    width = min(max(7.0, 0.1 * len(table) + 4), 20.0)
+    fig, ax = plt.subplots(figsize=(width, 4.8), layout="constrained")
+    if len(class_columns) <= MAX_LEGEND_CLASSES:
+        colors = plt.get_cmap("tab20" if len(class_columns) > 10 else "tab10")
+        bottom = np.zeros(len(table))
+        for i, column in enumerate(class_columns):
+            values = table[column].to_numpy()
+            ax.bar(clients, values, bottom=bottom, width=0.9, color=colors(i % colors.N),
+                   label=column.removeprefix("class-"))
+            bottom += values
+        ax.set_ylabel("samples")
+        ax.set_xlim(clients.min() - 0.6, clients.max() + 0.6)
+        ax.set_ylim(0, 1.05 * bottom.max())
+        fig.legend(title="class", loc="outside right upper", fontsize="small", ncols=1 if len(class_columns) <= 10 else 2)
+    else:
+        counts = table[class_columns].to_numpy().T  # classes × clients
+        image = ax.imshow(counts, aspect="auto", interpolation="nearest", cmap="viridis", origin="lower",
+                          extent=(clients.min() - 0.5, clients.max() + 0.5, -0.5, len(class_columns) - 0.5))
+        ax.set_ylabel("class")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        fig.colorbar(image, ax=ax, label="samples")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("client (partition id)")
-    ax.set_ylabel("samples")
-    ax.set_title(title or "samples per class and client")
-    if len(class_columns) <= 20:
-        ax.legend(ncol=min(len(class_columns), 10), fontsize="x-small", loc="upper right")
-    fig.tight_layout()
+    characters = int(width * 9)  # about 9 title characters per inch at the default size
+    ax.set_title("\n".join(textwrap.wrap(title or "samples per class and client", characters)))
+    return fig
+
+
+def plot_class_counts(table: pd.DataFrame, path: Path, title: str = "") -> Path:
+    """Save :func:`class_counts_figure` as a PNG (the heterogeneity to look at)."""
+    import matplotlib.pyplot as plt
+
+    fig = class_counts_figure(table, title)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)

@@ -181,7 +181,11 @@ def write_partition_statistics(config: dict[str, Any], data, directory: Path) ->
     indices = partition_indices(config["dataset"], config["data-dir"], partition_settings(config))
     table = class_count_table(data.y_train.numpy(), list(indices), data.num_classes)
     table.to_csv(directory / "partition.csv")
-    title = f"{config['dataset']}: {config['partition']} partition of {config['num-clients']} clients"
+    scheme = {
+        "dirichlet": f"Dir({config['alpha']:g})" + (" with the balance rule" if config["dirichlet-balance"] else ""),
+        "shards": f"#C = {config['classes-per-client']} shards", "iid": "IID",
+    }[config["partition"]]
+    title = f"{config['dataset']}: {scheme} over {config['num-clients']} clients, samples per class and client"
     plot_class_counts(table, directory / "partition.png", title=title)
 
 

@@ -107,6 +107,41 @@ def test_class_count_figure(labels, tmp_path):
     assert path.stat().st_size > 1000
 
 
+def _inside(inner, outer, tolerance=1.0) -> bool:
+    return (inner.x0 >= outer.x0 - tolerance and inner.y0 >= outer.y0 - tolerance
+            and inner.x1 <= outer.x1 + tolerance and inner.y1 <= outer.y1 + tolerance)
+
+
+@pytest.mark.parametrize("num_clients, num_classes", [(10, 10), (100, 10), (10, 100), (100, 100)])
+def test_class_count_figure_reads_right(num_clients, num_classes):
+    import matplotlib.pyplot as plt
+
+    from partitions.stats import class_counts_figure
+
+    labels = np.repeat(np.arange(num_classes), 60)
+    parts = IidPartitioner(num_clients, seed=0).assign(labels)
+    title = f"a long title that names the data set, the scheme and all {num_clients} clients of the partition " * 2
+    fig = class_counts_figure(class_count_table(labels, parts, num_classes), title.strip())
+    fig.canvas.draw()
+    renderer, frame = fig.canvas.get_renderer(), fig.bbox
+    ax = fig.axes[0]
+    # The whole title is drawn and inside the figure (wrapped, not cut).
+    assert ax.title.get_text().replace("\n", " ") == title.strip()
+    assert _inside(ax.title.get_window_extent(renderer), frame)
+    # Client ticks are whole numbers.
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    if num_classes <= 20:
+        # Every class is in the legend, which lies inside the figure and outside the bars.
+        legend = fig.legends[0]
+        assert [t.get_text() for t in legend.get_texts()] == [str(c) for c in range(num_classes)]
+        box = legend.get_window_extent(renderer)
+        assert _inside(box, frame) and not box.overlaps(ax.get_window_extent(renderer))
+    else:
+        assert len(fig.axes) == 2 and fig.axes[1].get_ylabel() == "samples"  # a heat map and its colour bar
+    plt.close(fig)
+
+
 def test_dirichlet_balance_rule_by_hand():
     # Class sizes 8 and 4 over K = 2 clients, cap N/K = 6. Class 0 with p = (0.9, 0.1):
     # cuts ⌊(7.2, 8)⌋ → 7 and 1 samples. Client 0 now holds 7 ≥ 6, so for class 1 its
