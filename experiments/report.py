@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +32,84 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("run")
 
 
-def plot_accuracy(curves: Mapping[str, pd.DataFrame], path: Path, title: str = "") -> Path:
-    """Central test accuracy per round: the reported model solid, and where a run also has
-    an averaged model, its base model dashed in the same colour."""
-    def draw(ax) -> None:
-        for label, frame in curves.items():
-            (line,) = ax.plot(frame["round"], frame["test-accuracy"], label=label)
-            if "averaged-accuracy" in frame and frame["averaged-accuracy"].notna().any():
-                ax.plot(frame["round"], frame["base-accuracy"], linestyle="--", color=line.get_color(),
-                        alpha=0.7, label=f"{label} (base model)")
+# How the papers write each method's name.
+METHOD_NAMES = {
+    "fedavg": "FedAvg", "fedavgm": "FedAvgM", "fedadam": "FedAdam", "fedyogi": "FedYogi", "fedadagrad": "FedAdagrad",
+    "fedprox": "FedProx", "scaffold": "SCAFFOLD", "fednova": "FedNova", "feddyn": "FedDyn", "fedgma": "FedGMA",
+    "fedswa": "FedSWA", "fedmoswa": "FedMoSWA", "moon": "MOON", "fedsam": "FedSAM", "fedasam": "FedASAM",
+    "fedalign": "FedAlign", "mixup": "Mixup", "stochastic-depth": "Stochastic Depth", "gradaug": "GradAug",
+}
+AVERAGING_NAMES = {"ima": "IMA", "wima": "WIMA", "swa": "SWA"}
 
-    return save_figure(path, title or "central test accuracy per round", "round", "test accuracy", draw)
+
+def method_label(config: Mapping[str, Any], extra_keys: Iterable[str] = ()) -> str:
+    """What ran, as the papers write it: "FedAvg+IMA", then ``extra_keys`` as key=value."""
+    name = METHOD_NAMES.get(config["strategy"], config["strategy"])
+    if config["averaging"] != "none":
+        name += "+" + AVERAGING_NAMES.get(config["averaging"], config["averaging"])
+    extras = [f"{k}={config[k]:g}" if isinstance(config[k], float) else f"{k}={config[k]}" for k in extra_keys]
+    return ", ".join([name, *extras])
+
+
+def setup_title(config: Mapping[str, Any]) -> str:
+    """Data set, partition, clients and participation of a run config."""
+    from partitions.stats import partition_notation
+
+    return (f"{config['dataset']}, {partition_notation(config)}, {config['num-clients']} clients, "
+            f"{config['participation']:.0%} per round")
+
+
+def averaging_start(config: Mapping[str, Any]) -> int | None:
+    """The first round whose reported model is an average (None without averaging)."""
+    from strategies.config import averaging_start_round
+
+    if config["averaging"] == "none":
+        return None
+    return config["window"] if config["averaging"] == "wima" else averaging_start_round(config)
+
+
+def accuracy_figure(curves: Mapping[str, pd.DataFrame], title: str = "", starts: Mapping[str, int | None] | None = None):
+    """Central test accuracy per round, one colour per run: the reported model solid and,
+    where a run also has an averaged model, its base model dashed and thinner on top (visible
+    where the two coincide); a dotted vertical line where a run's averaging starts; integer
+    round ticks. Returns the matplotlib Figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    starts = starts or {}
+    fig, ax = plt.subplots(figsize=(8, 4.8), layout="constrained")
+    for index, (label, frame) in enumerate(curves.items()):
+        # Each later run is drawn thinner, so runs that coincide (e.g. before averaging starts)
+        # stay visible as a line inside a line.
+        width = max(1.2, 3.0 - 0.6 * index)
+        (line,) = ax.plot(frame["round"], frame["test-accuracy"], linewidth=width, label=label)
+        if "averaged-accuracy" in frame and frame["averaged-accuracy"].notna().any():
+            ax.plot(frame["round"], frame["base-accuracy"], linestyle=(0, (2, 2)), linewidth=1.0, zorder=3,
+                    color=line.get_color(), alpha=0.9, label=f"{label}: base model")
+        if starts.get(label):
+            ax.axvline(starts[label], color=line.get_color(), linestyle=":", linewidth=1.2,
+                       label=f"{label}: averaging from round {starts[label]}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(title or "central test accuracy per round")
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+    fig.legend(loc="outside lower center", ncols=min(3, max(1, len(ax.lines))), fontsize="small")
+    return fig
+
+
+def plot_accuracy(curves: Mapping[str, pd.DataFrame], path: Path, title: str = "",
+                  starts: Mapping[str, int | None] | None = None) -> Path:
+    """Save :func:`accuracy_figure` as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = accuracy_figure(curves, title, starts)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
 
 
 def save_figure(path: Path, title: str, xlabel: str, ylabel: str, draw: Callable) -> Path:

@@ -23,7 +23,7 @@ import pandas as pd
 
 from experiments.launch import ClientResources, RunFailed, launch, load_preset, parse_overrides, resolve_config
 from experiments.ray_cluster import RayClusterUnreachable, check_ray_address
-from experiments.report import plot_accuracy, summary_table
+from experiments.report import averaging_start, method_label, plot_accuracy, setup_title, summary_table
 from strategies.config import ConfigError
 
 MAIN_JOB_COMPARE = ["averaging=none,ima,wima"]
@@ -84,8 +84,15 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(label)
 
     if summaries:
-        figure = plot_accuracy(curves, out_dir / "accuracy.png", title=f"{name}: {next(iter(runs.values()))['dataset']}")
-        table = summary_table(summaries)
+        # Curves are named by what ran ("FedAvg+IMA"), plus any other compared key.
+        extra = [k for k in dict.fromkeys(k for v in variants(compare) for k in v) if k not in ("strategy", "averaging")]
+        names = {label: method_label(runs[label], extra) for label in curves}
+        figure = plot_accuracy(
+            {names[label]: frame for label, frame in curves.items()}, out_dir / "accuracy.png",
+            title=f"{name}: {setup_title(next(iter(runs.values())))}",
+            starts={names[label]: averaging_start(runs[label]) for label in curves},
+        )
+        table = summary_table({names[label]: summary for label, summary in summaries.items()})
         table.to_csv(out_dir / "summary.csv")
         with pd.option_context("display.float_format", "{:.4f}".format, "display.width", 140):
             print(table.to_string())

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -32,6 +34,15 @@ def build_partitioner(
     if scheme == "shards":
         return ShardPartitioner(num_partitions, classes_per_client, seed=seed)
     raise ValueError(f"unknown partition scheme {scheme!r}; allowed: {', '.join(PARTITION_SCHEMES)}")
+
+
+def partition_notation(config: Mapping[str, Any]) -> str:
+    """The partition of a run config in the papers' notation: Dir(0.1), #C=2, IID."""
+    if config["partition"] == "dirichlet":
+        return f"Dir({config['alpha']:g})" + (", balanced" if config.get("dirichlet-balance") else "")
+    if config["partition"] == "shards":
+        return f"#C={config['classes-per-client']}"
+    return "IID"
 
 
 def class_count_table(labels: np.ndarray, indices: list[np.ndarray], num_classes: int) -> pd.DataFrame:

@@ -29,6 +29,7 @@ from clients.training import evaluate, select_device
 from clients.data import partition_indices
 from partitions import class_count_table, load_dataset, plot_class_counts
 from partitions.feasibility import partition_settings
+from partitions.stats import partition_notation
 from strategies.averaging import ModelAveraging
 from strategies.checkpoint import CHECKPOINT_FILE, CLIENT_STATE_METHODS, read_checkpoint, restore_checkpoint, write_checkpoint
 from strategies.exchange import send_and_receive
@@ -181,11 +182,8 @@ def write_partition_statistics(config: dict[str, Any], data, directory: Path) ->
     indices = partition_indices(config["dataset"], config["data-dir"], partition_settings(config))
     table = class_count_table(data.y_train.numpy(), list(indices), data.num_classes)
     table.to_csv(directory / "partition.csv")
-    scheme = {
-        "dirichlet": f"Dir({config['alpha']:g})" + (" with the balance rule" if config["dirichlet-balance"] else ""),
-        "shards": f"#C = {config['classes-per-client']} shards", "iid": "IID",
-    }[config["partition"]]
-    title = f"{config['dataset']}: {scheme} over {config['num-clients']} clients, samples per class and client"
+    title = (f"{config['dataset']}: {partition_notation(config)} over {config['num-clients']} clients, "
+             "samples per class and client")
     plot_class_counts(table, directory / "partition.png", title=title)
 
 

@@ -170,3 +170,33 @@ def test_a_single_partition_is_still_named():
     rows = [run_row(j, acc=acc, strategy="fedavg", averaging=averaging, seed=0, partition="shards",
                     **{"classes-per-client": 2}) for j, (averaging, acc) in enumerate([("none", 0.7), ("ima", 0.72)])]
     assert list(accuracy_table(pd.DataFrame(rows)).columns) == ["#C=2"]
+
+
+def test_accuracy_figure_names_methods_setup_and_averaging_start():
+    import matplotlib.pyplot as plt
+
+    from experiments.launch import resolve_config
+    from experiments.report import accuracy_figure, averaging_start, method_label, setup_title
+
+    runs = {a: resolve_config({"averaging": a, "num-rounds": 30}) for a in ("none", "ima", "wima")}
+    rounds = np.arange(1, 31)
+    frame = pd.DataFrame({"round": rounds, "test-accuracy": rounds / 40, "base-accuracy": rounds / 40,
+                          "averaged-accuracy": rounds / 40})
+    curves = {method_label(c): frame for c in runs.values()}
+    assert list(curves) == ["FedAvg", "FedAvg+IMA", "FedAvg+WIMA"]
+    assert method_label(resolve_config({"strategy": "scaffold", "lr": 0.1}), ["lr"]) == "SCAFFOLD, lr=0.1"
+    starts = {method_label(c): averaging_start(c) for c in runs.values()}
+    assert starts == {"FedAvg": None, "FedAvg+IMA": 22, "FedAvg+WIMA": 5}  # IMA t_s = round(0.75·30); WIMA W
+    title = setup_title(runs["none"])
+    assert title == "digits, Dir(0.3), 10 clients, 50% per round"
+    fig = accuracy_figure(curves, title, starts)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert {"FedAvg", "FedAvg+IMA", "FedAvg+IMA: base model", "FedAvg+IMA: averaging from round 22"} <= set(labels)
+    assert not any(label in ("none", "ima", "run") for label in labels)
+    assert ax.get_title() == title
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+    # Coinciding curves stay distinguishable: later runs thinner, base models dashed.
+    widths = [line.get_linewidth() for line in ax.lines if line.get_label() in curves]
+    assert widths == sorted(widths, reverse=True) and len(set(widths)) == 3
+    plt.close(fig)
