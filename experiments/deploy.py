@@ -62,6 +62,7 @@ from experiments.launch import (
     _free_port,
     _read_summary,
     _toml_value,
+    check_data,
     load_preset,
     parse_overrides,
     resolve_config,
@@ -399,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         config = resolve_config(load_preset(args.preset) if args.preset else {}, parse_overrides(args.set))
+        check_data([config])
     except (ConfigError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

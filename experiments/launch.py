@@ -17,13 +17,14 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from experiments.ray_cluster import check_ray_address
 from strategies.checkpoint import read_checkpoint
+from partitions.availability import data_problem
 from partitions.feasibility import check_partition
 from strategies.config import ConfigError, validate_run_config
 
@@ -92,6 +93,26 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
             value = raw
         overrides[key.strip()] = value
     return overrides
+
+
+class DataUnavailable(ValueError):
+    """A run's data set cannot be loaded on this machine (missing, unreadable, unreachable)."""
+
+
+def data_problem_of(config: Mapping[str, Any]) -> str | None:
+    """Why the run config's data set cannot be loaded here (None: it can), with its keys named."""
+    problem = data_problem(str(config["dataset"]), str(config["data-dir"]))
+    if problem is None:
+        return None
+    return f"run config key 'dataset' = {config['dataset']!r} (data-dir = {config['data-dir']!r}): {problem}"
+
+
+def check_data(configs: Iterable[Mapping[str, Any]]) -> None:
+    """Raise DataUnavailable, before any Flower process exists, when a run's data cannot be loaded."""
+    for config in configs:
+        problem = data_problem_of(config)
+        if problem:
+            raise DataUnavailable(problem)
 
 
 def resolve_config(*layers: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.launch import ClientResources, RunFailed, launch, load_preset, parse_overrides, resolve_config
+from experiments.launch import (
+    ClientResources, RunFailed, check_data, launch, load_preset, parse_overrides, resolve_config,
+)
 from experiments.ray_cluster import RayClusterUnreachable, check_ray_address
 from experiments.report import averaging_start, method_label, plot_accuracy, setup_title, summary_table
 from strategies.config import ConfigError
@@ -63,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         preset = load_preset(args.preset) if args.preset else {}
         overrides = parse_overrides(args.set)
         runs = {label_of(v): resolve_config(preset, overrides, v) for v in variants(compare)}
+        check_data(runs.values())
         resources = ClientResources(args.cpus_per_client, args.gpus_per_client)
         if args.ray_address is not None:
             check_ray_address(args.ray_address)

@@ -61,7 +61,7 @@ from typing import Any
 import pandas as pd
 
 from experiments.launch import (
-    ClientResources, RunFailed, launch, load_preset, named_toml, parse_overrides, resolve_config,
+    ClientResources, RunFailed, data_problem_of, launch, load_preset, named_toml, parse_overrides, resolve_config,
 )
 from experiments.ray_cluster import RayClusterUnreachable, check_ray_address
 from strategies.checkpoint import CheckpointError, read_checkpoint
@@ -306,10 +306,20 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = (args.out or Path("runs") / sweep.name).resolve()
     note = f" ({sweep.duplicates} grid points repeat another's config and run once)" if sweep.duplicates else ""
     print(f"sweep {sweep.name}: {len(sweep.runs)} runs{note} → {out_dir}")
+    # Runs whose data cannot be loaded here: marked by --list, refused before anything starts.
+    data = {run.run_id: data_problem_of(run.config) for run in sweep.runs}
     if args.list:
         table, _ = collect(sweep, out_dir)
-        print(table[["run", "status", "acc-last-k", "error"]].to_string(index=False))
+        table["data"] = ["ok" if data[run] is None else "unavailable" for run in table["run"]]
+        print(table[["run", "status", "data", "acc-last-k", "error"]].to_string(index=False))
+        for problem in dict.fromkeys(p for p in data.values() if p):
+            print(f"data unavailable: {problem}", file=sys.stderr)
         return 0
+    missing = [run for run, problem in data.items() if problem]
+    if missing:
+        print(f"error: {len(missing)} of {len(sweep.runs)} runs cannot load their data, e.g. run {missing[0]}: "
+              f"{data[missing[0]]}", file=sys.stderr)
+        return 2
 
     signal.signal(signal.SIGTERM, _interrupt)
     try:
