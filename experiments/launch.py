@@ -265,6 +265,7 @@ def launch(
     run_config_path = out_dir / "run-config.toml"
     run_config_path.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in config.items()))
 
+    launched_at = time.time()
     http_port, control_port = _free_port(), _free_port()
     bin_dir = Path(sys.executable).parent
     with tempfile.TemporaryDirectory(prefix="basin-flwr-home-") as flwr_home:
@@ -299,11 +300,38 @@ def launch(
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
         reason = summary.get("error") if summary else "no summary.json was written"
         raise RunFailed(f"run in {out_dir} failed: {reason}\n--- last lines of {log_path} ---\n{tail}")
+    # The run's real wall time, Flower's start-up included, and the part before round 1.
+    summary["run-seconds"] = time.time() - launched_at
+    if summary.get("training-started-at"):
+        summary["startup-seconds"] = summary["training-started-at"] - launched_at
     return summary
 
 
+# What a run waits for before its first round, recognised by the first line of each stage
+# in flwr.log (Flower's own lines, then the ServerApp's); the last one seen is shown.
+STARTUP_STAGES = (
+    ("Starting local SuperLink", "starting the SuperLink"),
+    ("Successfully started run", "starting the simulation"),
+    ("Starting Flower Simulation", "starting Ray and the client processes"),
+    ("[basin] loading", "loading data and building the partition"),
+    ("[basin] discovering clients", "discovering clients"),
+    ("[basin] resuming", "resuming from the checkpoint"),
+    ("[basin] training round 1", "training round 1"),
+)
+
+
+def startup_stage(log_text: str) -> str:
+    """The start-up stage a flwr.log has reached ("starting Flower" before any line)."""
+    stage = "starting Flower"
+    for marker, name in STARTUP_STAGES:
+        if marker in log_text:
+            stage = name
+    return stage
+
+
 def _follow(process: subprocess.Popen, out_dir: Path, num_rounds: int, progress: bool, label: str, leave: bool) -> None:
-    """Wait for ``flwr run``, drawing a progress bar of rounds written to results.csv.
+    """Wait for ``flwr run``, drawing a progress bar of rounds written to results.csv; until
+    the first round is written the bar says which start-up stage the run is in.
 
     Returns as soon as the ServerApp has marked the run completed (it writes the summary
     last, after the final model): the seconds Flower then spends shutting down Ray and the
@@ -311,9 +339,17 @@ def _follow(process: subprocess.Popen, out_dir: Path, num_rounds: int, progress:
     """
     from tqdm import tqdm
 
+    log_path = out_dir / "flwr.log"
     with tqdm(total=num_rounds, desc=label or out_dir.name, unit="round", disable=not progress, leave=leave) as bar:
         while process.poll() is None:
             bar.update(_count_rounds(out_dir) - bar.n)
+            if bar.n == 0 and progress:
+                try:
+                    bar.set_postfix_str(startup_stage(log_path.read_text(errors="replace")), refresh=True)
+                except OSError:
+                    pass
+            elif progress and bar.postfix:
+                bar.set_postfix_str("", refresh=False)
             summary = _read_summary(out_dir)
             if summary is not None and summary.get("status") == "completed":
                 break

@@ -11,14 +11,16 @@ import pandas as pd
 
 def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     """One row per run label: last-k, best and final accuracy, round reaching target, rounds
-    (run and skipped), failed client replies over the run, time."""
+    (run and skipped), failed client replies over the run, the run's wall time (Flower's
+    start-up included) and the start-up before round 1."""
     rows = []
     for label, s in summaries.items():
         k = s.get("last-k", 10)
         rows.append({
             "run": label,
             "acc last k": s.get(f"last-{k}-accuracy"),
-            "k": k,
+            # A run shorter than the requested k averages all its rounds: "5 of 10".
+            "k": f"{k} of {s['last-k-requested']}" if "last-k-requested" in s else k,
             "best acc": s.get("best-accuracy"),
             "best round": s.get("best-round"),
             "final acc": s.get("final-accuracy"),
@@ -27,7 +29,8 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
             "rounds": s.get("rounds"),
             "skipped": s.get("rounds-skipped"),
             "client failures": s.get("client-failures"),
-            "seconds": s.get("wall-seconds"),
+            "seconds": s.get("run-seconds", s.get("wall-seconds")),
+            "start-up s": s.get("startup-seconds"),
         })
     return pd.DataFrame(rows).set_index("run")
 

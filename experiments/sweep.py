@@ -326,8 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         table = run_sweep(sweep, out_dir, args.retry_failed, not args.no_progress, args.ray_address)
     except KeyboardInterrupt:
         table = write_tables(sweep, out_dir)
-        done = int(table["status"].ne("pending").sum())
-        print(f"interrupted: {done} of {len(table)} runs finished; run the same command again to resume",
+        completed, failed = int(table["status"].eq("completed").sum()), int(table["status"].eq("failed").sum())
+        print(f"interrupted: {completed} of {len(table)} runs completed, {failed} failed, "
+              f"{len(table) - completed - failed} not finished; run the same command again to resume",
               file=sys.stderr)
         return 130
     _print_outcome(table, out_dir)

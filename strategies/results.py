@@ -52,6 +52,8 @@ def summarize(rows: list[Mapping[str, Any]], last_k: int, target: float) -> dict
     accuracies = [float(r["test-accuracy"]) for r in rows]
     if not accuracies:
         return {"rounds": 0}
+    # A run shorter than k rounds averages all of them, and says so.
+    requested, last_k = last_k, min(last_k, len(accuracies))
     tail = accuracies[-last_k:]
     best = max(range(len(accuracies)), key=accuracies.__getitem__)
     reached = next((int(r["round"]) for r in rows if float(r["test-accuracy"]) >= target), None)
@@ -59,6 +61,7 @@ def summarize(rows: list[Mapping[str, Any]], last_k: int, target: float) -> dict
         "rounds": len(rows),
         f"last-{last_k}-accuracy": sum(tail) / len(tail),
         "last-k": last_k,
+        **({"last-k-requested": requested} if requested != last_k else {}),
         "best-accuracy": accuracies[best],
         "best-round": int(rows[best]["round"]),
         "final-accuracy": accuracies[-1],
@@ -86,6 +89,7 @@ class RunRecorder:
         self.resumed_after = resumed_after
         self.rows: list[dict[str, Any]] = []
         self.started = time.time()
+        self.training_started: float | None = None
         write_json_atomic(self.directory / "config.json", dict(config))
         self.results_path = self.directory / "results.csv"
         with open(self.results_path, "w", newline="") as f:
@@ -102,6 +106,10 @@ class RunRecorder:
             f.flush()
             os.fsync(f.fileno())
 
+    def training_starts(self) -> None:
+        """Mark the end of the ServerApp's start-up (data, model, clients discovered)."""
+        self.training_started = time.time()
+
     def complete(self) -> dict[str, Any]:
         return self._write_summary("completed")
 
@@ -112,6 +120,8 @@ class RunRecorder:
         summary = {
             "status": status,
             "wall-seconds": time.time() - self.started,
+            "started-at": self.started,
+            **({"training-started-at": self.training_started} if self.training_started else {}),
             **summarize(self.rows, self.last_k, self.target),
             **({"resumed-after-round": self.resumed_after} if self.resumed_after else {}),
             **extra,

@@ -92,6 +92,7 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
     """Run all rounds (those after ``checkpoint``'s when given), writing one results row per
     round and a checkpoint every ``checkpoint-every`` rounds."""
     device = select_device(config["device"])
+    print(f"[basin] loading {config['dataset']} and building its partition", flush=True)
     data = load_dataset(config["dataset"], config["data-dir"], config["normalize"])
     write_partition_statistics(config, data, recorder.directory)
     x_test, y_test = data.x_test.to(device), data.y_test.to(device)
@@ -102,10 +103,13 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
 
     strategy = build_strategy(config)
     schedule = build_client_schedule(config)
+    print(f"[basin] discovering clients: asking {config['num-clients']} nodes for their partition", flush=True)
     strategy.bind_partitions(
         discover_partitions(grid, config["num-clients"], config["node-timeout"]), cohort_size(config), config["seed"],
         config["min-replies"],
     )
+    print("[basin] training round 1", flush=True)
+    recorder.training_starts()
     first_round = 1
     # A fresh token per fresh run: a resume never reads client snapshots of another run.
     client_state_run = checkpoint["client-state-run"] if checkpoint else secrets.token_hex(8)

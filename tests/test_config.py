@@ -163,3 +163,15 @@ def test_compare_flags_make_a_grid():
     assert label_of(grid[1]) == "fedavg-ima"
     with pytest.raises(ValueError, match="--compare"):
         variants(["averaging"])
+
+
+def test_the_progress_bar_names_the_start_up_stage_from_flowers_log():
+    from experiments.launch import startup_stage
+
+    assert startup_stage("") == "starting Flower"
+    log = "Starting local SuperLink on 127.0.0.1:1...\nSuccessfully started run 1\n"
+    assert startup_stage(log) == "starting the simulation"
+    log += "INFO : Starting Flower Simulation\n"
+    assert startup_stage(log) == "starting Ray and the client processes"
+    log += "[basin] loading digits and building its partition\n[basin] discovering clients: asking 4 nodes\n"
+    assert startup_stage(log) == "discovering clients"

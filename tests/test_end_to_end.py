@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.launch import launch, load_preset, resolve_config
+from experiments.launch import launch, load_preset, resolve_config, startup_stage
 
 SMALL = {"num-clients": 4, "participation": 0.5, "num-rounds": 3, "local-epochs": 1, "device": "cpu"}
 
@@ -109,6 +109,13 @@ def test_run_writes_results_config_model_and_summary(flower_runs):
     assert "classifier.weight" in state
     # Learning happened: the final model beats chance (10 classes) clearly.
     assert rows["test-accuracy"].iloc[-1] > 0.3
+    # The run's real wall time includes Flower's start-up; the start-up ends at round 1.
+    summary = run.summary
+    assert summary["run-seconds"] > summary["wall-seconds"] and 0 < summary["startup-seconds"] < summary["run-seconds"]
+    assert (summary["last-k"], summary["last-k-requested"]) == (3, 10)  # 3 rounds, k = 10 asked
+    log = (out / "flwr.log").read_text()
+    assert startup_stage(log) == "training round 1"
+    assert log.index("[basin] discovering clients") < log.index("[basin] training round 1")
 
 
 @pytest.mark.flower_runs("fedavg", "fedavg-again")

@@ -93,6 +93,20 @@ def test_summary_of_hand_made_rows():
     assert summary["last-2-accuracy"] == (0.7 + 0.9) / 2
     assert summary["best-accuracy"] == 0.9 and summary["best-round"] == 5
     assert summary["round-reaching-target"] == 3
+    # A run shorter than k averages all its rounds and says so.
+    short = summarize(rows, last_k=10, target=0.75)
+    assert (short["last-k"], short["last-k-requested"]) == (5, 10)
+    assert short["last-5-accuracy"] == pytest.approx(sum([0.1, 0.5, 0.8, 0.7, 0.9]) / 5)
+    assert "last-k-requested" not in summary
+
+
+def test_summary_table_shows_real_wall_time_start_up_and_effective_k():
+    from experiments.report import summary_table
+
+    table = summary_table({"FedAvg": {"last-k": 5, "last-k-requested": 10, "last-5-accuracy": 0.5,
+                                      "wall-seconds": 23.0, "run-seconds": 40.0, "startup-seconds": 15.0}})
+    row = table.loc["FedAvg"]
+    assert (row["seconds"], row["start-up s"], row["k"]) == (40.0, 15.0, "5 of 10")
 
 
 def test_recorder_writes_rows_as_they_come_and_marks_failure(tmp_path):
