@@ -45,6 +45,30 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+DEFAULT_PRESET = "ima-fmnist-shards"
+NO_PRESET = "none"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.benchmark", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--preset", default=DEFAULT_PRESET,
+                        help=f"preset name or TOML file (default {DEFAULT_PRESET}; '{NO_PRESET}': pyproject defaults)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key")
+    parser.add_argument("--rounds", type=int, default=20, help="num-rounds of both runs (default 20)")
+    parser.add_argument("--device", help="shortcut for --set device=DEVICE (auto, cpu, cuda)")
+    parser.add_argument("--cpus-per-client", type=float, default=1.0, help="Ray CPUs per virtual client (default 1)")
+    parser.add_argument("--gpus-per-client", type=float, default=0.0,
+                        help="Ray GPU fraction per virtual client, e.g. 0.125 for 8 clients per GPU (default 0)")
+    parser.add_argument("--out", type=Path, help="output directory (default runs/benchmark-<time>)")
+    return parser
+
+
+if __name__ == "__main__":
+    # --help and usage errors answer here, before the heavy imports below (torch, Flower).
+    build_parser().parse_args()
+
 import pandas as pd
 import torch
 from flwr.app import RecordDict
@@ -60,8 +84,6 @@ from strategies.registry import build_client_schedule
 from strategies.sampling import CohortSampling
 from strategies.server_app import round_train_config
 
-DEFAULT_PRESET = "ima-fmnist-shards"
-NO_PRESET = "none"
 
 
 @dataclasses.dataclass
@@ -204,18 +226,7 @@ def print_report(figures: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.benchmark", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--preset", default=DEFAULT_PRESET,
-                        help=f"preset name or TOML file (default {DEFAULT_PRESET}; '{NO_PRESET}': pyproject defaults)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key")
-    parser.add_argument("--rounds", type=int, default=20, help="num-rounds of both runs (default 20)")
-    parser.add_argument("--device", help="shortcut for --set device=DEVICE (auto, cpu, cuda)")
-    parser.add_argument("--cpus-per-client", type=float, default=1.0, help="Ray CPUs per virtual client (default 1)")
-    parser.add_argument("--gpus-per-client", type=float, default=0.0,
-                        help="Ray GPU fraction per virtual client, e.g. 0.125 for 8 clients per GPU (default 0)")
-    parser.add_argument("--out", type=Path, help="output directory (default runs/benchmark-<time>)")
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     try:

@@ -82,6 +82,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+DEFAULT_METHODS = "fedavg,fedavg+crop-flip,fedprox,scaffold,moon,fedsam,gradaug-n1,gradaug-n2,fedalign"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.costs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="resnet56", help="a model name (default resnet56; `python -m experiments.run --list-keys` lists them)")
+    parser.add_argument("--methods", default=DEFAULT_METHODS,
+                        help=f"comma-separated strategy names or gradaug-n<k> (default {DEFAULT_METHODS})")
+    parser.add_argument("--input-shape", default="3,32,32", help="C,H,W of one sample (default 3,32,32: CIFAR)")
+    parser.add_argument("--num-classes", type=int, default=100, help="classifier outputs (default 100: CIFAR-100)")
+    parser.add_argument("--batch-size", type=int, default=64, help="local batch size (default 64)")
+    parser.add_argument("--steps", type=int, default=10, help="measured local steps per method (default 10)")
+    parser.add_argument("--round-steps", type=int, default=0,
+                        help="local steps of one round; > 0 adds an s/round column (default 0: omitted)")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="CPU threads of torch (default 0: torch's default); 1 gives steadier CPU timings "
+                             "on a busy machine")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a run-config key for every method (e.g. prox-mu=0.01)")
+    parser.add_argument("--out", type=Path, help="also write the table as CSV to this file")
+    return parser
+
+
+if __name__ == "__main__":
+    # --help and usage errors answer here, before the heavy imports below (torch, Flower).
+    build_parser().parse_args()
+
 import numpy as np
 import pandas as pd
 import torch
@@ -100,7 +130,6 @@ from strategies.config import DEVICES, STRATEGY_NAMES, ConfigError
 from strategies.registry import build_client_schedule, build_strategy
 from strategies.server_app import round_train_config
 
-DEFAULT_METHODS = "fedavg,fedavg+crop-flip,fedprox,scaffold,moon,fedsam,gradaug-n1,gradaug-n2,fedalign"
 AUGMENTED = "+crop-flip"
 REFERENCE = "fedavg"
 GRADAUG_VARIANT = re.compile(r"gradaug-n(\d+)")
@@ -391,25 +420,7 @@ def _positive(option: str, value: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.costs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", default="resnet56", help=f"one of {', '.join(MODEL_NAMES)} (default resnet56)")
-    parser.add_argument("--methods", default=DEFAULT_METHODS,
-                        help=f"comma-separated strategy names or gradaug-n<k> (default {DEFAULT_METHODS})")
-    parser.add_argument("--input-shape", default="3,32,32", help="C,H,W of one sample (default 3,32,32: CIFAR)")
-    parser.add_argument("--num-classes", type=int, default=100, help="classifier outputs (default 100: CIFAR-100)")
-    parser.add_argument("--batch-size", type=int, default=64, help="local batch size (default 64)")
-    parser.add_argument("--steps", type=int, default=10, help="measured local steps per method (default 10)")
-    parser.add_argument("--round-steps", type=int, default=0,
-                        help="local steps of one round; > 0 adds an s/round column (default 0: omitted)")
-    parser.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICES)} (default auto)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="CPU threads of torch (default 0: torch's default); 1 gives steadier CPU timings "
-                             "on a busy machine")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a run-config key for every method (e.g. prox-mu=0.01)")
-    parser.add_argument("--out", type=Path, help="also write the table as CSV to this file")
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     try:

@@ -54,6 +54,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", help="a preset name from experiments/presets/ or a TOML file")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key")
+    parser.add_argument("--tls", action="store_true", help="TLS with a throw-away CA for 127.0.0.1/localhost")
+    parser.add_argument("--auth", action="store_true", help="SuperNode authentication (implies --tls)")
+    parser.add_argument("--out", type=Path, help="output directory (default runs/deploy-<preset>-<time>)")
+    parser.add_argument("--cpus-per-client", type=float, default=1.0,
+                        help="CPU threads per SuperNode's ClientApp (as in simulation; default 1)")
+    return parser
+
+
+if __name__ == "__main__":
+    # --help and usage errors answer here, before the heavy imports below (torch, Flower).
+    build_parser().parse_args()
+
 from experiments.certificates import KeyPair, TlsFiles, write_supernode_key_pair, write_tls_certificates
 from experiments.launch import (
     APP_DIR,
@@ -388,14 +404,7 @@ def flwr_homes() -> dict[int, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", help="a preset name from experiments/presets/ or a TOML file")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key")
-    parser.add_argument("--tls", action="store_true", help="TLS with a throw-away CA for 127.0.0.1/localhost")
-    parser.add_argument("--auth", action="store_true", help="SuperNode authentication (implies --tls)")
-    parser.add_argument("--out", type=Path, help="output directory (default runs/deploy-<preset>-<time>)")
-    parser.add_argument("--cpus-per-client", type=float, default=1.0,
-                        help="CPU threads per SuperNode's ClientApp (as in simulation; default 1)")
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     try:

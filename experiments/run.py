@@ -15,24 +15,21 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 import sys
 import time
 from pathlib import Path
 
-import pandas as pd
-
-from experiments.launch import (
-    ClientResources, RunFailed, check_data, launch, load_preset, parse_overrides, resolve_config,
-)
-from experiments.ray_cluster import RayClusterUnreachable, check_ray_address
-from experiments.report import averaging_start, method_label, plot_accuracy, setup_title, summary_table
-from strategies.config import ConfigError
+# Only the standard library above: `--help` answers without importing torch or Flower
+# (the rest is imported in main, once the arguments are parsed).
 
 MAIN_JOB_COMPARE = ["averaging=none,ima,wima"]
 
 
 def variants(compare: list[str]) -> list[dict]:
     """The grid of overrides named by ``--compare KEY=V1,V2`` flags."""
+    from experiments.launch import parse_overrides
+
     axes = []
     for spec in compare:
         key, sep, values = spec.partition("=")
@@ -44,6 +41,37 @@ def variants(compare: list[str]) -> list[dict]:
 
 def label_of(overrides: dict) -> str:
     return "-".join(f"{v}" for v in overrides.values()) or "run"
+
+
+def list_presets() -> str:
+    """Each preset's name and the first line of its description."""
+    from experiments.launch import PRESETS_DIR
+
+    lines = []
+    for path in sorted(PRESETS_DIR.glob("*.toml")):
+        first = next((line.lstrip("# ").strip() for line in path.read_text().splitlines() if line.startswith("#")), "")
+        lines.append(f"{path.stem:32s} {first}")
+    return "\n".join(lines)
+
+
+def list_keys() -> str:
+    """Every run-config key with its default and what it allows."""
+    from experiments.launch import default_run_config
+    from strategies.config import SCHEMA
+
+    defaults = default_run_config()
+    return "\n".join(f"{key:26s} default {defaults[key]!r:12s} {option.allowed}" for key, option in SCHEMA.items())
+
+
+def output_name(preset: str | None, main_job: bool, config: dict) -> str:
+    """The output folder's name: the preset, "main" for the main job, else what ran."""
+    if preset:
+        return Path(preset).stem
+    if main_job:
+        return "main"
+    from experiments.report import method_label
+
+    return re.sub(r"[^A-Za-z0-9.+=-]+", "-", method_label(config).lower()).strip("-")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,8 +86,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="Ray GPU fraction per virtual client, e.g. 0.125 for 8 clients per GPU")
     parser.add_argument("--ray-address", metavar="HOST:PORT",
                         help="run the clients on this existing Ray cluster (the address `ray start --head` prints)")
+    parser.add_argument("--list-presets", action="store_true", help="print the presets and what each runs, then exit")
+    parser.add_argument("--list-keys", action="store_true",
+                        help="print every run-config key, its default and what it allows, then exit")
     args = parser.parse_args(argv)
-    compare = args.compare if args.compare is not None else ([] if args.preset or args.set else MAIN_JOB_COMPARE)
+    if args.list_presets or args.list_keys:
+        print(list_presets() if args.list_presets else list_keys())
+        return 0
+    main_job = args.compare is None and not (args.preset or args.set)
+    compare = args.compare if args.compare is not None else (MAIN_JOB_COMPARE if main_job else [])
+
+    import pandas as pd
+
+    from experiments.launch import (
+        ClientResources, RunFailed, check_data, launch, load_preset, parse_overrides, resolve_config,
+    )
+    from experiments.ray_cluster import RayClusterUnreachable, check_ray_address
+    from experiments.report import averaging_start, method_label, plot_accuracy, setup_title, summary_table
+    from strategies.config import ConfigError
 
     try:
         preset = load_preset(args.preset) if args.preset else {}
@@ -73,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
-    name = Path(args.preset).stem if args.preset else "main"
+    name = output_name(args.preset, main_job, next(iter(runs.values())))
     out_dir = (args.out or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     summaries, curves, failed = {}, {}, []
     for label, config in runs.items():

@@ -58,6 +58,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep", help="a sweep name from experiments/sweeps/ or a TOML file")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a run-config key in every run (changes the runs' configs)")
+    parser.add_argument("--out", type=Path, help="output directory (default runs/<sweep name>)")
+    parser.add_argument("--retry-failed", action="store_true", help="run failed runs again")
+    parser.add_argument("--list", action="store_true", help="print the runs and their status; run nothing")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--ray-address", metavar="HOST:PORT",
+                        help="run the clients on this existing Ray cluster (the address `ray start --head` prints)")
+    return parser
+
+
+if __name__ == "__main__":
+    # --help and usage errors answer here, before the heavy imports below (torch, Flower).
+    build_parser().parse_args()
+
 import pandas as pd
 
 from experiments.launch import (
@@ -284,16 +302,7 @@ def _interrupt(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("sweep", help="a sweep name from experiments/sweeps/ or a TOML file")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a run-config key in every run (changes the runs' configs)")
-    parser.add_argument("--out", type=Path, help="output directory (default runs/<sweep name>)")
-    parser.add_argument("--retry-failed", action="store_true", help="run failed runs again")
-    parser.add_argument("--list", action="store_true", help="print the runs and their status; run nothing")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.add_argument("--ray-address", metavar="HOST:PORT",
-                        help="run the clients on this existing Ray cluster (the address `ray start --head` prints)")
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         sweep = load_sweep(sweep_path(args.sweep), parse_overrides(args.set))

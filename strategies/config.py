@@ -8,6 +8,7 @@ bad value fails fast with the key, the value and what is allowed.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -143,7 +144,9 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Return a checked copy of the run config or raise :class:`ConfigError`."""
     unknown = sorted(set(run_config) - set(SCHEMA))
     if unknown:
-        raise ConfigError(f"unknown run config key(s) {', '.join(unknown)}; allowed keys: {', '.join(SCHEMA)}")
+        guesses = [f"'{k}' (did you mean '{m[0]}'?)" if (m := difflib.get_close_matches(k, SCHEMA, n=1)) else f"'{k}'"
+                   for k in unknown]
+        raise ConfigError(f"unknown run config key(s) {', '.join(guesses)}; allowed keys: {', '.join(SCHEMA)}")
     missing = sorted(set(SCHEMA) - set(run_config))
     if missing:
         raise ConfigError(f"run config is missing key(s) {', '.join(missing)}")

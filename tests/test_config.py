@@ -175,3 +175,43 @@ def test_the_progress_bar_names_the_start_up_stage_from_flowers_log():
     assert startup_stage(log) == "starting Ray and the client processes"
     log += "[basin] loading digits and building its partition\n[basin] discovering clients: asking 4 nodes\n"
     assert startup_stage(log) == "discovering clients"
+
+
+@pytest.mark.parametrize("module", ["run", "sweep", "sweep_report", "benchmark", "costs", "deploy"])
+def test_help_answers_without_importing_torch_or_flower(module):
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['{module}', '--help']\n"
+        "try:\n"
+        f"    runpy.run_module('experiments.{module}', run_name='__main__')\n"
+        "except SystemExit as exit:\n"
+        "    assert exit.code in (0, None), exit.code\n"
+        "print(sorted(m for m in ('torch', 'flwr', 'ray', 'pandas') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "usage:" in result.stdout
+    assert "'torch'" not in result.stdout and "'flwr'" not in result.stdout, result.stdout.splitlines()[-1]
+
+
+def test_list_presets_and_keys_and_a_guess_for_a_mistyped_key(capsys):
+    from experiments.run import main
+
+    assert main(["--list-presets"]) == 0
+    listed = capsys.readouterr().out
+    assert all(path.stem in listed for path in PRESETS_DIR.glob("*.toml"))
+    assert main(["--list-keys"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(default_run_config())
+    assert any(line.startswith("num-rounds") and "default 30" in line and "an integer >= 1" in line for line in lines)
+    with pytest.raises(ConfigError, match="'num-round' \\(did you mean 'num-rounds'\\?\\)"):
+        resolve_config({"num-round": 3})
+
+
+def test_the_output_folder_is_named_after_what_ran():
+    from experiments.run import output_name
+
+    assert output_name("ima-fmnist-shards", False, resolve_config({})) == "ima-fmnist-shards"
+    assert output_name(None, True, resolve_config({})) == "main"
+    assert output_name(None, False, resolve_config({"strategy": "scaffold"})) == "scaffold"
+    assert output_name(None, False, resolve_config({"averaging": "ima"})) == "fedavg+ima"
