@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -33,3 +35,29 @@ def server_identity():
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     yield
     TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
+
+
+SCOPE_VARIABLE = "BASIN_TEST_SCOPE"
+
+
+def processes_in_scope(scope: str) -> set[int]:
+    """Live processes whose environment carries ``BASIN_TEST_SCOPE=scope``: what a test's
+    own launches started (Flower and Ray pass the environment down), never another job's."""
+    marker = f"{SCOPE_VARIABLE}={scope}".encode()
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker in (proc / "environ").read_bytes().split(b"\0"):
+                found.add(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture
+def scoped_env() -> tuple[dict[str, str], str]:
+    """(environment, scope) for subprocesses whose leftovers a test checks with processes_in_scope."""
+    scope = uuid.uuid4().hex
+    return {**os.environ, SCOPE_VARIABLE: scope}, scope

@@ -215,3 +215,12 @@ def test_the_output_folder_is_named_after_what_ran():
     assert output_name(None, True, resolve_config({})) == "main"
     assert output_name(None, False, resolve_config({"strategy": "scaffold"})) == "scaffold"
     assert output_name(None, False, resolve_config({"averaging": "ima"})) == "fedavg+ima"
+
+
+def test_user_facing_docs_stand_alone():
+    # README, presets and sweep files never send a user to files outside the repository.
+    repo = PRESETS_DIR.parents[1]
+    docs = [repo / "README.md", *PRESETS_DIR.glob("*.toml"), *(repo / "experiments" / "sweeps").glob("*.toml")]
+    for path in docs:
+        text = path.read_text()
+        assert "METHODS.md" not in text and "../shared" not in text and "BASELINES.md" not in text, path

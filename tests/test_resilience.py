@@ -50,8 +50,10 @@ def test_faulty_clients_are_excluded_counted_and_never_hang_the_run(tmp_path):
     assert rows["test-accuracy"][2] == rows["test-accuracy"][1] and rows["test-loss"][2] == rows["test-loss"][1]
 
 
-KILLABLE_LAUNCH = "import json, sys; from pathlib import Path; from experiments.launch import launch; " \
-    "launch(json.loads(sys.argv[1]), Path(sys.argv[2]), progress=False)"
+# The launcher to kill keeps its temporary files (Flower's home) in argv[3], inside the test's
+# tmp_path: killed, it cannot remove them itself.
+KILLABLE_LAUNCH = "import json, sys, tempfile; from pathlib import Path; from experiments.launch import launch; " \
+    "tempfile.tempdir = sys.argv[3]; launch(json.loads(sys.argv[1]), Path(sys.argv[2]), progress=False)"
 
 
 def _rows(path) -> int:
@@ -82,7 +84,11 @@ def test_a_run_killed_with_sigkill_resumes_from_its_checkpoint_bitwise_identical
     # The reference run goes on beside the one to kill (each has its own SuperLink and Ray).
     with ThreadPoolExecutor(max_workers=1) as pool:
         uninterrupted = pool.submit(launch, config, tmp_path / "uninterrupted", progress=False)
-        launcher = subprocess.Popen([sys.executable, "-c", KILLABLE_LAUNCH, json.dumps(config), str(killed)], cwd=APP_DIR, env=env)
+        scratch = tmp_path / "launcher-tmp"
+        scratch.mkdir()
+        launcher = subprocess.Popen(
+            [sys.executable, "-c", KILLABLE_LAUNCH, json.dumps(config), str(killed), str(scratch)], cwd=APP_DIR, env=env,
+        )
         try:
             deadline = time.monotonic() + 240
             while _rows(killed / "results.csv") < 3:  # round 2's checkpoint is written, round 3 is done

@@ -13,8 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from conftest import processes_in_scope
 from experiments import sweep as sweep_module
-from experiments.launch import RunFailed, _process_table
+from experiments.launch import RunFailed
 from experiments.sweep import SWEEPS_DIR, SweepError, collect, load_sweep, run_sweep
 from strategies.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from strategies.config import ConfigError
@@ -149,12 +150,14 @@ def test_a_changed_config_reruns_and_an_unfinished_run_is_pending(tmp_path, monk
     assert calls == ["seed=0", "seed=1"]
 
 
-def flower_processes() -> set[int]:
-    names = ("flower-superlink", "flwr-simulation", "ray::", "raylet")
-    return {pid for pid, (_, _, cmdline) in _process_table().items() if any(name in cmdline for name in names)}
+def _command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:  # the process has exited meanwhile
+        return ""
 
 
-def test_a_real_sweep_interrupted_and_resumed_loses_and_repeats_nothing(tmp_path):
+def test_a_real_sweep_interrupted_and_resumed_loses_and_repeats_nothing(tmp_path, scoped_env):
     """2 methods (FedAvg, FedAvg+IMA) × 2 α on digits, killed after the third run's first
     checkpoint, resumed: the finished runs are kept, the third continues from its checkpoint."""
     path = write_sweep(tmp_path, SMALL.replace("num-rounds = 2", "num-rounds = 4\ncheckpoint-every = 1") + """
@@ -165,18 +168,21 @@ seed = [0]
 """)
     out = tmp_path / "out"
     command = [sys.executable, "-m", "experiments.sweep", str(path), "--out", str(out), "--no-progress"]
-    before = flower_processes()
-    first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env, scope = scoped_env
+    first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     third = out / "runs" / "alpha=1.0_averaging=none_seed=0"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not (third / CHECKPOINT_FILE).is_file():
         assert first.poll() is None, first.communicate()
         time.sleep(0.05)
+    started = processes_in_scope(scope)  # the scope sees this sweep's Flower and Ray processes
+    assert any("flower-superlink" in _command_line(pid) for pid in started)
     first.send_signal(signal.SIGTERM)
     _, err = first.communicate(timeout=60)
     assert first.returncode == 130 and "2 of 4 runs completed, 0 failed, 2 not finished" in err
     time.sleep(1)
-    assert flower_processes() - before == set()  # no SuperLink, simulation or Ray left behind
+    # No SuperLink, simulation or Ray process of this sweep is left (other jobs' do not count).
+    assert processes_in_scope(scope) == set()
 
     table = pd.read_parquet(out / "results.parquet")
     assert table["status"].tolist() == ["completed"] * 2 + ["pending"] * 2
