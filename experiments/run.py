@@ -65,8 +65,8 @@ def list_keys() -> str:
 
 def output_name(preset: str | None, main_job: bool, config: dict) -> str:
     """The output folder's name: the preset, "main" for the main job, else what ran."""
-    if preset:
-        return Path(preset).stem
+    if preset:  # a name ("ima-fmnist-dir0.1", whose ".1" is not a suffix) or a TOML path
+        return Path(preset).stem if preset.endswith(".toml") else Path(preset).name
     if main_job:
         return "main"
     from experiments.report import method_label

@@ -212,6 +212,8 @@ def test_the_output_folder_is_named_after_what_ran():
     from experiments.run import output_name
 
     assert output_name("ima-fmnist-shards", False, resolve_config({})) == "ima-fmnist-shards"
+    assert output_name("ima-fmnist-dir0.1", False, resolve_config({})) == "ima-fmnist-dir0.1"  # not "…-dir0"
+    assert output_name("my/setup.toml", False, resolve_config({})) == "setup"
     assert output_name(None, True, resolve_config({})) == "main"
     assert output_name(None, False, resolve_config({"strategy": "scaffold"})) == "scaffold"
     assert output_name(None, False, resolve_config({"averaging": "ima"})) == "fedavg+ima"
