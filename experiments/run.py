@@ -119,21 +119,22 @@ def main(argv: list[str] | None = None) -> int:
 
     name = output_name(args.preset, main_job, next(iter(runs.values())))
     out_dir = (args.out or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    # Runs are named by what ran ("FedAvg+IMA"), plus any other compared key, in the
+    # progress bars, the figure and the table; their folders by the compared values.
+    extra = [k for k in dict.fromkeys(k for v in variants(compare) for k in v) if k not in ("strategy", "averaging")]
+    names = {label: method_label(config, extra) for label, config in runs.items()}
     summaries, curves, failed = {}, {}, []
     for label, config in runs.items():
         run_dir = out_dir / label if len(runs) > 1 else out_dir
         try:
             summaries[label] = launch(config, run_dir, resources, ray_address=args.ray_address,
-                                      label=f"{label} ({len(summaries) + len(failed) + 1}/{len(runs)})")
+                                      label=f"{names[label]} ({len(summaries) + len(failed) + 1}/{len(runs)})")
             curves[label] = pd.read_csv(run_dir / "results.csv")
         except RunFailed as error:
             print(f"error: {error}", file=sys.stderr)
             failed.append(label)
 
     if summaries:
-        # Curves are named by what ran ("FedAvg+IMA"), plus any other compared key.
-        extra = [k for k in dict.fromkeys(k for v in variants(compare) for k in v) if k not in ("strategy", "averaging")]
-        names = {label: method_label(runs[label], extra) for label in curves}
         figure = plot_accuracy(
             {names[label]: frame for label, frame in curves.items()}, out_dir / "accuracy.png",
             title=f"{name}: {setup_title(next(iter(runs.values())))}",
