@@ -50,8 +50,15 @@ def method_label(config: Mapping[str, Any], extra_keys: Iterable[str] = ()) -> s
     name = METHOD_NAMES.get(config["strategy"], config["strategy"])
     if config["averaging"] != "none":
         name += "+" + AVERAGING_NAMES.get(config["averaging"], config["averaging"])
-    extras = [f"{k}={config[k]:g}" if isinstance(config[k], float) else f"{k}={config[k]}" for k in extra_keys]
+    extras = [f"{k}={_config_value(config[k])}" for k in extra_keys]
     return ", ".join([name, *extras])
+
+
+def _config_value(value: Any) -> str:
+    """A run-config value as the user writes it (0.1, true, 'iid' → iid)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def setup_title(config: Mapping[str, Any]) -> str:

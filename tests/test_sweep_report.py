@@ -185,6 +185,7 @@ def test_accuracy_figure_names_methods_setup_and_averaging_start():
     curves = {method_label(c): frame for c in runs.values()}
     assert list(curves) == ["FedAvg", "FedAvg+IMA", "FedAvg+WIMA"]
     assert method_label(resolve_config({"strategy": "scaffold", "lr": 0.1}), ["lr"]) == "SCAFFOLD, lr=0.1"
+    assert method_label(resolve_config({"normalize": False}), ["normalize"]) == "FedAvg, normalize=false"
     starts = {method_label(c): averaging_start(c) for c in runs.values()}
     assert starts == {"FedAvg": None, "FedAvg+IMA": 22, "FedAvg+WIMA": 5}  # IMA t_s = round(0.75·30); WIMA W
     title = setup_title(runs["none"])
