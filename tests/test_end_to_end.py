@@ -130,15 +130,17 @@ def test_same_seed_gives_bitwise_identical_rounds_and_model(flower_runs):
 
 
 def test_a_failing_server_app_is_a_failed_run_and_the_command_exits_1(tmp_path):
-    # Valid config, but the data cannot be found: the ServerApp raises inside Flower.
+    # Valid config whose data passes the launcher's checks (a local copy of a hub set exists)
+    # but cannot be loaded (it holds no data files): the ServerApp raises inside Flower.
+    (tmp_path / "empty-copy").mkdir()
     result = subprocess.run(
-        [sys.executable, "-m", "experiments.run", "--set", "dataset=fashion-mnist",
-         "--set", f"data-dir={tmp_path / 'nowhere'}", "--set", "num-rounds=1", "--out", str(tmp_path / "out")],
+        [sys.executable, "-m", "experiments.run", "--set", f"dataset=hf:{tmp_path / 'empty-copy'}",
+         "--set", "num-rounds=1", "--out", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=300,
     )
-    assert result.returncode == 1 and "failed" in result.stderr and "FileNotFoundError" in result.stderr
+    assert result.returncode == 1 and "failed" in result.stderr and "EmptyDatasetError" in result.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["status"] == "failed" and "FileNotFoundError" in summary["error"]
+    assert summary["status"] == "failed" and "EmptyDatasetError" in summary["error"]
 
 
 def test_fashion_mnist_ima_preset_runs_a_few_rounds(tmp_path, fashion_mnist_dir):

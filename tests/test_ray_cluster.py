@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from experiments import launch as launch_module
 from experiments import run, sweep
 from experiments.launch import RunFailed, _free_port, launch, resolve_config, stop_process_tree
 from experiments.ray_cluster import RayClusterUnreachable, check_ray_address
@@ -66,7 +67,7 @@ def test_the_command_lines_pass_the_address_to_every_run(tmp_path, tiny_sweep, m
         out_dir.mkdir(parents=True)  # as launch does
         raise RunFailed("not run")
 
-    monkeypatch.setattr(run, "launch", fake_launch)
+    monkeypatch.setattr(launch_module, "launch", fake_launch)  # run.main imports it when called
     monkeypatch.setattr(sweep, "launch", fake_launch)
     monkeypatch.setattr(signal, "signal", lambda *args: None)  # sweep.main's SIGTERM handler
     with socket.create_server(("127.0.0.1", 0)) as listener:
