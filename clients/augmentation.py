@@ -16,7 +16,6 @@ already standardised, so the pad value is the standardised black pixel of each c
 from __future__ import annotations
 
 import torch
-from torch.nn import functional as F
 
 CROP_PADDING = 4
 
@@ -34,11 +33,11 @@ def crop_flip(
     cols = torch.randint(0, 2 * padding + 1, (batch,), generator=generator)
     flips = torch.randint(0, 2, (batch,), generator=generator).bool()
     rows, cols, flips = rows.to(x.device), cols.to(x.device), flips.to(x.device)
-    # Pad with 0, then put the channel's pad value where the padding is (F.pad takes one scalar).
-    padded = F.pad(x, (padding, padding, padding, padding))
-    frame = torch.ones(1, 1, height, width, device=x.device, dtype=x.dtype)
-    border = 1 - F.pad(frame, (padding, padding, padding, padding))
-    padded = padded + border * pad_value.to(device=x.device, dtype=x.dtype).view(1, -1, 1, 1)
+    # The padded batch: the channel's pad value everywhere, the images in the middle.
+    padded = pad_value.to(device=x.device, dtype=x.dtype).view(1, -1, 1, 1).expand(
+        batch, channels, height + 2 * padding, width + 2 * padding
+    ).clone()
+    padded[:, :, padding : padding + height, padding : padding + width] = x
     row_index = rows[:, None] + torch.arange(height, device=x.device)  # (B, H)
     col_steps = torch.arange(width, device=x.device)
     # A flipped crop reads its columns right to left: column w of the output is w' = W − 1 − w.

@@ -71,8 +71,9 @@ def load_dataset(name: str, data_dir: str = "", normalize: bool = True) -> Tenso
     return replace(data, x_train=(data.x_train - mean) / std, x_test=(data.x_test - mean) / std, black=black)
 
 
-@lru_cache(maxsize=2)
 def _load_scaled(name: str, data_dir: str) -> TensorDataset:
+    # Not cached: load_dataset caches its result, so a process holds one copy of the images
+    # (standardised or not), not also the scaled one it was computed from.
     if name == "digits":
         return _load_digits()
     if name == "fashion-mnist":

@@ -43,8 +43,8 @@ def partition_labels(dataset: str, data_dir: str) -> np.ndarray | None:
 
 
 def partition_settings(config: Mapping[str, Any]) -> tuple:
-    """The run-config values a partition depends on, in :func:`build_partitioner`'s order
-    after the scheme: (scheme, K, seed, alpha, classes-per-client, min size, balance)."""
+    """The run-config values a partition depends on, in :func:`build_partitioner`'s argument
+    order: (scheme, K, seed, alpha, classes-per-client, min size, balance)."""
     return (
         str(config["partition"]), int(config["num-clients"]), int(config["seed"]), float(config["alpha"]),
         int(config["classes-per-client"]), int(config["min-partition-size"]), bool(config["dirichlet-balance"]),

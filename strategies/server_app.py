@@ -183,7 +183,7 @@ def client_state_snapshots(config: dict[str, Any], directory: Path, run_token: s
 
 def write_partition_statistics(config: dict[str, Any], data, directory: Path) -> None:
     """partition.csv (class counts per client) and partition.png: the heterogeneity to look at."""
-    indices = partition_indices(config["dataset"], config["data-dir"], partition_settings(config))
+    indices = partition_indices(config["dataset"], config["data-dir"], config["normalize"], partition_settings(config))
     table = class_count_table(data.y_train.numpy(), list(indices), data.num_classes)
     table.to_csv(directory / "partition.csv")
     title = (f"{config['dataset']}: {partition_notation(config)} over {config['num-clients']} clients, "

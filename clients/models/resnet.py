@@ -19,12 +19,12 @@ whole network (GradAug) can run at a reduced width with :func:`slimmable_width`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import stochastic_depth
-
-from collections.abc import Callable
 
 from clients.models.slimmable import SlimBatchNorm2d, SlimConv2d, SlimGroupNorm, SlimLinear, StagedNet
 
@@ -183,21 +183,20 @@ def resnet20_gn(num_classes: int, in_channels: int = 3) -> StagedNet:
     return _init(StagedNet(_stem(in_channels, 16), stages, nn.Identity(), SlimLinear(64, num_classes)))
 
 
-def resnet56(num_classes: int, in_channels: int = 3, projection: bool = False) -> StagedNet:
+def resnet56(num_classes: int, in_channels: int = 3, projection: bool = False, norm: Norm = SlimGroupNorm) -> StagedNet:
     """FedAlign's ResNet-56: Bottleneck [6, 6, 6], planes 16/32/64 (256 output features),
-    projection shortcuts, GroupNorm; ``projection``: MOON's two-layer projection head."""
-    stages = _stages(Bottleneck, 16, [16, 32, 64], [6, 6, 6])
+    projection shortcuts, GroupNorm; ``projection``: MOON's two-layer projection head.
+    With ``norm = SlimBatchNorm2d`` (``resnet56_bn``) the residual branches are not
+    zero-initialised, as in the authors' BatchNorm network."""
+    stages = _stages(Bottleneck, 16, [16, 32, 64], [6, 6, 6], norm=norm)
     head = projection_head(64 * 4) if projection else nn.Identity()
-    return _init(StagedNet(_stem(in_channels, 16), stages, head, SlimLinear(64 * 4, num_classes)))
+    model = StagedNet(_stem(in_channels, 16, norm), stages, head, SlimLinear(64 * 4, num_classes))
+    return _init(model, zero_init_residual=norm is not SlimBatchNorm2d)
 
 
 def resnet56_bn(num_classes: int, in_channels: int = 3, projection: bool = False) -> StagedNet:
-    """FedAlign's ResNet-56 as the authors ran it: BatchNorm (slimmable for the slim pass),
-    residual branches not zero-initialised; ``projection``: MOON's two-layer head."""
-    stages = _stages(Bottleneck, 16, [16, 32, 64], [6, 6, 6], norm=SlimBatchNorm2d)
-    head = projection_head(64 * 4) if projection else nn.Identity()
-    model = StagedNet(_stem(in_channels, 16, SlimBatchNorm2d), stages, head, SlimLinear(64 * 4, num_classes))
-    return _init(model, zero_init_residual=False)
+    """FedAlign's ResNet-56 as the authors ran it: BatchNorm (slimmable for the slim pass)."""
+    return resnet56(num_classes, in_channels, projection, norm=SlimBatchNorm2d)
 
 
 def resnet18_gn(num_classes: int, in_channels: int = 3) -> StagedNet:

@@ -65,7 +65,7 @@ def scaled_lipschitz_loss(cross_entropy: torch.Tensor, lipschitz: torch.Tensor, 
     residual branches still at zero) there is nothing to align: the term is 0, not CE/0.
     """
     lip = lipschitz.detach()
-    scale = torch.where(lip > 0, cross_entropy.detach() / torch.where(lip > 0, lip, torch.ones_like(lip)), 0.0)
+    scale = torch.where(lip > 0, cross_entropy.detach() / lip.clamp_min(TINY), 0.0)
     return mu * scale * lipschitz
 
 
