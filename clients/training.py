@@ -184,7 +184,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
 def select_device(preference: str) -> torch.device:
     """'auto' → CUDA when available, else CPU; 'cuda' fails clearly without a GPU."""
     if preference == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device = 'cuda' but no CUDA device is available")
+        raise ValueError("device = 'cuda' but no CUDA device is available; allowed here: 'cpu' or 'auto'")
     if preference == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
     return torch.device("cuda")

@@ -77,7 +77,11 @@ from clients.data import client_tensors
 from clients.local_round import LocalRound, round_randomness
 from clients.models import build_run_model, resolve_model_name
 from clients.training import evaluate, select_device
-from experiments.launch import ClientResources, RunFailed, launch, load_preset, parse_overrides, resolve_config
+from experiments.cli import UsageError, guarded
+from experiments.launch import (
+    ClientResources, RunFailed, check_machine, launch, load_preset, parse_overrides, resolve_config,
+)
+from experiments.output_dir import OutputLock, create_output_dir, unique_output_dir
 from partitions import load_dataset
 from strategies.config import ConfigError, cohort_size
 from strategies.registry import build_client_schedule
@@ -226,37 +230,36 @@ def print_report(figures: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    return guarded(lambda: run_command(args))
 
-    try:
-        if args.rounds < 1:
-            raise ValueError(f"--rounds: {args.rounds} is not allowed; allowed: an integer >= 1")
-        if args.cpus_per_client <= 0 or args.gpus_per_client < 0:
-            raise ValueError("--cpus-per-client must be > 0 and --gpus-per-client >= 0")
-        overrides = parse_overrides(args.set + ([f"device={args.device}"] if args.device else []))
-        config = benchmark_config(args.preset, overrides, args.rounds)
-        device = select_device(config["device"])
-    except (ConfigError, FileNotFoundError, ValueError, RuntimeError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
 
-    out_dir = (args.out or Path("runs") / f"benchmark-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+def run_command(args) -> int:
+    """Validate, measure the bare loop, then the Flower run (see the module docstring)."""
+    if args.rounds < 1:
+        raise UsageError(f"--rounds: {args.rounds} is not allowed; allowed: an integer >= 1")
+    overrides = parse_overrides(args.set + ([f"device={args.device}"] if args.device else []))
+    config = benchmark_config(args.preset, overrides, args.rounds)
     resources = ClientResources(args.cpus_per_client, args.gpus_per_client)
-    bare = run_bare(config)  # first: on a quiet machine, not beside Ray's shutdown
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # leave the GPU to the Flower clients
-    started = time.perf_counter()
-    try:
-        launch(config, out_dir / "flower", resources, progress=sys.stderr.isatty(), label="flower")
-    except RunFailed as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    launch_seconds = time.perf_counter() - started
-    rows = pd.read_csv(out_dir / "flower" / "results.csv")
-    figures = report({**config, "output-dir": str(out_dir / "flower")}, rows, launch_seconds, bare, resources, device)
-    print_report(figures)
-    (out_dir / "benchmark.json").write_text(json.dumps(figures, indent=2))
+    check_machine([config], resources)
+    device = select_device(config["device"])
+    out_dir = create_output_dir(args.out) if args.out else unique_output_dir(Path("runs"), "benchmark")
+
+    with OutputLock(out_dir):
+        bare = run_bare(config)  # first: on a quiet machine, not beside Ray's shutdown
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # leave the GPU to the Flower clients
+        started = time.perf_counter()
+        try:
+            launch(config, out_dir / "flower", resources, progress=sys.stderr.isatty(), label="flower")
+        except RunFailed as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        launch_seconds = time.perf_counter() - started
+        rows = pd.read_csv(out_dir / "flower" / "results.csv")
+        figures = report({**config, "output-dir": str(out_dir / "flower")}, rows, launch_seconds, bare, resources, device)
+        print_report(figures)
+        (out_dir / "benchmark.json").write_text(json.dumps(figures, indent=2))
     print(f"results: {out_dir / 'benchmark.json'}")
     return 0
 

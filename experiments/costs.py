@@ -124,9 +124,10 @@ from clients import protocol
 from clients.local_round import LocalRound
 from clients.models import MODEL_NAMES, build_model, uses_projection_head
 from clients.training import select_device
+from experiments.cli import UsageError, guarded
 from experiments.launch import parse_overrides, resolve_config
 from partitions.datasets import INPUT_SHAPES
-from strategies.config import DEVICES, STRATEGY_NAMES, ConfigError
+from strategies.config import DEVICES, STRATEGY_NAMES
 from strategies.registry import build_client_schedule, build_strategy
 from strategies.server_app import round_train_config
 
@@ -135,10 +136,6 @@ REFERENCE = "fedavg"
 GRADAUG_VARIANT = re.compile(r"gradaug-n(\d+)")
 NODE_ID = 1000  # the one client of the benchmark's cohort
 SYNTHETIC_DATASET = "hf:synthetic"  # config placeholder when no built-in set has the input shape
-
-
-class UsageError(ValueError):
-    """A command-line value is not allowed (exit code 2)."""
 
 
 # -- methods and their run configs ---------------------------------------------------------
@@ -420,37 +417,36 @@ def _positive(option: str, value: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    return guarded(lambda: run_command(args))
 
+
+def run_command(args) -> int:
+    """Validate the arguments, then measure and print the table (see the module docstring)."""
+    if args.model not in MODEL_NAMES:
+        raise UsageError(f"--model: {args.model!r} is not allowed; allowed: {', '.join(MODEL_NAMES)}")
+    if args.device not in DEVICES:
+        raise UsageError(f"--device: {args.device!r} is not allowed; allowed: {', '.join(DEVICES)}")
+    methods = parse_methods(args.methods)
+    shape = parse_shape(args.input_shape)
+    num_classes = _positive("--num-classes", args.num_classes)
+    batch_size = _positive("--batch-size", args.batch_size)
+    steps = _positive("--steps", args.steps)
+    if args.threads < 0:
+        raise UsageError(f"--threads: {args.threads} is not allowed; allowed: an integer >= 0 (0 = torch's default)")
+    if args.round_steps < 0:
+        raise UsageError(f"--round-steps: {args.round_steps} is not allowed; allowed: an integer >= 0")
     try:
-        if args.model not in MODEL_NAMES:
-            raise UsageError(f"--model: {args.model!r} is not allowed; allowed: {', '.join(MODEL_NAMES)}")
-        if args.device not in DEVICES:
-            raise UsageError(f"--device: {args.device!r} is not allowed; allowed: {', '.join(DEVICES)}")
-        methods = parse_methods(args.methods)
-        shape = parse_shape(args.input_shape)
-        num_classes = _positive("--num-classes", args.num_classes)
-        batch_size = _positive("--batch-size", args.batch_size)
-        steps = _positive("--steps", args.steps)
-        if args.threads < 0:
-            raise UsageError(f"--threads: {args.threads} is not allowed; allowed: an integer >= 0 (0 = torch's default)")
-        if args.round_steps < 0:
-            raise UsageError(f"--round-steps: {args.round_steps} is not allowed; allowed: an integer >= 0")
-        try:
-            build_model(args.model, shape, num_classes)
-        except ValueError as error:
-            raise UsageError(
-                f"--input-shape: {args.input_shape!r} does not fit --model {args.model!r} ({error}); "
-                f"allowed: an input shape that model takes, or another --model"
-            ) from None
-        overrides = parse_overrides(args.set)
-        for method in methods:
-            method_config(method, args.model, shape, batch_size, args.device, overrides)
-        device = select_device(args.device)
-    except (UsageError, ConfigError, ValueError, RuntimeError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        build_model(args.model, shape, num_classes)
+    except ValueError as error:
+        raise UsageError(
+            f"--input-shape: {args.input_shape!r} does not fit --model {args.model!r} ({error}); "
+            f"allowed: an input shape that model takes, or another --model"
+        ) from None
+    overrides = parse_overrides(args.set)
+    for method in methods:
+        method_config(method, args.model, shape, batch_size, args.device, overrides)
+    device = select_device(args.device)
 
     if args.threads:
         torch.set_num_threads(args.threads)

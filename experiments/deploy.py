@@ -71,20 +71,25 @@ if __name__ == "__main__":
     build_parser().parse_args()
 
 from experiments.certificates import KeyPair, TlsFiles, write_supernode_key_pair, write_tls_certificates
+from experiments.cli import guarded
 from experiments.launch import (
     APP_DIR,
+    ClientResources,
     RunFailed,
     _follow,
     _free_port,
     _read_summary,
     _toml_value,
     check_data,
+    check_machine,
     load_preset,
     parse_overrides,
     resolve_config,
     stop_process_tree,
 )
-from strategies.config import ConfigError, validate_run_config
+from experiments.output_dir import OutputLock, create_output_dir, unique_output_dir
+from strategies.checkpoint import read_checkpoint
+from strategies.config import validate_run_config
 
 FEDERATION = "basin-local"
 HOST = "127.0.0.1"
@@ -348,9 +353,12 @@ def deploy(config: Mapping[str, Any], out_dir: Path, security: Security = Securi
            progress: bool = True) -> dict[str, Any]:
     """Run one validated config on a fresh local deployment; its summary, or RunFailed /
     DeploymentError. Logs of every process are written to ``out_dir``."""
-    with LocalFederation(out_dir, security, cpus_per_client) as federation:
-        federation.start_supernodes(int(config["num-clients"]))
-        return federation.run(config, out_dir, progress)
+    out_dir = create_output_dir(out_dir, "output directory")
+    with OutputLock(out_dir):
+        read_checkpoint(out_dir, {**config, "output-dir": str(out_dir)})  # refused before the SuperLink starts
+        with LocalFederation(out_dir, security, cpus_per_client) as federation:
+            federation.start_supernodes(int(config["num-clients"]))
+            return federation.run(config, out_dir, progress)
 
 
 # --- helpers -----------------------------------------------------------------------
@@ -404,18 +412,18 @@ def flwr_homes() -> dict[int, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    return guarded(lambda: run_command(args))
 
-    try:
-        config = resolve_config(load_preset(args.preset) if args.preset else {}, parse_overrides(args.set))
-        check_data([config])
-    except (ConfigError, FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+
+def run_command(args: argparse.Namespace) -> int:
+    """Validate, then start the local deployment and run on it (see the module docstring)."""
+    config = resolve_config(load_preset(args.preset) if args.preset else {}, parse_overrides(args.set))
+    check_data([config])
+    check_machine([config], ClientResources())  # the device; SuperNodes are processes, not Ray actors
     security = Security(tls=args.tls or args.auth, auth=args.auth)
     name = Path(args.preset).stem if args.preset else "main"
-    out_dir = (args.out or Path("runs") / f"deploy-{name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    out_dir = create_output_dir(args.out) if args.out else unique_output_dir(Path("runs"), f"deploy-{name}")
     try:
         summary = deploy(config, out_dir, security, args.cpus_per_client)
     except (RunFailed, DeploymentError) as error:

@@ -8,8 +8,10 @@ ServerApp failed, so success is read from the run's ``summary.json`` instead.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,11 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments.output_dir import OutputLock, create_output_dir
 from experiments.ray_cluster import check_ray_address
 from strategies.checkpoint import read_checkpoint
 from partitions.availability import data_problem
 from partitions.feasibility import check_partition
-from strategies.config import ConfigError, validate_run_config
+from strategies.config import ConfigError, summary_horizon, validate_run_config
+from strategies.results import summarize, write_json_atomic
 
 APP_DIR = Path(__file__).resolve().parents[1]
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
@@ -74,10 +78,20 @@ def named_toml(name_or_path: str, directory: Path, kind: str) -> Path:
     return path
 
 
+def read_toml(path: Path, kind: str) -> dict[str, Any]:
+    """A TOML file's content; a syntax error names the file (ConfigError)."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{kind} file {path} is not valid TOML: {error}") from None
+    except OSError as error:
+        raise ConfigError(f"{kind} file {path} cannot be read ({error.strerror or error})") from None
+
+
 def load_preset(name_or_path: str) -> dict[str, Any]:
     """A preset's overrides: a name from experiments/presets/ or a TOML file path."""
-    with open(named_toml(name_or_path, PRESETS_DIR, "preset"), "rb") as f:
-        return tomllib.load(f)
+    return read_toml(named_toml(name_or_path, PRESETS_DIR, "preset"), "preset")
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -115,6 +129,48 @@ def check_data(configs: Iterable[Mapping[str, Any]]) -> None:
             raise DataUnavailable(problem)
 
 
+def machine_cpus() -> int:
+    """CPU cores this process may use, as Ray counts them (affinity, then a cgroup quota)."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
+def check_machine(
+    configs: Iterable[Mapping[str, Any]], resources: ClientResources, ray_address: str | None = None
+) -> None:
+    """Raise ConfigError, before any Flower process exists, when the runs ask this machine
+    for what it lacks: a CUDA device, or more CPU cores or GPU share per client than it has
+    (Ray would place no client and the run would fail inside Flower). On an existing Ray
+    cluster (``ray_address``) the clients' resources are the cluster's to judge."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    for config in configs:
+        if config["device"] == "cuda" and not cuda and ray_address is None:
+            raise ConfigError(
+                "run config key 'device' = 'cuda' but this machine has no usable CUDA device "
+                "(torch.cuda.is_available() is False); allowed here: 'cpu' or 'auto'"
+            )
+    if ray_address is not None:
+        return
+    cores = machine_cpus()
+    if resources.num_cpus > cores:
+        raise ConfigError(
+            f"CPUs per client = {resources.num_cpus:g} exceed this machine's {cores} CPU cores (Ray could start "
+            f"no client); allowed: a whole number from 1 to {cores}"
+        )
+    if resources.num_gpus > 0 and not cuda:
+        raise ConfigError(
+            f"GPUs per client = {resources.num_gpus:g} but this machine has no usable CUDA device; allowed here: 0"
+        )
+
+
 def resolve_config(*layers: Mapping[str, Any]) -> dict[str, Any]:
     """Defaults, then each layer of overrides, validated, and its partition built once on
     the data set's labels (raises ConfigError: before Flower starts, not in every client)."""
@@ -125,7 +181,7 @@ def resolve_config(*layers: Mapping[str, Any]) -> dict[str, Any]:
     try:
         check_partition(config)
     except ValueError as error:
-        raise ConfigError(f"run config keys 'partition', 'alpha', 'num-clients', 'min-partition-size': {error}") from None
+        raise ConfigError(f"run config keys 'partition', 'alpha', 'classes-per-client', 'num-clients', 'min-partition-size': {error}") from None
     return config
 
 
@@ -232,7 +288,8 @@ def _read_summary(out_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def _count_rounds(out_dir: Path) -> int:
+def count_rounds(out_dir: Path) -> int:
+    """Rounds a run has written to its results.csv (0 before the first)."""
     try:
         with open(out_dir / "results.csv") as f:
             return max(sum(1 for _ in f) - 1, 0)
@@ -251,14 +308,25 @@ def launch(
 ) -> dict[str, Any]:
     """Run one validated config with ``flwr run``; return its summary or raise RunFailed.
 
-    With ``ray_address`` (``HOST:PORT``) the clients run on that existing Ray cluster
-    (``experiments.ray_cluster``); RayClusterUnreachable is raised before Flower starts
-    if nothing answers there.
+    The output directory is locked for the run (experiments/output_dir.py): a second
+    launcher there raises OutputLocked before Flower starts. When the launcher is
+    interrupted (Ctrl-C, SIGTERM: KeyboardInterrupt) or Flower dies before the ServerApp
+    recorded an end, ``summary.json`` says ``interrupted`` or ``killed``, never
+    ``running``. With ``ray_address`` (``HOST:PORT``) the clients run on that existing Ray
+    cluster (``experiments.ray_cluster``); RayClusterUnreachable is raised before Flower
+    starts if nothing answers there.
     """
     if ray_address is not None:
         check_ray_address(ray_address)
-    out_dir = Path(out_dir).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = create_output_dir(out_dir, "output directory")
+    with OutputLock(out_dir):
+        return _launch_locked(config, out_dir, resources, progress, label, leave, ray_address)
+
+
+def _launch_locked(
+    config: Mapping[str, Any], out_dir: Path, resources: ClientResources, progress: bool, label: str, leave: bool,
+    ray_address: str | None,
+) -> dict[str, Any]:
     config = validate_run_config({**config, "output-dir": str(out_dir)})
     read_checkpoint(out_dir, config)  # a corrupt or foreign checkpoint is refused before Flower starts
     (out_dir / "summary.json").unlink(missing_ok=True)
@@ -268,6 +336,7 @@ def launch(
     launched_at = time.time()
     http_port, control_port = _free_port(), _free_port()
     bin_dir = Path(sys.executable).parent
+    log_path = out_dir / "flwr.log"
     with tempfile.TemporaryDirectory(prefix="basin-flwr-home-") as flwr_home:
         env = {
             **os.environ,
@@ -285,11 +354,13 @@ def launch(
             "--run-config", str(run_config_path),
             "--federation-config", resources.federation_config(config["num-clients"]),
         ]
-        log_path = out_dir / "flwr.log"
         try:
             with open(log_path, "w") as log:
                 process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=APP_DIR)
                 _follow(process, out_dir, config["num-rounds"], progress, label, leave)
+        except KeyboardInterrupt:
+            end_summary(out_dir, config, "interrupted", "stopped by Ctrl-C or SIGTERM")
+            raise
         finally:
             if "process" in locals() and process.poll() is None:
                 process.terminate()
@@ -297,14 +368,51 @@ def launch(
 
     summary = _read_summary(out_dir)
     if summary is None or summary.get("status") != "completed":
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
-        reason = summary.get("error") if summary else "no summary.json was written"
+        log_text = log_path.read_text(errors="replace")
+        if summary is not None and summary.get("status") == "failed":
+            reason = summary.get("error")
+        else:  # the ServerApp never recorded an end: Flower or its processes died
+            reason = flower_failure_reason(log_text) or (
+                f"the ServerApp's process ended after round {count_rounds(out_dir)} without recording why "
+                f"(killed from outside, or out of memory?)"
+            )
+            end_summary(out_dir, config, "killed", reason)
+        tail = "\n".join(log_text.splitlines()[-30:])
         raise RunFailed(f"run in {out_dir} failed: {reason}\n--- last lines of {log_path} ---\n{tail}")
     # The run's real wall time, Flower's start-up included, and the part before round 1.
     summary["run-seconds"] = time.time() - launched_at
     if summary.get("training-started-at"):
         summary["startup-seconds"] = summary["training-started-at"] - launched_at
     return summary
+
+
+def end_summary(out_dir: Path, config: Mapping[str, Any], status: str, reason: str) -> None:
+    """Record in ``summary.json`` how a run that did not complete ended (``interrupted``,
+    ``killed``), with the metrics of the rounds it finished; a completed run's is left alone."""
+    summary = _read_summary(out_dir) or {}
+    if summary.get("status") == "completed":
+        return
+    try:
+        with open(out_dir / "results.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError:
+        rows = []
+    metrics = summarize(rows, summary_horizon(config), config["target-accuracy"])
+    write_json_atomic(out_dir / "summary.json", {**summary, **metrics, "status": status, "error": reason})
+
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def flower_failure_reason(log_text: str) -> str | None:
+    """The reason Flower's log gives for a failed run: its last ERROR line (a Python
+    exception's last line when that is all there is), None when the log names none."""
+    lines = [ANSI_ESCAPE.sub("", line).strip() for line in log_text.splitlines()]
+    errors = [line for line in lines if line.startswith("ERROR")]
+    if errors:
+        return errors[-1].partition(":")[2].strip() or errors[-1]
+    exceptions = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception|Interrupt)\b.*", line)]
+    return exceptions[-1] if exceptions else None
 
 
 # What a run waits for before its first round, recognised by the first line of each stage
@@ -342,7 +450,7 @@ def _follow(process: subprocess.Popen, out_dir: Path, num_rounds: int, progress:
     log_path = out_dir / "flwr.log"
     with tqdm(total=num_rounds, desc=label or out_dir.name, unit="round", disable=not progress, leave=leave) as bar:
         while process.poll() is None:
-            bar.update(_count_rounds(out_dir) - bar.n)
+            bar.update(count_rounds(out_dir) - bar.n)
             if bar.n == 0 and progress:
                 try:
                     bar.set_postfix_str(startup_stage(log_path.read_text(errors="replace")), refresh=True)
@@ -354,4 +462,4 @@ def _follow(process: subprocess.Popen, out_dir: Path, num_rounds: int, progress:
             if summary is not None and summary.get("status") == "completed":
                 break
             time.sleep(0.2)
-        bar.update(_count_rounds(out_dir) - bar.n)
+        bar.update(count_rounds(out_dir) - bar.n)

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import re
+import shlex
 import sys
-import time
 from pathlib import Path
 
 # Only the standard library above: `--help` answers without importing torch or Flower
@@ -74,7 +75,7 @@ def output_name(preset: str | None, main_job: bool, config: dict) -> str:
     return re.sub(r"[^A-Za-z0-9.+=-]+", "-", method_label(config).lower()).strip("-")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", help="a preset name from experiments/presets/ or a TOML file")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key")
@@ -89,50 +90,87 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list-presets", action="store_true", help="print the presets and what each runs, then exit")
     parser.add_argument("--list-keys", action="store_true",
                         help="print every run-config key, its default and what it allows, then exit")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def output_dir_of(out: Path | None, configs: list[dict], name: str) -> Path:
+    """The job's output folder, created: ``--out``, else the configs' ``output-dir``, else a
+    new ``runs/<name>-<time>``; ``--out`` and an ``output-dir`` naming another folder are refused."""
+    from experiments.cli import UsageError
+    from experiments.output_dir import create_output_dir, unique_output_dir
+
+    requested = sorted({config["output-dir"] for config in configs} - {""})
+    if len(requested) > 1:
+        raise UsageError(f"run config key 'output-dir' takes {len(requested)} values {requested}; allowed: one folder")
+    if requested and out is not None and Path(requested[0]).expanduser().resolve() != out.expanduser().resolve():
+        raise UsageError(
+            f"run config key 'output-dir' = {requested[0]!r} and --out {out} name different folders; "
+            f"allowed: one of them (or both naming the same folder)"
+        )
+    if out is None and requested:
+        return create_output_dir(Path(requested[0]), "run config key 'output-dir' =")
+    return create_output_dir(out) if out is not None else unique_output_dir(Path("runs"), name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.list_presets or args.list_keys:
         print(list_presets() if args.list_presets else list_keys())
         return 0
+    from experiments.cli import guarded
+
+    return guarded(lambda: run_job(args, sys.argv[1:] if argv is None else argv))
+
+
+def run_job(args: argparse.Namespace, argv: list[str]) -> int:
+    """Validate everything, then run the job's simulations one after another (see main)."""
     main_job = args.compare is None and not (args.preset or args.set)
     compare = args.compare if args.compare is not None else (MAIN_JOB_COMPARE if main_job else [])
 
     import pandas as pd
 
+    from experiments.cli import EXIT_INTERRUPTED
     from experiments.launch import (
-        ClientResources, RunFailed, check_data, launch, load_preset, parse_overrides, resolve_config,
+        ClientResources, RunFailed, check_data, check_machine, count_rounds, launch, load_preset, parse_overrides, resolve_config,
     )
-    from experiments.ray_cluster import RayClusterUnreachable, check_ray_address
+    from experiments.output_dir import OutputLock
+    from experiments.ray_cluster import check_ray_address
     from experiments.report import averaging_start, method_label, plot_accuracy, setup_title, summary_table
-    from strategies.config import ConfigError
+    from strategies.checkpoint import read_checkpoint
 
-    try:
-        preset = load_preset(args.preset) if args.preset else {}
-        overrides = parse_overrides(args.set)
-        runs = {label_of(v): resolve_config(preset, overrides, v) for v in variants(compare)}
-        check_data(runs.values())
-        resources = ClientResources(args.cpus_per_client, args.gpus_per_client)
-        if args.ray_address is not None:
-            check_ray_address(args.ray_address)
-    except (ConfigError, FileNotFoundError, ValueError, RayClusterUnreachable) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    # Everything that can be known before Flower starts is checked here, in this order.
+    preset = load_preset(args.preset) if args.preset else {}
+    overrides = parse_overrides(args.set)
+    runs = {label_of(v): resolve_config(preset, overrides, v) for v in variants(compare)}
+    check_data(runs.values())
+    resources = ClientResources(args.cpus_per_client, args.gpus_per_client)
+    check_machine(runs.values(), resources, args.ray_address)
+    if args.ray_address is not None:
+        check_ray_address(args.ray_address)
 
     name = output_name(args.preset, main_job, next(iter(runs.values())))
-    out_dir = (args.out or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    out_dir = output_dir_of(args.out, list(runs.values()), name)
+    run_dirs = {label: out_dir / label if len(runs) > 1 else out_dir for label in runs}
     # Runs are named by what ran ("FedAvg+IMA"), plus any other compared key, in the
     # progress bars, the figure and the table; their folders by the compared values.
     extra = [k for k in dict.fromkeys(k for v in variants(compare) for k in v) if k not in ("strategy", "averaging")]
     names = {label: method_label(config, extra) for label, config in runs.items()}
     summaries, curves, failed = {}, {}, []
-    for label, config in runs.items():
-        run_dir = out_dir / label if len(runs) > 1 else out_dir
-        try:
-            summaries[label] = launch(config, run_dir, resources, ray_address=args.ray_address,
-                                      label=f"{names[label]} ({len(summaries) + len(failed) + 1}/{len(runs)})")
-            curves[label] = pd.read_csv(run_dir / "results.csv")
-        except RunFailed as error:
-            print(f"error: {error}", file=sys.stderr)
-            failed.append(label)
+    with OutputLock(out_dir):
+        for label, config in runs.items():  # a corrupt or foreign checkpoint stops the job before any run
+            read_checkpoint(run_dirs[label], {**config, "output-dir": str(run_dirs[label])})
+        for label, config in runs.items():
+            try:
+                summaries[label] = launch(config, run_dirs[label], resources, ray_address=args.ray_address,
+                                          label=f"{names[label]} ({len(summaries) + len(failed) + 1}/{len(runs)})")
+                curves[label] = pd.read_csv(run_dirs[label] / "results.csv")
+            except RunFailed as error:
+                print(f"error: {error}", file=sys.stderr)
+                failed.append(label)
+            except KeyboardInterrupt:
+                print(f"interrupted {names[label]} after round {count_rounds(run_dirs[label])}; resume with: "
+                      f"{resume_command(argv, args.out, out_dir)}", file=sys.stderr)
+                return EXIT_INTERRUPTED
 
     if summaries:
         figure = plot_accuracy(
@@ -149,6 +187,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {len(failed)} of {len(runs)} runs failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def resume_command(argv: list[str], out: Path | None, out_dir: Path) -> str:
+    """The command that continues an interrupted job: the same one, with ``--out`` when it had none."""
+    python = os.path.relpath(sys.executable)
+    return shlex.join([python if not python.startswith("..") else sys.executable, "-m", "experiments.run", *argv,
+                       *(() if out is not None else ("--out", str(out_dir)))])
 
 
 if __name__ == "__main__":

@@ -49,10 +49,8 @@ import json
 import os
 import re
 import shutil
-import signal
 import sys
 import time
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,9 +77,12 @@ if __name__ == "__main__":
 import pandas as pd
 
 from experiments.launch import (
-    ClientResources, RunFailed, data_problem_of, launch, load_preset, named_toml, parse_overrides, resolve_config,
+    ClientResources, RunFailed, check_machine, data_problem_of, launch, load_preset, named_toml, parse_overrides,
+    read_toml, resolve_config,
 )
-from experiments.ray_cluster import RayClusterUnreachable, check_ray_address
+from experiments.cli import EXIT_INTERRUPTED, EXIT_USAGE, guarded
+from experiments.output_dir import OutputLock, create_output_dir
+from experiments.ray_cluster import check_ray_address
 from strategies.checkpoint import CheckpointError, read_checkpoint
 from strategies.config import ConfigError
 from strategies.results import write_json_atomic
@@ -122,8 +123,7 @@ def sweep_path(name_or_path: str) -> Path:
 
 def load_sweep(path: Path, overrides: Mapping[str, Any] | None = None) -> Sweep:
     """Read and validate a sweep file: every run's config is resolved (raises SweepError/ConfigError)."""
-    with open(path, "rb") as f:
-        spec = tomllib.load(f)
+    spec = read_toml(path, "sweep")
     unknown = sorted(set(spec) - SWEEP_KEYS)
     if unknown:
         raise SweepError(f"sweep file {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(SWEEP_KEYS))}")
@@ -149,6 +149,9 @@ def load_sweep(path: Path, overrides: Mapping[str, Any] | None = None) -> Sweep:
             config = resolve_config(base, spec.get("set", {}), layer, overrides or {})
         except ConfigError as error:
             raise ConfigError(f"sweep file {path}, run {run_id}: {error}") from None
+        if config["output-dir"]:
+            raise SweepError(f"sweep file {path}, run {run_id}: output-dir = {config['output-dir']!r} is set by the "
+                             f"sweep for each run (<out>/runs/<run id>); allowed: '' (choose the sweep's folder with --out)")
         fingerprint = json.dumps(config, sort_keys=True)
         if fingerprint in seen:
             duplicates += 1
@@ -296,22 +299,16 @@ def _replace(path: Path, write) -> None:
 
 # ---- command line -------------------------------------------------------------------
 
-def _interrupt(signum, frame) -> None:
-    # SIGTERM unwinds like Ctrl-C, so the current run's Flower processes are stopped.
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        sweep = load_sweep(sweep_path(args.sweep), parse_overrides(args.set))
-        if args.ray_address is not None and not args.list:
-            check_ray_address(args.ray_address)
-    except (ConfigError, SweepError, FileNotFoundError, ValueError, tomllib.TOMLDecodeError,
-            RayClusterUnreachable) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    args = build_parser().parse_args(argv)
+    return guarded(lambda: run_command(args))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Validate the sweep, then list it or run it (see main)."""
+    sweep = load_sweep(sweep_path(args.sweep), parse_overrides(args.set))
+    if args.ray_address is not None and not args.list:
+        check_ray_address(args.ray_address)
     out_dir = (args.out or Path("runs") / sweep.name).resolve()
     note = f" ({sweep.duplicates} grid points repeat another's config and run once)" if sweep.duplicates else ""
     print(f"sweep {sweep.name}: {len(sweep.runs)} runs{note} → {out_dir}")
@@ -328,18 +325,19 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"error: {len(missing)} of {len(sweep.runs)} runs cannot load their data, e.g. run {missing[0]}: "
               f"{data[missing[0]]}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    check_machine((run.config for run in sweep.runs), sweep.resources, args.ray_address)
 
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        table = run_sweep(sweep, out_dir, args.retry_failed, not args.no_progress, args.ray_address)
-    except KeyboardInterrupt:
-        table = write_tables(sweep, out_dir)
-        completed, failed = int(table["status"].eq("completed").sum()), int(table["status"].eq("failed").sum())
-        print(f"interrupted: {completed} of {len(table)} runs completed, {failed} failed, "
-              f"{len(table) - completed - failed} not finished; run the same command again to resume",
-              file=sys.stderr)
-        return 130
+    with OutputLock(create_output_dir(out_dir)):
+        try:
+            table = run_sweep(sweep, out_dir, args.retry_failed, not args.no_progress, args.ray_address)
+        except KeyboardInterrupt:
+            table = write_tables(sweep, out_dir)
+            completed, failed = int(table["status"].eq("completed").sum()), int(table["status"].eq("failed").sum())
+            print(f"interrupted: {completed} of {len(table)} runs completed, {failed} failed, "
+                  f"{len(table) - completed - failed} not finished; run the same command again to resume",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
     _print_outcome(table, out_dir)
     return 1 if table["status"].eq("failed").any() else 0
 

@@ -303,8 +303,9 @@ def write_report(directory: str | Path, out: str | Path | None = None) -> list[P
     results, curves = load_results(directory)
     if not (results["status"] == "completed").any():
         raise ValueError(f"no completed run among the {len(results)} runs of {directory}")
-    out = Path(out) if out is not None else Path(directory) / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    from experiments.output_dir import create_output_dir
+
+    out = create_output_dir(Path(out) if out is not None else Path(directory) / "report")
     table = accuracy_table(results)
     table.to_csv(out / "accuracy-table.csv")
     (out / "accuracy-table.md").write_text(markdown(table))
@@ -322,14 +323,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sweep_dir", type=Path, help="a sweep directory holding results.parquet")
     parser.add_argument("--out", type=Path, help="output directory (default SWEEP_DIR/report)")
     args = parser.parse_args(argv)
-    try:
+    from experiments.cli import guarded
+
+    def report() -> int:
         paths = write_report(args.sweep_dir, args.out)
-    except (FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(paths[1].read_text())
-    print("written:\n" + "\n".join(f"  {p}" for p in paths))
-    return 0
+        print(paths[1].read_text())
+        print("written:\n" + "\n".join(f"  {p}" for p in paths))
+        return 0
+
+    return guarded(report)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ bad value fails fast with the key, the value and what is allowed.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,12 @@ AVERAGING_NAMES = ("none", "ima", "wima", "swa")
 DEVICES = ("auto", "cpu", "cuda")
 # Local data augmentation: none, or random crop (padding 4) + horizontal flip (clients/augmentation.py).
 AUGMENTATIONS = ("none", "crop-flip")
+
+
+# Flower carries run-config integers as signed 64-bit values.
+INT64_RANGE = (-(2**63), 2**63 - 1)
+# Discovery waits for every client process to start and answer: less cannot succeed.
+MIN_NODE_TIMEOUT_S = 10.0
 
 
 class ConfigError(ValueError):
@@ -117,7 +124,7 @@ SCHEMA: dict[str, Option] = {
     "device": _one_of(*DEVICES),
     "output-dir": Option(str, "a directory path, or '' for ~/basin-runs/<run id>"),
     "round-timeout": Option(float, "a number of seconds > 0 (a client without a reply by then counts as failed)", lambda v: v > 0),
-    "node-timeout": Option(float, "a number of seconds > 0 (wait this long for num-clients nodes to connect, then fail)", lambda v: v > 0),
+    "node-timeout": Option(float, f"a number of seconds >= {MIN_NODE_TIMEOUT_S:g} (wait this long for num-clients nodes to connect and report their partition, then fail; client processes take seconds to start)", lambda v: v >= MIN_NODE_TIMEOUT_S),
     "min-replies": Option(int, "an integer >= 1, at most the cohort size (a round with fewer accepted replies is skipped)", lambda v: v >= 1),
     "checkpoint-every": Option(int, "an integer >= 0 (write output-dir/checkpoint.pt every k rounds and after the last; 0 = never)", lambda v: v >= 0),
     "resume": Option(bool, "true or false (continue from output-dir/checkpoint.pt when there is one)"),
@@ -134,6 +141,13 @@ def _coerce(key: str, value: Any) -> Any:
         raise ConfigError(
             f"run config key '{key}' = {value!r} has type {type(value).__name__}; "
             f"allowed: {option.allowed}"
+        )
+    if option.kind is float and not math.isfinite(value):
+        raise ConfigError(f"run config key '{key}' = {value!r} is not a finite number; allowed: {option.allowed}")
+    if option.kind is int and not INT64_RANGE[0] <= value <= INT64_RANGE[1]:
+        raise ConfigError(
+            f"run config key '{key}' = {value!r} does not fit a signed 64-bit integer (Flower's run config); "
+            f"allowed: {option.allowed}, below 2^63"
         )
     if not option.check(value):
         raise ConfigError(f"run config key '{key}' = {value!r} is not allowed; allowed: {option.allowed}")
@@ -186,6 +200,11 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"run config key 'avg-start' = {config['avg-start']!r} is not allowed; allowed: a fraction in (0, 1) "
             f"or a whole round number between 1 and num-rounds = {config['num-rounds']}"
+        )
+    if config["averaging"] in ("ima", "wima") and config["window"] > config["num-rounds"]:
+        raise ConfigError(
+            f"run config key 'window' = {config['window']} exceeds num-rounds = {config['num-rounds']}: the window "
+            f"of {config['averaging'].upper()} would never fill; allowed: 1..{config['num-rounds']}"
         )
     if config["min-replies"] > cohort_size(config):
         raise ConfigError(

@@ -107,3 +107,28 @@ def _first_line(text: str, limit: int = 300) -> str:
     if "occurred. Message: " in line:
         line = line.rsplit("occurred. Message: ", 1)[1].removesuffix("'>")
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+class NothingTrained(RuntimeError):
+    """Every round of a run was skipped: its result is the untrained model's."""
+
+
+def nothing_trained_reason(rows: Iterable[Mapping[str, object]], config: Mapping[str, object]) -> str | None:
+    """Why a run trained nothing, with a hint (None when some round aggregated): every
+    round skipped, the first round's failures quoted, e.g. "all client replies were
+    non-finite from round 1 (…): lr = inf?"."""
+    rows = list(rows)
+    if not rows or any(row.get("round-status") == "aggregated" for row in rows):
+        return None
+    failures = str(rows[0].get("failures") or "no client replied")
+    if "non-finite" in failures:
+        what, hint = "all client replies were non-finite", f"local training diverged: is lr = {config['lr']} too large?"
+    elif TIMEOUT_REASON in failures:
+        what, hint = "clients did not reply in time", f"raise round-timeout (= {config['round-timeout']} s)"
+    elif "client error" in failures:
+        what, hint = "clients failed", "their errors are in flwr.log"
+    else:
+        what, hint = "too few client replies were accepted", f"lower min-replies (= {config['min-replies']})"
+    shown = failures if len(failures) <= 300 else failures[:299] + "…"
+    return (f"no round trained the model: {what} in every round from round {rows[0]['round']} on "
+            f"(round {rows[0]['round']}: {shown}); {hint}")

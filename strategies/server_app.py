@@ -33,6 +33,7 @@ from partitions.stats import partition_notation
 from strategies.averaging import ModelAveraging
 from strategies.checkpoint import CHECKPOINT_FILE, CLIENT_STATE_METHODS, read_checkpoint, restore_checkpoint, write_checkpoint
 from strategies.exchange import send_and_receive
+from strategies.faults import NothingTrained, nothing_trained_reason
 from strategies.config import cohort_size, summary_horizon, validate_run_config
 from strategies.registry import build_client_schedule, build_strategy
 from strategies.schedules import ClientSchedule
@@ -164,6 +165,9 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
             f"({time.perf_counter() - started:.2f} s)",
             flush=True,
         )
+    never = nothing_trained_reason(recorder.rows, config)
+    if never:  # the untrained model's accuracy is no result
+        raise NothingTrained(never)
     final = strategy.averaged_arrays if isinstance(strategy, ModelAveraging) and strategy.averaged_arrays else arrays
     torch.save(final.to_torch_state_dict(), recorder.directory / "final_model.pt")
     if snapshots:  # the run is complete: no resume will need them

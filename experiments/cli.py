@@ -1,0 +1,50 @@
+"""How every Basin command ends on input the user can fix, and on Ctrl-C.
+
+An error the user caused (a bad value, a missing file, a locked or unwritable output
+directory, a checkpoint of another run, …) prints one line, ``error: …`` with what is
+allowed or what to do, and exits 2; no traceback. Ctrl-C, or SIGTERM, ends with exit 130.
+Errors of other kinds are bugs and keep their traceback.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import tomllib
+from collections.abc import Callable
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(ValueError):
+    """Input the user can fix: a command-line value, a file's content."""
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exception types that mean bad input (imported here: not before the command needs them)."""
+    from experiments.ray_cluster import RayClusterUnreachable
+    from strategies.checkpoint import CheckpointError
+
+    # ConfigError, DataUnavailable, OutputDirError, SweepError and UsageError are ValueErrors.
+    return ValueError, FileNotFoundError, tomllib.TOMLDecodeError, CheckpointError, RayClusterUnreachable
+
+
+def _interrupt(signum, frame) -> None:
+    # SIGTERM unwinds like Ctrl-C, so the Flower processes a command started are stopped.
+    raise KeyboardInterrupt
+
+
+def guarded(body: Callable[[], int]) -> int:
+    """``body()``'s exit code; 2 with one line for a user error, 130 when interrupted."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return body()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except user_errors() as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        signal.signal(signal.SIGTERM, previous)
