@@ -79,7 +79,8 @@ from clients.models import build_run_model, resolve_model_name
 from clients.training import evaluate, select_device
 from experiments.cli import UsageError, guarded
 from experiments.launch import (
-    ClientResources, RunFailed, check_machine, launch, load_preset, parse_overrides, resolve_config,
+    ClientResources, RunFailed, check_machine, default_run_config, launch, load_preset, parse_overrides,
+    resolve_config,
 )
 from experiments.output_dir import OutputLock, create_output_dir, unique_output_dir
 from partitions import load_dataset
@@ -100,9 +101,12 @@ class BareRun:
 
 
 def benchmark_config(preset: str, overrides: dict[str, Any], rounds: int) -> dict[str, Any]:
-    """The validated run config: preset, IMA from 75 % of the rounds, --set, then --rounds."""
-    config = resolve_config({} if preset == NO_PRESET else load_preset(preset),
-                            {"averaging": "ima", "avg-start": max(1, round(0.75 * rounds))}, overrides, {"num-rounds": rounds})
+    """The validated run config: preset, IMA from 75 % of the rounds, --set, then --rounds
+    (IMA's window capped at --rounds)."""
+    layers = [{} if preset == NO_PRESET else load_preset(preset),
+              {"averaging": "ima", "avg-start": max(1, round(0.75 * rounds))}, overrides]
+    window = next((layer["window"] for layer in reversed(layers) if "window" in layer), default_run_config()["window"])
+    config = resolve_config(*layers, {"num-rounds": rounds, "window": min(window, rounds)})
     if config["strategy"] != "fedavg":
         raise ConfigError(f"strategy = {config['strategy']!r}: the bare reference loop trains FedAvg clients; "
                           "allowed: 'fedavg' (with any averaging)")

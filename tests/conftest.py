@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import os
+import struct
 import uuid
 from pathlib import Path
 
@@ -27,6 +29,25 @@ def fashion_mnist_dir() -> Path:
         if (directory / "train-images-idx3-ubyte.gz").is_file() or (directory / "train-images-idx3-ubyte").is_file():
             return directory
     pytest.skip("Fashion-MNIST IDX files not found (apt-get install dataset-fashion-mnist)")
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """An unsigned-byte IDX file, gzipped, as Fashion-MNIST ships."""
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+@pytest.fixture
+def tiny_fashion_mnist(tmp_path) -> Path:
+    """Four small, complete IDX .gz files with Fashion-MNIST's names."""
+    from partitions.availability import IDX_STEMS
+
+    for stem in IDX_STEMS:
+        count = 20 if stem.startswith("train") else 10
+        array = np.zeros((count, 28, 28)) if "images" in stem else np.arange(count) % 10
+        write_idx(tmp_path / f"{stem}.gz", array)
+    return tmp_path
 
 
 @pytest.fixture

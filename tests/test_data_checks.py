@@ -2,32 +2,11 @@
 
 from __future__ import annotations
 
-import gzip
-import struct
 import subprocess
 import sys
 
-import numpy as np
-import pytest
-
 from experiments import sweep as sweep_module
-from partitions.availability import IDX_STEMS, data_problem
-
-
-def _write_idx(path, array: np.ndarray) -> None:
-    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    with gzip.open(path, "wb") as f:
-        f.write(header + array.astype(np.uint8).tobytes())
-
-
-@pytest.fixture
-def tiny_fashion_mnist(tmp_path):
-    """Four small, complete IDX .gz files with Fashion-MNIST's names."""
-    for stem in IDX_STEMS:
-        count = 20 if stem.startswith("train") else 10
-        array = np.zeros((count, 28, 28)) if "images" in stem else np.arange(count) % 10
-        _write_idx(tmp_path / f"{stem}.gz", array)
-    return tmp_path
+from partitions.availability import data_problem
 
 
 def test_complete_missing_and_truncated_files_are_told_apart(tiny_fashion_mnist, tmp_path):

@@ -1,0 +1,332 @@
+"""Bad input and careless use: refused before any Flower process exists, in one line, with
+exit code 2 and no traceback; one writer per output folder; Ctrl-C ends cleanly."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import processes_in_scope, write_idx
+from experiments.launch import APP_DIR, _process_table, process_tree
+from experiments.output_dir import LOCK_FILE, OutputLock, OutputLocked, unique_output_dir
+from strategies.checkpoint import CHECKPOINT_ENTRIES, CHECKPOINT_FORMAT, save_checkpoint
+from strategies.faults import nothing_trained_reason
+
+SMALL = ["--set", "num-rounds=2", "--set", "num-clients=4", "--set", "participation=1.0", "--set", "local-epochs=1"]
+NO_GPU = not torch.cuda.is_available()
+
+# (command, arguments, what the one-line message must name). "{tmp}" is the test's folder,
+# where the fixture below leaves hostile files: a TOML syntax error, a corrupt and a
+# foreign checkpoint, a truncated IDX file, a regular file where a folder should be.
+CASES = [
+    # non-finite numbers, whatever key
+    ("run", [*SMALL, "--set", "lr=inf"], "'lr' = inf"),
+    ("run", [*SMALL, "--set", "lr=1e999"], "'lr' = inf"),
+    ("run", [*SMALL, "--set", "lr=nan"], "'lr' = nan"),
+    ("run", [*SMALL, "--set", "weight-decay=inf"], "'weight-decay'"),
+    ("run", [*SMALL, "--set", "alpha=inf"], "'alpha'"),
+    ("run", [*SMALL, "--set", "alpha=nan"], "'alpha'"),
+    ("run", [*SMALL, "--set", "momentum=nan"], "'momentum'"),
+    ("run", [*SMALL, "--set", "server-lr=inf"], "'server-lr'"),
+    ("run", [*SMALL, "--set", "prox-mu=inf"], "'prox-mu'"),
+    ("run", [*SMALL, "--set", "round-timeout=inf"], "'round-timeout'"),
+    ("run", [*SMALL, "--set", "node-timeout=inf"], "'node-timeout'"),
+    ("run", [*SMALL, "--set", "target-accuracy=nan"], "'target-accuracy'"),
+    ("run", [*SMALL, "--set", "grad-clip=-inf"], "'grad-clip'"),
+    ("run", [*SMALL, "--set", "avg-start=inf"], "'avg-start'"),
+    # integers beyond Flower's int64, and wrong types
+    ("run", [*SMALL, "--set", "num-rounds=99999999999999999999"], "'num-rounds'"),
+    ("run", [*SMALL, "--set", "seed=9223372036854775808"], "'seed'"),
+    ("run", [*SMALL, "--set", "num-clients=18446744073709551616"], "'num-clients'"),
+    ("run", [*SMALL, "--set", "batch-size=1e3"], "'batch-size'"),
+    ("run", [*SMALL, "--set", "local-epochs=two"], "'local-epochs'"),
+    ("run", [*SMALL, "--set", "dirichlet-balance=yes"], "'dirichlet-balance'"),
+    ("run", [*SMALL, "--set", "num-rounds=0"], "'num-rounds'"),
+    ("run", [*SMALL, "--set", "seed=-1"], "'seed'"),
+    ("run", [*SMALL, "--set", "participation=0"], "'participation'"),
+    ("run", [*SMALL, "--set", "lr-decay=0"], "'lr-decay'"),
+    ("run", [*SMALL, "--set", "fedswa-rho=2"], "'fedswa-rho'"),
+    ("run", [*SMALL, "--set", "gma-threshold=0"], "'gma-threshold'"),
+    ("run", [*SMALL, "--set", "node-timeout=0.001"], "'node-timeout'"),
+    # keys that contradict each other, or the data
+    ("run", [*SMALL, "--set", "partition=shards", "--set", "classes-per-client=20"], "classes-per-client"),
+    ("run", [*SMALL, "--set", "averaging=ima", "--set", "window=10"], "'window' = 10"),
+    ("run", [*SMALL, "--set", "averaging=wima", "--set", "window=3"], "'window' = 3"),
+    ("run", [*SMALL, "--set", "avg-start=5"], "'avg-start'"),
+    ("run", [*SMALL, "--set", "min-replies=5"], "'min-replies'"),
+    ("run", [*SMALL, "--set", "fault-injection=nan:9"], "'fault-injection'"),
+    ("run", [*SMALL, "--set", "fault-injection=boom:1"], "'fault-injection'"),
+    ("run", [*SMALL, "--set", "strategy=fedalign"], "'model'"),
+    ("run", [*SMALL, "--set", "model=fmnist-cnn"], "'model'"),
+    ("run", [*SMALL, "--set", "nesterov=true", "--set", "momentum=0"], "'nesterov'"),
+    ("run", [*SMALL, "--set", "num-clients=500", "--set", "participation=0.01"], "num-clients = 500"),
+    ("run", [*SMALL, "--set", "min-partition-size=1000"], "min-partition-size = 1000"),
+    ("run", [*SMALL, "--set", "output-dir={tmp}/a", "--out", "{tmp}/b"], "'output-dir'"),
+    ("run", [*SMALL, "--set", "output-dir={tmp}/file"], "'output-dir'"),
+    # the command line itself
+    ("run", [*SMALL, "--set", "lr"], "'lr'"),
+    ("run", [*SMALL, "--set", "=0.1"], "unknown run config key"),
+    ("run", [*SMALL, "--set", "num-round=3"], "did you mean 'num-rounds'"),
+    ("run", [*SMALL, "--compare", "averaging"], "--compare 'averaging'"),
+    ("run", [*SMALL, "--compare", "lr=0.1,inf"], "'lr' = inf"),
+    ("run", [*SMALL, "--compare", "averaging=none,ima", "--set", "window=10"], "'window' = 10"),
+    ("run", [*SMALL, "--cpus-per-client", "0.5"], "num-cpus per client = 0.5"),
+    ("run", [*SMALL, "--cpus-per-client", "4096"], "4096"),
+    ("run", [*SMALL, "--gpus-per-client", "2"], "num-gpus per client = 2"),
+    ("run", [*SMALL, "--ray-address", "nowhere"], "'nowhere'"),
+    ("run", [*SMALL, "--ray-address", "ray://host:10001"], "ray://host:10001"),
+    ("run", [*SMALL, "--ray-address", "127.0.0.1:1"], "127.0.0.1:1"),
+    # presets
+    ("run", ["--preset", "{tmp}/bad.toml"], "{tmp}/bad.toml"),
+    ("run", ["--preset", "no-such-preset"], "'no-such-preset'"),
+    ("run", ["--preset", "{tmp}/unknown-key.toml"], "'learning-rate'"),
+    # data: missing, truncated, unreachable
+    ("run", [*SMALL, "--set", "dataset=fashion-mnist", "--set", "data-dir={tmp}/nowhere"], "{tmp}/nowhere"),
+    ("run", [*SMALL, "--set", "dataset=fashion-mnist", "--set", "data-dir={tmp}/truncated", "--set", "min-partition-size=1"],
+     "{tmp}/truncated/train-images-idx3-ubyte.gz is truncated"),
+    ("run", [*SMALL, "--set", "dataset=hf:basin-tests/no-such-set"], "'basin-tests/no-such-set'"),
+    ("run", [*SMALL, "--set", "dataset=cifar10"], "'dataset' = 'cifar10'"),
+    ("run", [*SMALL, "--set", "dataset=mnist"], "'dataset'"),
+    # output folders
+    ("run", [*SMALL, "--out", "/proc/basin-out"], "/proc/basin-out"),
+    ("run", [*SMALL, "--out", "{tmp}/file"], "{tmp}/file"),
+    ("run", [*SMALL, "--out", "{tmp}/file/inside"], "{tmp}/file/inside"),
+    ("run", [*SMALL, "--out", "{tmp}/" + "x" * 300], "File name too long"),
+    ("run", [*SMALL, "--out", "{tmp}/corrupt"], "{tmp}/corrupt/checkpoint.pt"),
+    ("run", [*SMALL, "--out", "{tmp}/foreign"], "num-rounds = 7 there but 2 here"),
+    ("run", [*SMALL, "--out", "{tmp}/locked"], "PID"),
+    # sweeps
+    ("sweep", ["no-such-sweep"], "'no-such-sweep'"),
+    ("sweep", ["{tmp}/bad.toml"], "{tmp}/bad.toml"),
+    ("sweep", ["{tmp}/sweep-output-dir.toml"], "output-dir"),
+    ("sweep", ["{tmp}/sweep-unknown.toml"], "colour"),
+    ("sweep", ["{tmp}/sweep-inf.toml"], "'lr' = inf"),
+    ("sweep", ["{tmp}/sweep-empty-grid.toml"], "[grid]"),
+    ("sweep", ["{tmp}/sweep.toml", "--set", "lr=nan"], "'lr' = nan"),
+    ("sweep", ["{tmp}/sweep-cpus.toml", "--out", "{tmp}/s"], "4096"),
+    ("sweep", ["{tmp}/sweep.toml", "--out", "{tmp}/file"], "{tmp}/file"),
+    ("sweep", ["{tmp}/sweep.toml", "--out", "{tmp}/locked"], "PID"),
+    ("sweep", ["{tmp}/sweep.toml", "--ray-address", "127.0.0.1:1"], "127.0.0.1:1"),
+    # a deployment
+    ("deploy", [*SMALL, "--set", "lr=inf"], "'lr' = inf"),
+    ("deploy", ["--preset", "{tmp}/bad.toml"], "{tmp}/bad.toml"),
+    ("deploy", [*SMALL, "--out", "{tmp}/file"], "{tmp}/file"),
+    ("deploy", [*SMALL, "--out", "{tmp}/corrupt"], "{tmp}/corrupt/checkpoint.pt"),
+    ("deploy", [*SMALL, "--out", "{tmp}/locked"], "PID"),
+    # the benchmark and the cost table
+    ("benchmark", ["--preset", "none", "--rounds", "0"], "--rounds"),
+    ("benchmark", ["--preset", "none", "--set", "lr=inf"], "'lr' = inf"),
+    ("benchmark", ["--preset", "{tmp}/bad.toml"], "{tmp}/bad.toml"),
+    ("benchmark", ["--preset", "none", "--rounds", "2", "--out", "{tmp}/file"], "{tmp}/file"),
+    ("benchmark", ["--preset", "none", "--rounds", "2", "--cpus-per-client", "4096"], "4096"),
+    ("benchmark", ["--preset", "none", "--set", "strategy=fedprox"], "'fedprox'"),
+    ("costs", ["--model", "resnet-9000"], "--model"),
+    ("costs", ["--steps", "0"], "--steps"),
+    ("costs", ["--input-shape", "3x"], "--input-shape"),
+    ("costs", ["--set", "lr=inf"], "'lr' = inf"),
+    ("costs", ["--device", "tpu"], "--device"),
+    ("costs", ["--methods", "fedavg,fedsomething"], "fedsomething"),
+    # a sweep's report
+    ("sweep_report", ["{tmp}/nowhere"], "{tmp}/nowhere"),
+    ("sweep_report", ["{tmp}/s-empty"], "results.parquet"),
+]
+if NO_GPU:
+    CASES += [
+        ("run", [*SMALL, "--set", "device=cuda"], "'device' = 'cuda'"),
+        ("run", [*SMALL, "--gpus-per-client", "0.5"], "GPUs per client = 0.5"),
+        ("deploy", [*SMALL, "--set", "device=cuda"], "'device' = 'cuda'"),
+        ("costs", ["--device", "cuda"], "'cuda'"),
+    ]
+
+SWEEP_RUN = "[set]\nnum-clients = 4\nparticipation = 1.0\nnum-rounds = 2\n"
+
+
+class FlowerStarted(BaseException):
+    """Raised instead of starting a process: a refused input must never get that far."""
+
+
+@pytest.fixture(scope="module")
+def hostile_files(tmp_path_factory) -> Path:
+    from experiments.launch import default_run_config
+    from partitions.availability import IDX_STEMS
+    from strategies.checkpoint import run_identity
+
+    tmp = tmp_path_factory.mktemp("hostile")
+    (tmp / "bad.toml").write_text("lr = [0.1\n")
+    (tmp / "unknown-key.toml").write_text("learning-rate = 0.1\n")
+    (tmp / "file").write_text("a regular file\n")
+    (tmp / "corrupt").mkdir()
+    (tmp / "corrupt" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    (tmp / "foreign").mkdir()
+    other = {**default_run_config(), "num-clients": 4, "participation": 1.0, "local-epochs": 1, "num-rounds": 7}
+    save_checkpoint(tmp / "foreign" / "checkpoint.pt", {
+        **{entry: [] for entry in CHECKPOINT_ENTRIES}, "format": CHECKPOINT_FORMAT, "config": run_identity(other),
+        "round": 1,
+    })
+    (tmp / "truncated").mkdir()
+    for stem in IDX_STEMS:
+        count = 20 if stem.startswith("train") else 10
+        write_idx(tmp / "truncated" / f"{stem}.gz", torch.zeros(count, 28, 28).numpy() if "images" in stem
+                  else (torch.arange(count) % 10).numpy())
+    images = tmp / "truncated" / "train-images-idx3-ubyte.gz"
+    images.write_bytes(images.read_bytes()[:-40])
+    (tmp / "locked").mkdir()
+    holder = subprocess.Popen(  # another launcher holding a folder
+        [sys.executable, "-c", "import sys, time; from experiments.output_dir import OutputLock; "
+         "lock = OutputLock(sys.argv[1]).__enter__(); print('held', flush=True); time.sleep(900)", str(tmp / "locked")],
+        cwd=APP_DIR, stdout=subprocess.PIPE, text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    (tmp / "s-empty").mkdir()
+    (tmp / "sweep.toml").write_text(SWEEP_RUN + "[grid]\nseed = [0, 1]\n")
+    (tmp / "sweep-output-dir.toml").write_text(SWEEP_RUN + f'output-dir = "{tmp}/o"\n[grid]\nseed = [0, 1]\n')
+    (tmp / "sweep-unknown.toml").write_text("colour = 'red'\n" + SWEEP_RUN + "[grid]\nseed = [0]\n")
+    (tmp / "sweep-inf.toml").write_text(SWEEP_RUN + "[grid]\nlr = [0.1, inf]\n")
+    (tmp / "sweep-empty-grid.toml").write_text(SWEEP_RUN + "[grid]\n")
+    (tmp / "sweep-cpus.toml").write_text(SWEEP_RUN + "[resources]\nnum-cpus = 4096\n[grid]\nseed = [0]\n")
+    yield tmp
+    holder.kill()
+    holder.wait()
+
+
+@pytest.fixture
+def no_processes(monkeypatch):
+    """Any attempt to start a process (Flower, a SuperLink, Ray) raises FlowerStarted."""
+    def refuse(*args, **kwargs):
+        raise FlowerStarted(f"a process was started: {args[0] if args else kwargs}")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub check answers at once, as offline
+
+
+@pytest.mark.parametrize("command, arguments, named", CASES, ids=[f"{c}-{i}" for i, (c, *_) in enumerate(CASES)])
+def test_bad_input_is_one_line_exit_2_before_any_process(command, arguments, named, hostile_files, no_processes,
+                                                          monkeypatch, capsys):
+    monkeypatch.chdir(hostile_files)  # a default output folder would appear here
+    tmp = str(hostile_files)
+    argv = [a.replace("{tmp}", tmp) for a in arguments]
+    module = importlib.import_module(f"experiments.{command}")
+    code = module.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert named.replace("{tmp}", tmp) in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: ") and "Traceback" not in err
+    assert not (hostile_files / "runs").exists()
+
+
+def test_the_table_has_at_least_80_cases():
+    assert len(CASES) >= 80
+
+
+def test_each_command_exits_2_without_a_traceback_from_the_shell(tmp_path):
+    """The same, through ``python -m`` (the interpreter prints tracebacks there, not pytest)."""
+    commands = {
+        "run": ["--set", "lr=inf"], "sweep": [str(tmp_path / "nowhere.toml")], "deploy": ["--set", "seed=-1"],
+        "benchmark": ["--rounds", "0"], "costs": ["--steps", "0"], "sweep_report": [str(tmp_path)],
+    }
+    started = {name: subprocess.Popen([sys.executable, "-m", f"experiments.{name}", *args], cwd=APP_DIR,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for name, args in commands.items()}
+    for name, process in started.items():
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 2, (name, err)
+        assert err.startswith("error: ") and "Traceback" not in err and len(err.strip().splitlines()) == 1, (name, err)
+
+
+def test_a_second_writer_is_refused_naming_the_holder_and_a_dead_holders_lock_is_taken_over(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from experiments.output_dir import OutputLock; "
+         "lock = OutputLock(sys.argv[1]).__enter__(); print('held', flush=True); time.sleep(600)", str(tmp_path)],
+        cwd=APP_DIR, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        (tmp_path / "summary.json").write_text(json.dumps({"status": "running", "rounds": 3}))
+        with pytest.raises(OutputLocked, match=f"PID {holder.pid}"):
+            OutputLock(tmp_path).__enter__()
+    finally:
+        holder.kill()
+        holder.wait()
+    with OutputLock(tmp_path):  # the dead holder's lock file is still there: taken over
+        assert (tmp_path / LOCK_FILE).read_text().strip() == str(os.getpid())
+        with OutputLock(tmp_path):  # the holder may lock again (a run's folder inside its job's)
+            pass
+        summary = json.loads((tmp_path / "summary.json").read_text())
+        assert summary["status"] == "killed" and f"PID {holder.pid}" in summary["error"] and summary["rounds"] == 3
+
+
+def test_default_output_folders_of_launches_in_the_same_second_differ(tmp_path):
+    folders = [unique_output_dir(tmp_path, "main") for _ in range(3)]
+    assert len(set(folders)) == 3 and all(folder.is_dir() for folder in folders)
+    assert folders[1].name == folders[0].name + "-2"
+
+
+def test_nothing_trained_names_the_first_failures_and_a_hint():
+    config = {"lr": 1e30, "round-timeout": 600.0, "min-replies": 1}
+    skipped = {"round-status": "skipped: 0 accepted replies, fewer than min-replies = 1"}
+    rows = [{**skipped, "round": 1, "failures": "partition 0 (node 7): non-finite values (NaN or inf) in arrays['w']"},
+            {**skipped, "round": 2, "failures": "partition 1 (node 8): non-finite values (NaN or inf) in arrays['w']"}]
+    reason = nothing_trained_reason(rows, config)
+    assert reason.startswith("no round trained the model: all client replies were non-finite in every round from round 1")
+    assert "partition 0 (node 7)" in reason and reason.endswith("is lr = 1e+30 too large?")
+    timeouts = [{**skipped, "round": 1, "failures": "partition 0 (node 7): no reply within round-timeout"}]
+    assert nothing_trained_reason(timeouts, config).endswith("raise round-timeout (= 600.0 s)")
+    assert nothing_trained_reason([*rows, {"round": 3, "round-status": "aggregated"}], config) is None
+    assert nothing_trained_reason([], config) is None
+
+
+def _rows(path: Path) -> int:
+    try:
+        return max(len(path.read_text().splitlines()) - 1, 0)
+    except OSError:
+        return 0
+
+
+def test_two_launchers_on_one_folder_and_ctrl_c_then_the_same_command_resumes(tmp_path, scoped_env):
+    env, scope = scoped_env
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "experiments.run", *SMALL, "--set", "num-rounds=20", "--set", "checkpoint-every=1",
+               "--out", str(out)]
+    first = subprocess.Popen(command, cwd=APP_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (out / LOCK_FILE).is_file() or (out / LOCK_FILE).read_text().strip() != str(first.pid):
+            assert time.monotonic() < deadline and first.poll() is None, "the first launcher never locked its folder"
+            time.sleep(0.1)
+        # The second launcher comes while the first starts Flower: refused, the first goes on.
+        second = subprocess.run(command, cwd=APP_DIR, env=env, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and f"in use by another Basin launcher (PID {first.pid})" in second.stderr
+        assert "Traceback" not in second.stderr
+        while _rows(out / "results.csv") < 2:
+            assert time.monotonic() < deadline and first.poll() is None, "the first launcher never reached round 2"
+            time.sleep(0.1)
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and f"--out {out}" in err.splitlines()[-1]
+    interrupted_after = int(err.splitlines()[-1].split("after round ")[1].split(";")[0])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds"] == interrupted_after >= 2
+    table = _process_table()
+    assert not [pid for pid in process_tree(list(processes_in_scope(scope)), table)], "Flower processes were left behind"
+
+    resumed = subprocess.run(command, cwd=APP_DIR, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rows = pd.read_csv(out / "results.csv")
+    assert rows["round"].tolist() == list(range(1, 21))
+    assert json.loads((out / "summary.json").read_text())["resumed-after-round"] >= 1
+
