@@ -82,9 +82,11 @@ from experiments.launch import (
     _toml_value,
     check_data,
     check_machine,
+    end_summary,
     load_preset,
     parse_overrides,
     resolve_config,
+    run_failure,
     stop_process_tree,
 )
 from experiments.output_dir import OutputLock, create_output_dir, unique_output_dir
@@ -342,10 +344,10 @@ class LocalFederation:
 
         summary = _read_summary(out_dir)
         if summary is None or summary.get("status") != "completed":
-            reason = summary.get("error") if summary else "no summary.json was written"
+            context = ""
             if self.superlink.poll() is not None:
-                reason += f" (the SuperLink exited with {self.superlink.returncode})\n{_tail(self.log_dir / 'superlink.log')}"
-            raise RunFailed(f"run in {out_dir} failed: {reason}\n--- last lines of {log_path} ---\n{_tail(log_path)}")
+                context = f" (the SuperLink exited with {self.superlink.returncode})\n{_tail(self.log_dir / 'superlink.log')}"
+            raise run_failure(out_dir, config, log_path, context)
         return summary
 
 
@@ -356,9 +358,13 @@ def deploy(config: Mapping[str, Any], out_dir: Path, security: Security = Securi
     out_dir = create_output_dir(out_dir, "output directory")
     with OutputLock(out_dir):
         read_checkpoint(out_dir, {**config, "output-dir": str(out_dir)})  # refused before the SuperLink starts
-        with LocalFederation(out_dir, security, cpus_per_client) as federation:
-            federation.start_supernodes(int(config["num-clients"]))
-            return federation.run(config, out_dir, progress)
+        try:
+            with LocalFederation(out_dir, security, cpus_per_client) as federation:
+                federation.start_supernodes(int(config["num-clients"]))
+                return federation.run(config, out_dir, progress)
+        except KeyboardInterrupt:  # recorded once every process is stopped: the rows are final
+            end_summary(out_dir, config, "interrupted", "stopped by Ctrl-C or SIGTERM")
+            raise
 
 
 # --- helpers -----------------------------------------------------------------------

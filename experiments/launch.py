@@ -354,36 +354,48 @@ def _launch_locked(
             "--run-config", str(run_config_path),
             "--federation-config", resources.federation_config(config["num-clients"]),
         ]
+        interrupted = False
         try:
             with open(log_path, "w") as log:
                 process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=APP_DIR)
                 _follow(process, out_dir, config["num-rounds"], progress, label, leave)
         except KeyboardInterrupt:
-            end_summary(out_dir, config, "interrupted", "stopped by Ctrl-C or SIGTERM")
+            interrupted = True
             raise
         finally:
             if "process" in locals() and process.poll() is None:
                 process.terminate()
             _stop_superlink(http_port)
+            if interrupted:  # recorded once the ServerApp is stopped: its rows are final
+                end_summary(out_dir, config, "interrupted", "stopped by Ctrl-C or SIGTERM")
 
     summary = _read_summary(out_dir)
     if summary is None or summary.get("status") != "completed":
-        log_text = log_path.read_text(errors="replace")
-        if summary is not None and summary.get("status") == "failed":
-            reason = summary.get("error")
-        else:  # the ServerApp never recorded an end: Flower or its processes died
-            reason = flower_failure_reason(log_text) or (
-                f"the ServerApp's process ended after round {count_rounds(out_dir)} without recording why "
-                f"(killed from outside, or out of memory?)"
-            )
-            end_summary(out_dir, config, "killed", reason)
-        tail = "\n".join(log_text.splitlines()[-30:])
-        raise RunFailed(f"run in {out_dir} failed: {reason}\n--- last lines of {log_path} ---\n{tail}")
+        raise run_failure(out_dir, config, log_path)
     # The run's real wall time, Flower's start-up included, and the part before round 1.
     summary["run-seconds"] = time.time() - launched_at
     if summary.get("training-started-at"):
         summary["startup-seconds"] = summary["training-started-at"] - launched_at
     return summary
+
+
+def run_failure(out_dir: Path, config: Mapping[str, Any], log_path: Path, context: str = "") -> RunFailed:
+    """Why a Flower run in ``out_dir`` did not complete, as the RunFailed to raise: the
+    ServerApp's recorded error, else (the ServerApp never recorded an end: Flower or its
+    processes died, and summary.json is marked ``killed``) the last error in Flower's log,
+    else what is known. ``context`` adds what the caller saw (e.g. a SuperLink's exit)."""
+    summary = _read_summary(out_dir)
+    log_text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+    if summary is not None and summary.get("status") == "failed":
+        reason = summary.get("error")
+    else:
+        reason = flower_failure_reason(log_text) or (
+            f"the ServerApp's process ended after round {count_rounds(out_dir)} without recording why "
+            f"(killed from outside, or out of memory?)"
+        )
+        end_summary(out_dir, config, "killed", reason)
+    tail = "\n".join(log_text.splitlines()[-30:])
+    return RunFailed(f"run in {out_dir} failed: {reason}{context}\n--- last lines of {log_path} ---\n{tail}")
 
 
 def end_summary(out_dir: Path, config: Mapping[str, Any], status: str, reason: str) -> None:

@@ -64,12 +64,12 @@ def test_the_command_lines_pass_the_address_to_every_run(tmp_path, tiny_sweep, m
 
     def fake_launch(config, out_dir, *args, ray_address=None, **kwargs):
         addresses.append(ray_address)
-        out_dir.mkdir(parents=True)  # as launch does
+        out_dir.mkdir(parents=True, exist_ok=True)  # as launch does (run.main has made the job's folder)
         raise RunFailed("not run")
 
     monkeypatch.setattr(launch_module, "launch", fake_launch)  # run.main imports it when called
     monkeypatch.setattr(sweep, "launch", fake_launch)
-    monkeypatch.setattr(signal, "signal", lambda *args: None)  # sweep.main's SIGTERM handler
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # the commands' SIGTERM handler
     with socket.create_server(("127.0.0.1", 0)) as listener:
         address = f"127.0.0.1:{listener.getsockname()[1]}"
         assert run.main(["--set", "num-rounds=1", "--out", str(tmp_path / "run"), "--ray-address", address]) == 1
