@@ -380,20 +380,23 @@ def _launch_locked(
 
 
 def run_failure(out_dir: Path, config: Mapping[str, Any], log_path: Path, context: str = "") -> RunFailed:
-    """Why a Flower run in ``out_dir`` did not complete, as the RunFailed to raise: the
-    ServerApp's recorded error, else (the ServerApp never recorded an end: Flower or its
-    processes died, and summary.json is marked ``killed``) the last error in Flower's log,
-    else what is known. ``context`` adds what the caller saw (e.g. a SuperLink's exit)."""
+    """Why a Flower run in ``out_dir`` did not complete, as the RunFailed to raise.
+
+    The ServerApp's recorded error when there is one (Flower's log, with its traceback, is
+    named, not shown); else Flower or its processes died before the ServerApp recorded an
+    end: summary.json is marked ``killed``, and the reason is the last error in Flower's
+    log, or what is known, followed by the log's last lines. ``context`` adds what the
+    caller saw (e.g. a SuperLink's exit).
+    """
     summary = _read_summary(out_dir)
-    log_text = log_path.read_text(errors="replace") if log_path.is_file() else ""
     if summary is not None and summary.get("status") == "failed":
-        reason = summary.get("error")
-    else:
-        reason = flower_failure_reason(log_text) or (
-            f"the ServerApp's process ended after round {count_rounds(out_dir)} without recording why "
-            f"(killed from outside, or out of memory?)"
-        )
-        end_summary(out_dir, config, "killed", reason)
+        return RunFailed(f"run in {out_dir} failed: {summary.get('error')}{context}\n(Flower's log: {log_path})")
+    log_text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+    reason = flower_failure_reason(log_text) or (
+        f"the ServerApp's process ended after round {count_rounds(out_dir)} without recording why "
+        f"(killed from outside, or out of memory?)"
+    )
+    end_summary(out_dir, config, "killed", reason)
     tail = "\n".join(log_text.splitlines()[-30:])
     return RunFailed(f"run in {out_dir} failed: {reason}{context}\n--- last lines of {log_path} ---\n{tail}")
 
@@ -449,13 +452,18 @@ def startup_stage(log_text: str) -> str:
     return stage
 
 
+FAILED_RUN_LOG_GRACE_S = 3.0
+
+
 def _follow(process: subprocess.Popen, out_dir: Path, num_rounds: int, progress: bool, label: str, leave: bool) -> None:
     """Wait for ``flwr run``, drawing a progress bar of rounds written to results.csv; until
     the first round is written the bar says which start-up stage the run is in.
 
     Returns as soon as the ServerApp has marked the run completed (it writes the summary
-    last, after the final model): the seconds Flower then spends shutting down Ray and the
-    log stream would only delay the next run; the caller stops those processes.
+    last, after the final model), or a few seconds after it marked it failed (time for
+    Flower to log the error's traceback): the tens of seconds Flower then spends shutting
+    down Ray and the log stream would only delay the next run; the caller stops those
+    processes.
     """
     from tqdm import tqdm
 
@@ -472,6 +480,12 @@ def _follow(process: subprocess.Popen, out_dir: Path, num_rounds: int, progress:
                 bar.set_postfix_str("", refresh=False)
             summary = _read_summary(out_dir)
             if summary is not None and summary.get("status") == "completed":
+                break
+            if summary is not None and summary.get("status") == "failed":
+                try:
+                    process.wait(timeout=FAILED_RUN_LOG_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    pass
                 break
             time.sleep(0.2)
         bar.update(count_rounds(out_dir) - bar.n)

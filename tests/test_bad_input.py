@@ -7,16 +7,14 @@ import importlib
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import processes_in_scope, write_idx
+from conftest import write_idx
 from experiments.launch import APP_DIR
 from experiments.output_dir import LOCK_FILE, OutputLock, OutputLocked, unique_output_dir
 from strategies.checkpoint import CHECKPOINT_ENTRIES, CHECKPOINT_FORMAT, save_checkpoint
@@ -293,7 +291,7 @@ def test_nothing_trained_names_the_first_failures_and_a_hint():
     rows = [{**skipped, "round": 1, "failures": "partition 0 (node 7): non-finite values (NaN or inf) in arrays['w']"},
             {**skipped, "round": 2, "failures": "partition 1 (node 8): non-finite values (NaN or inf) in arrays['w']"}]
     reason = nothing_trained_reason(rows, config)
-    assert reason.startswith("no round trained the model: all client replies were non-finite in every round from round 1")
+    assert reason.startswith("no round trained the model: all client replies were non-finite in every round from round 1 on")
     assert "partition 0 (node 7)" in reason and reason.endswith("is lr = 1e+30 too large?")
     timeouts = [{**skipped, "round": 1, "failures": "partition 0 (node 7): no reply within round-timeout"}]
     assert nothing_trained_reason(timeouts, config).endswith("raise round-timeout (= 600.0 s)")
@@ -301,46 +299,23 @@ def test_nothing_trained_names_the_first_failures_and_a_hint():
     assert nothing_trained_reason([], config) is None
 
 
-def _rows(path: Path) -> int:
-    try:
-        return max(len(path.read_text().splitlines()) - 1, 0)
-    except OSError:
-        return 0
+def test_ctrl_c_ends_the_job_with_130_and_the_command_that_resumes_it(tmp_path, monkeypatch, capsys):
+    """run.main's side; launch's (processes stopped, summary.json ``interrupted``): the real
+    sweep interrupted in tests/test_sweep.py, whose SIGTERM takes the same path."""
+    from experiments import launch as launch_module, run
 
+    def interrupted_launch(config, out_dir, *args, **kwargs):
+        (out_dir / "results.csv").write_text("round\n1\n2\n3\n")
+        raise KeyboardInterrupt
 
-def test_two_launchers_on_one_folder_and_ctrl_c(tmp_path, scoped_env):
-    """The second launcher is refused at once; Ctrl-C stops the first cleanly, with the
-    command that resumes it (resuming itself: tests/test_resilience.py)."""
-    env, scope = scoped_env
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "experiments.run", *SMALL, "--set", "num-rounds=20", "--set", "checkpoint-every=1",
-               "--out", str(out)]
-    first = subprocess.Popen(command, cwd=APP_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 180
-        while not (out / LOCK_FILE).is_file() or (out / LOCK_FILE).read_text().strip() != str(first.pid):
-            assert time.monotonic() < deadline and first.poll() is None, "the first launcher never locked its folder"
-            time.sleep(0.1)
-        # The second launcher comes while the first starts Flower: refused, the first goes on.
-        second = subprocess.run(command, cwd=APP_DIR, env=env, capture_output=True, text=True, timeout=120)
-        assert second.returncode == 2 and f"in use by another Basin launcher (PID {first.pid})" in second.stderr
-        assert "Traceback" not in second.stderr
-        while _rows(out / "results.csv") < 2:
-            assert time.monotonic() < deadline and first.poll() is None, "the first launcher never reached round 2"
-            time.sleep(0.1)
-        first.send_signal(signal.SIGINT)
-        _, err = first.communicate(timeout=120)
-    finally:
-        if first.poll() is None:
-            first.kill()
-    assert first.returncode == 130, err[-2000:]
-    last = err.splitlines()[-1]
-    assert "Traceback" not in err and last.startswith("interrupted FedAvg after round ")
-    assert last.endswith(shlex.join(command[1:])), last  # the same command, --out included
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and summary["rounds"] == int(last.split("after round ")[1].split(";")[0])
-    assert summary["rounds"] >= 2 and (out / "checkpoint.pt").is_file()
-    assert not processes_in_scope(scope) - {os.getpid()}, "Flower processes were left behind"
+    monkeypatch.setattr(launch_module, "launch", interrupted_launch)  # run.main imports it when called
+    monkeypatch.chdir(tmp_path)
+    assert run.main([*SMALL, "--set", "lr=0.1"]) == 130
+    last = capsys.readouterr().err.splitlines()[-1]
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert last.startswith("interrupted FedAvg after round 3; resume with: ")
+    assert last.endswith(shlex.join(["-m", "experiments.run", *SMALL, "--set", "lr=0.1", "--out", str(folder)]))
+    assert "Traceback" not in last
 
 
 def test_a_run_that_ended_without_a_word_is_killed_with_the_reason_from_flowers_log(tmp_path):

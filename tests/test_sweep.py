@@ -172,8 +172,13 @@ seed = [0]
     first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     third = out / "runs" / "alpha=1.0_averaging=none_seed=0"
     deadline = time.monotonic() + 240
+    second = None
     while time.monotonic() < deadline and not (third / CHECKPOINT_FILE).is_file():
         assert first.poll() is None, first.communicate()
+        if second is None and (out / "runs").is_dir():  # the first holds the sweep's folder now
+            # A second launcher on the same folder is refused at once, naming the first.
+            second = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+            assert second.returncode == 2 and f"in use by another Basin launcher (PID {first.pid})" in second.stderr
         time.sleep(0.05)
     started = processes_in_scope(scope)  # the scope sees this sweep's Flower and Ray processes
     assert any("flower-superlink" in _command_line(pid) for pid in started)
@@ -186,6 +191,9 @@ seed = [0]
 
     table = pd.read_parquet(out / "results.parquet")
     assert table["status"].tolist() == ["completed"] * 2 + ["pending"] * 2
+    assert second is not None
+    interrupted = json.loads((third / "summary.json").read_text())
+    assert interrupted["status"] == "interrupted" and interrupted["rounds"] >= 1  # not "running"
     # The signal may land a round or two after the first checkpoint (CI has 2 slow cores):
     # the resume must start from whichever round the last checkpoint holds.
     checkpointed_round = int(load_checkpoint(third / CHECKPOINT_FILE)["round"])
