@@ -181,7 +181,8 @@ def resolve_config(*layers: Mapping[str, Any]) -> dict[str, Any]:
     try:
         check_partition(config)
     except ValueError as error:
-        raise ConfigError(f"run config keys 'partition', 'alpha', 'classes-per-client', 'num-clients', 'min-partition-size': {error}") from None
+        keys = "'partition', 'alpha', 'classes-per-client', 'num-clients', 'min-partition-size'"
+        raise ConfigError(f"run config keys {keys}: {error}") from None
     return config
 
 

@@ -131,7 +131,8 @@ def run_job(args: argparse.Namespace, argv: list[str]) -> int:
 
     from experiments.cli import EXIT_INTERRUPTED
     from experiments.launch import (
-        ClientResources, RunFailed, check_data, check_machine, count_rounds, launch, load_preset, parse_overrides, resolve_config,
+        ClientResources, RunFailed, check_data, check_machine, count_rounds, launch, load_preset, parse_overrides,
+        resolve_config,
     )
     from experiments.output_dir import OutputLock
     from experiments.ray_cluster import check_ray_address
