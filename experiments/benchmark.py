@@ -22,7 +22,9 @@ Measured, over the rounds only: client steps per second (Flower: over Σ round-s
 bare: over its timed rounds, aggregation and evaluation included) and their ratio;
 Flower's *overhead per round*, train-seconds − client-seconds: the time from sending to
 aggregating outside the interval in which some client of the cohort was computing; its
-*startup*, the launch's wall time minus Σ round-seconds, paid once per run; on CUDA the
+*startup*, the launch's wall time minus Σ round-seconds, paid once per run, and when each
+of its stages began (SuperLink, simulation, Ray and client processes, data and partition,
+client discovery, round 1; read from Flower's log every 0.2 s); on CUDA the
 peak memory of a client process and of the bare loop. Each is given over all rounds and
 excluding round 1 (warm-up). Flower's per-round client-steps (Σ over the cohort) must
 equal the bare loop's, else the runs did different work.
@@ -185,8 +187,9 @@ def window_figures(rows: pd.DataFrame, bare: BareRun, first_round: int) -> dict[
 
 
 def report(config: dict[str, Any], rows: pd.DataFrame, launch_seconds: float, bare: BareRun,
-           resources: ClientResources, device: torch.device) -> dict[str, Any]:
-    """All figures as one JSON-able dict."""
+           resources: ClientResources, device: torch.device, startup_stages: dict[str, float]) -> dict[str, Any]:
+    """All figures as one JSON-able dict (``startup_stages``: when each start-up stage of the
+    Flower run began, seconds after its launch)."""
     flower_steps = rows["client-steps"].tolist()
     gpu_mb = rows["client-gpu-mb"].max()
     return {
@@ -196,6 +199,7 @@ def report(config: dict[str, Any], rows: pd.DataFrame, launch_seconds: float, ba
         "excluding-round-1": window_figures(rows, bare, 2),
         "flower-startup-seconds": launch_seconds - float(rows["round-seconds"].sum()),
         "flower-launch-seconds": launch_seconds,
+        "flower-startup-stages": startup_stages,
         "peak-gpu-mb": {"flower-client": None if math.isnan(gpu_mb) else float(gpu_mb), "bare": bare.peak_gpu_mb},
         "per-round": {"flower-round-seconds": rows["round-seconds"].tolist(),
                       "flower-overhead-seconds": (rows["train-seconds"] - rows["client-seconds"]).tolist(),
@@ -227,6 +231,8 @@ def print_report(figures: dict[str, Any]) -> None:
         steady = f"; {windows[1][key]:.{digits}f}{unit} excluding round 1" if len(windows) > 1 else ""
         print(f"{prefix}: {windows[0][key]:.{digits}f}{unit} (all rounds{steady})")
     print(f"flower startup: {figures['flower-startup-seconds']:.1f} s (launch wall time − Σ round-seconds, once per run)")
+    stages = figures["flower-startup-stages"]
+    print("startup stages, seconds after the launch: " + ", ".join(f"{stage} {at:.1f}" for stage, at in stages.items()))
     gpu = figures["peak-gpu-mb"]
     if gpu["bare"] is not None:
         client = "n/a" if gpu["flower-client"] is None else f"{gpu['flower-client']:.0f}"
@@ -255,13 +261,14 @@ def run_command(args) -> int:
             torch.cuda.empty_cache()  # leave the GPU to the Flower clients
         started = time.perf_counter()
         try:
-            launch(config, out_dir / "flower", resources, progress=sys.stderr.isatty(), label="flower")
+            summary = launch(config, out_dir / "flower", resources, progress=sys.stderr.isatty(), label="flower")
         except RunFailed as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
         launch_seconds = time.perf_counter() - started
         rows = pd.read_csv(out_dir / "flower" / "results.csv")
-        figures = report({**config, "output-dir": str(out_dir / "flower")}, rows, launch_seconds, bare, resources, device)
+        figures = report({**config, "output-dir": str(out_dir / "flower")}, rows, launch_seconds, bare, resources, device,
+                         summary["startup-stages"])
         print_report(figures)
         (out_dir / "benchmark.json").write_text(json.dumps(figures, indent=2))
     print(f"results: {out_dir / 'benchmark.json'}")

@@ -359,7 +359,7 @@ def _launch_locked(
         try:
             with open(log_path, "w") as log:
                 process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=APP_DIR)
-                _follow(process, out_dir, config["num-rounds"], progress, label, leave)
+                stages_seen = _follow(process, out_dir, config["num-rounds"], progress, label, leave)
         except KeyboardInterrupt:
             interrupted = True
             raise
@@ -373,10 +373,14 @@ def _launch_locked(
     summary = _read_summary(out_dir)
     if summary is None or summary.get("status") != "completed":
         raise run_failure(out_dir, config, log_path)
-    # The run's real wall time, Flower's start-up included, and the part before round 1.
+    # The run's real wall time, Flower's start-up included, the part before round 1, and
+    # when each start-up stage began (seconds after `flwr run` was started), kept in
+    # summary.json too.
     summary["run-seconds"] = time.time() - launched_at
     if summary.get("training-started-at"):
         summary["startup-seconds"] = summary["training-started-at"] - launched_at
+    summary["startup-stages"] = {stage: round(seen - launched_at, 2) for stage, seen in stages_seen.items()}
+    write_json_atomic(out_dir / "summary.json", summary)
     return summary
 
 
@@ -444,21 +448,26 @@ STARTUP_STAGES = (
 )
 
 
+def startup_stages(log_text: str) -> list[str]:
+    """The start-up stages a flwr.log shows, in STARTUP_STAGES order."""
+    return [name for marker, name in STARTUP_STAGES if marker in log_text]
+
+
 def startup_stage(log_text: str) -> str:
     """The start-up stage a flwr.log has reached ("starting Flower" before any line)."""
-    stage = "starting Flower"
-    for marker, name in STARTUP_STAGES:
-        if marker in log_text:
-            stage = name
-    return stage
+    return (["starting Flower", *startup_stages(log_text)])[-1]
 
 
 FAILED_RUN_LOG_GRACE_S = 3.0
 
 
-def _follow(process: subprocess.Popen, out_dir: Path, num_rounds: int, progress: bool, label: str, leave: bool) -> None:
+def _follow(
+    process: subprocess.Popen, out_dir: Path, num_rounds: int, progress: bool, label: str, leave: bool,
+) -> dict[str, float]:
     """Wait for ``flwr run``, drawing a progress bar of rounds written to results.csv; until
-    the first round is written the bar says which start-up stage the run is in.
+    the first round is written the bar says which start-up stage the run is in. Returns
+    when each start-up stage was first seen in flwr.log (``time.time()``, polled every
+    0.2 s).
 
     Returns as soon as the ServerApp has marked the run completed (it writes the summary
     last, after the final model), or a few seconds after it marked it failed (time for
@@ -469,15 +478,22 @@ def _follow(process: subprocess.Popen, out_dir: Path, num_rounds: int, progress:
     from tqdm import tqdm
 
     log_path = out_dir / "flwr.log"
+    last_stage = STARTUP_STAGES[-1][1]
+    seen: dict[str, float] = {}
     with tqdm(total=num_rounds, desc=label or out_dir.name, unit="round", disable=not progress, leave=leave) as bar:
         while process.poll() is None:
             bar.update(count_rounds(out_dir) - bar.n)
-            if bar.n == 0 and progress:
+            if last_stage not in seen:
                 try:
-                    bar.set_postfix_str(startup_stage(log_path.read_text(errors="replace")), refresh=True)
+                    log_text = log_path.read_text(errors="replace")
                 except OSError:
-                    pass
-            elif progress and bar.postfix:
+                    log_text = ""
+                now = time.time()
+                for stage in startup_stages(log_text):
+                    seen.setdefault(stage, now)
+                if progress and bar.n == 0:
+                    bar.set_postfix_str(startup_stage(log_text), refresh=True)
+            if progress and bar.n > 0 and bar.postfix:
                 bar.set_postfix_str("", refresh=False)
             summary = _read_summary(out_dir)
             if summary is not None and summary.get("status") == "completed":
@@ -490,3 +506,4 @@ def _follow(process: subprocess.Popen, out_dir: Path, num_rounds: int, progress:
                 break
             time.sleep(0.2)
         bar.update(count_rounds(out_dir) - bar.n)
+    return seen

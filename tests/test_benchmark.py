@@ -39,6 +39,13 @@ def test_benchmark_compares_a_flower_run_with_the_bare_loop(tmp_path):
     assert figures["all-rounds"]["rounds"] == "1-3" and figures["excluding-round-1"]["rounds"] == "2-3"
     assert figures["flower-startup-seconds"] > 0 and figures["device"] == "cpu"
     assert (tmp_path / "flower" / "results.csv").is_file()
+    # When each start-up stage began, in order, as the run's summary.json keeps them too.
+    stages = figures["flower-startup-stages"]
+    assert list(stages) == ["starting the SuperLink", "starting the simulation", "starting Ray and the client processes",
+                            "loading data and building the partition", "discovering clients", "training round 1"]
+    assert list(stages.values()) == sorted(stages.values()) and stages["training round 1"] > 0
+    assert "startup stages, seconds after the launch: starting the SuperLink" in result.stdout
+    assert json.loads((tmp_path / "flower" / "summary.json").read_text())["startup-stages"] == stages
 
 
 def test_bad_config_fails_before_anything_starts(tmp_path):
