@@ -47,6 +47,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from experiments.cli import nonempty_path
+
 DEFAULT_PRESET = "ima-fmnist-shards"
 NO_PRESET = "none"
 
@@ -63,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cpus-per-client", type=float, default=1.0, help="Ray CPUs per virtual client (default 1)")
     parser.add_argument("--gpus-per-client", type=float, default=0.0,
                         help="Ray GPU fraction per virtual client, e.g. 0.125 for 8 clients per GPU (default 0)")
-    parser.add_argument("--out", type=Path, help="output directory (default runs/benchmark-<time>)")
+    parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/benchmark-<time>)")
     return parser
 
 

@@ -8,10 +8,12 @@ Errors of other kinds are bugs and keep their traceback.
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 import tomllib
 from collections.abc import Callable
+from pathlib import Path
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -19,6 +21,14 @@ EXIT_INTERRUPTED = 130
 
 class UsageError(ValueError):
     """Input the user can fix: a command-line value, a file's content."""
+
+
+def nonempty_path(text: str) -> Path:
+    """An argparse type for ``--out``: an empty value (an unset shell variable) would mean
+    the current folder; it is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path is not allowed; allowed: a path")
+    return Path(text)
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

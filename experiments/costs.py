@@ -82,6 +82,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments.cli import nonempty_path
+
 DEFAULT_METHODS = "fedavg,fedavg+crop-flip,fedprox,scaffold,moon,fedsam,gradaug-n1,gradaug-n2,fedalign"
 
 
@@ -104,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "on a busy machine")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run-config key for every method (e.g. prox-mu=0.01)")
-    parser.add_argument("--out", type=Path, help="also write the table as CSV to this file")
+    parser.add_argument("--out", type=nonempty_path, help="also write the table as CSV to this file")
     return parser
 
 
@@ -126,6 +128,7 @@ from clients.models import MODEL_NAMES, build_model, uses_projection_head
 from clients.training import select_device
 from experiments.cli import UsageError, guarded
 from experiments.launch import parse_overrides, resolve_config
+from experiments.output_dir import create_output_dir
 from partitions.datasets import INPUT_SHAPES
 from strategies.config import DEVICES, STRATEGY_NAMES
 from strategies.registry import build_client_schedule, build_strategy
@@ -447,6 +450,8 @@ def run_command(args) -> int:
     for method in methods:
         method_config(method, args.model, shape, batch_size, args.device, overrides)
     device = select_device(args.device)
+    if args.out:  # its folder is made (or refused) before the measurement, not after
+        create_output_dir(args.out.parent, "--out")
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -457,7 +462,6 @@ def run_command(args) -> int:
     with pd.option_context("display.width", 200, "display.max_columns", None):
         print(format_table(table))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.out)
         print(f"table: {args.out.resolve()}")
     return 0

@@ -54,13 +54,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments.cli import nonempty_path
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", help="a preset name from experiments/presets/ or a TOML file")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key")
     parser.add_argument("--tls", action="store_true", help="TLS with a throw-away CA for 127.0.0.1/localhost")
     parser.add_argument("--auth", action="store_true", help="SuperNode authentication (implies --tls)")
-    parser.add_argument("--out", type=Path, help="output directory (default runs/deploy-<preset>-<time>)")
+    parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/deploy-<preset>-<time>)")
     parser.add_argument("--cpus-per-client", type=float, default=1.0,
                         help="CPU threads per SuperNode's ClientApp (as in simulation; default 1)")
     return parser
@@ -426,7 +429,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Validate, then start the local deployment and run on it (see the module docstring)."""
     config = resolve_config(load_preset(args.preset) if args.preset else {}, parse_overrides(args.set))
     check_data([config])
-    check_machine([config], ClientResources())  # the device; SuperNodes are processes, not Ray actors
+    check_machine([config], ClientResources(args.cpus_per_client))  # each SuperNode's threads fit the machine
     security = Security(tls=args.tls or args.auth, auth=args.auth)
     name = Path(args.preset).stem if args.preset else "main"
     out_dir = create_output_dir(args.out) if args.out else unique_output_dir(Path("runs"), f"deploy-{name}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 import signal
@@ -49,7 +50,8 @@ class ClientResources:
 
     def __post_init__(self) -> None:
         # Flower 1.41 reads client-resources-num-cpus as an integer: 0.5 would fail inside `flwr run`.
-        if isinstance(self.num_cpus, bool) or self.num_cpus < 1 or self.num_cpus != int(self.num_cpus):
+        if isinstance(self.num_cpus, bool) or not math.isfinite(self.num_cpus) or self.num_cpus < 1 \
+                or self.num_cpus != int(self.num_cpus):
             raise ValueError(f"num-cpus per client = {self.num_cpus!r} is not allowed; allowed: a whole number >= 1")
         if isinstance(self.num_gpus, bool) or not 0 <= self.num_gpus <= 1:
             raise ValueError(f"num-gpus per client = {self.num_gpus!r} is not allowed; allowed: a number in [0, 1]")

@@ -38,6 +38,8 @@ class OutputLocked(OutputDirError):
 
 def create_output_dir(path: Path, option: str = "--out") -> Path:
     """``path`` resolved and created (with its parents); OutputDirError names what is wrong."""
+    if not str(path).strip():
+        raise OutputDirError(f"{option} {str(path)!r} is empty; allowed: a directory path")
     try:
         path = Path(path).expanduser().resolve()
         path.mkdir(parents=True, exist_ok=True)

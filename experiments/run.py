@@ -21,8 +21,10 @@ import shlex
 import sys
 from pathlib import Path
 
-# Only the standard library above: `--help` answers without importing torch or Flower
-# (the rest is imported in main, once the arguments are parsed).
+from experiments.cli import nonempty_path
+
+# Only the standard library above (experiments.cli uses nothing else): `--help` answers
+# without importing torch or Flower (the rest is imported in main, once the arguments are parsed).
 
 MAIN_JOB_COMPARE = ["averaging=none,ima,wima"]
 
@@ -81,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key")
     parser.add_argument("--compare", action="append", default=None, metavar="KEY=V1,V2",
                         help="run once per value (several flags: every combination)")
-    parser.add_argument("--out", type=Path, help="output directory (default runs/<preset>-<time>)")
+    parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/<preset>-<time>)")
     parser.add_argument("--cpus-per-client", type=float, default=1.0, help="Ray CPUs per virtual client")
     parser.add_argument("--gpus-per-client", type=float, default=0.0,
                         help="Ray GPU fraction per virtual client, e.g. 0.125 for 8 clients per GPU")

@@ -56,12 +56,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments.cli import nonempty_path
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep", help="a sweep name from experiments/sweeps/ or a TOML file")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run-config key in every run (changes the runs' configs)")
-    parser.add_argument("--out", type=Path, help="output directory (default runs/<sweep name>)")
+    parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/<sweep name>)")
     parser.add_argument("--retry-failed", action="store_true", help="run failed runs again")
     parser.add_argument("--list", action="store_true", help="print the runs and their status; run nothing")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.cli import nonempty_path
 from experiments.report import save_figure
 
 AVERAGING_KEYS = ("averaging", "window", "avg-start", "avg-feedback", "avg-subset", "ima-exploration", "ima-decay",
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     """Write the report of a sweep, print its table and files; 2 on a missing input or no completed run."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep_dir", type=Path, help="a sweep directory holding results.parquet")
-    parser.add_argument("--out", type=Path, help="output directory (default SWEEP_DIR/report)")
+    parser.add_argument("--out", type=nonempty_path, help="output directory (default SWEEP_DIR/report)")
     args = parser.parse_args(argv)
     from experiments.cli import guarded
 

@@ -80,6 +80,9 @@ CASES = [
     ("run", [*SMALL, "--compare", "averaging=none,ima", "--set", "window=10"], "'window' = 10"),
     ("run", [*SMALL, "--cpus-per-client", "0.5"], "num-cpus per client = 0.5"),
     ("run", [*SMALL, "--cpus-per-client", "4096"], "4096"),
+    ("run", [*SMALL, "--cpus-per-client", "inf"], "num-cpus per client = inf"),
+    ("run", [*SMALL, "--cpus-per-client", "nan"], "num-cpus per client = nan"),
+    ("run", [*SMALL, "--out", ""], "argument --out: an empty path"),
     ("run", [*SMALL, "--gpus-per-client", "2"], "num-gpus per client = 2"),
     ("run", [*SMALL, "--ray-address", "nowhere"], "'nowhere'"),
     ("run", [*SMALL, "--ray-address", "ray://host:10001"], "ray://host:10001"),
@@ -121,6 +124,7 @@ CASES = [
     ("deploy", [*SMALL, "--out", "{tmp}/file"], "{tmp}/file"),
     ("deploy", [*SMALL, "--out", "{tmp}/corrupt"], "{tmp}/corrupt/checkpoint.pt"),
     ("deploy", [*SMALL, "--out", "{tmp}/locked"], "PID"),
+    ("deploy", [*SMALL, "--cpus-per-client", "0"], "num-cpus per client = 0"),
     # the benchmark and the cost table
     ("benchmark", ["--preset", "none", "--rounds", "0"], "--rounds"),
     ("benchmark", ["--preset", "none", "--set", "lr=inf"], "'lr' = inf"),
@@ -134,6 +138,7 @@ CASES = [
     ("costs", ["--set", "lr=inf"], "'lr' = inf"),
     ("costs", ["--device", "tpu"], "--device"),
     ("costs", ["--methods", "fedavg,fedsomething"], "fedsomething"),
+    ("costs", ["--steps", "1", "--out", "{tmp}/file/table.csv"], "{tmp}/file"),
     # a sweep's report
     ("sweep_report", ["{tmp}/nowhere"], "{tmp}/nowhere"),
     ("sweep_report", ["{tmp}/s-empty"], "results.parquet"),
@@ -214,12 +219,15 @@ def test_bad_input_is_one_line_exit_2_before_any_process(command, arguments, nam
     tmp = str(hostile_files)
     argv = [a.replace("{tmp}", tmp) for a in arguments]
     module = importlib.import_module(f"experiments.{command}")
-    code = module.main(argv)
+    try:
+        code = module.main(argv)
+    except SystemExit as exit:  # argparse's own refusals: "usage: …" then "<prog>: error: …"
+        code = exit.code
     err = capsys.readouterr().err
     assert code == 2, err
     assert named.replace("{tmp}", tmp) in err
     lines = [line for line in err.splitlines() if line.strip()]
-    assert lines[-1].startswith("error: ") and "Traceback" not in err
+    assert (lines[-1].startswith("error: ") or ": error: " in lines[-1]) and "Traceback" not in err
     assert not (hostile_files / "runs").exists()
 
 
