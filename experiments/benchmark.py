@@ -47,7 +47,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from experiments.cli import nonempty_path
+from experiments.cli import UsageError, guarded, nonempty_path
 
 DEFAULT_PRESET = "ima-fmnist-shards"
 NO_PRESET = "none"
@@ -81,7 +81,6 @@ from clients.data import client_tensors
 from clients.local_round import LocalRound, round_randomness
 from clients.models import build_run_model, resolve_model_name
 from clients.training import evaluate, select_device
-from experiments.cli import UsageError, guarded
 from experiments.launch import (
     ClientResources, RunFailed, check_machine, default_run_config, launch, load_preset, parse_overrides,
     resolve_config,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -47,7 +48,8 @@ def _interrupt(signum, frame) -> None:
 
 def guarded(body: Callable[[], int]) -> int:
     """``body()``'s exit code; 2 with one line for a user error, 130 when interrupted."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    in_main_thread = threading.current_thread() is threading.main_thread()  # signals: main thread only
+    previous = signal.signal(signal.SIGTERM, _interrupt) if in_main_thread else None
     try:
         return body()
     except KeyboardInterrupt:
@@ -57,4 +59,5 @@ def guarded(body: Callable[[], int]) -> int:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)

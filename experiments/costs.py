@@ -82,7 +82,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.cli import nonempty_path
+from experiments.cli import UsageError, guarded, nonempty_path
 
 DEFAULT_METHODS = "fedavg,fedavg+crop-flip,fedprox,scaffold,moon,fedsam,gradaug-n1,gradaug-n2,fedalign"
 
@@ -126,7 +126,6 @@ from clients import protocol
 from clients.local_round import LocalRound
 from clients.models import MODEL_NAMES, build_model, uses_projection_head
 from clients.training import select_device
-from experiments.cli import UsageError, guarded
 from experiments.launch import parse_overrides, resolve_config
 from experiments.output_dir import create_output_dir
 from partitions.datasets import INPUT_SHAPES

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.cli import nonempty_path
+from experiments.cli import guarded, nonempty_path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,7 +74,6 @@ if __name__ == "__main__":
     build_parser().parse_args()
 
 from experiments.certificates import KeyPair, TlsFiles, write_supernode_key_pair, write_tls_certificates
-from experiments.cli import guarded
 from experiments.launch import (
     APP_DIR,
     ClientResources,

@@ -21,7 +21,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from experiments.cli import nonempty_path
+from experiments.cli import EXIT_INTERRUPTED, UsageError, guarded, nonempty_path
 
 # Only the standard library above (experiments.cli uses nothing else): `--help` answers
 # without importing torch or Flower (the rest is imported in main, once the arguments are parsed).
@@ -98,7 +98,6 @@ def build_parser() -> argparse.ArgumentParser:
 def output_dir_of(out: Path | None, configs: list[dict], name: str) -> Path:
     """The job's output folder, created: ``--out``, else the configs' ``output-dir``, else a
     new ``runs/<name>-<time>``; ``--out`` and an ``output-dir`` naming another folder are refused."""
-    from experiments.cli import UsageError
     from experiments.output_dir import create_output_dir, unique_output_dir
 
     requested = sorted({config["output-dir"] for config in configs} - {""})
@@ -119,8 +118,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_presets or args.list_keys:
         print(list_presets() if args.list_presets else list_keys())
         return 0
-    from experiments.cli import guarded
-
     return guarded(lambda: run_job(args, sys.argv[1:] if argv is None else argv))
 
 
@@ -131,7 +128,6 @@ def run_job(args: argparse.Namespace, argv: list[str]) -> int:
 
     import pandas as pd
 
-    from experiments.cli import EXIT_INTERRUPTED
     from experiments.launch import (
         ClientResources, RunFailed, check_data, check_machine, count_rounds, launch, load_preset, parse_overrides,
         resolve_config,

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.cli import nonempty_path
+from experiments.cli import EXIT_INTERRUPTED, EXIT_USAGE, guarded, nonempty_path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,7 +83,6 @@ from experiments.launch import (
     ClientResources, RunFailed, check_machine, data_problem_of, launch, load_preset, named_toml, parse_overrides,
     read_toml, resolve_config,
 )
-from experiments.cli import EXIT_INTERRUPTED, EXIT_USAGE, guarded
 from experiments.output_dir import OutputLock, create_output_dir
 from experiments.ray_cluster import check_ray_address
 from strategies.checkpoint import CheckpointError, read_checkpoint

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.cli import nonempty_path
+from experiments.cli import guarded, nonempty_path
 from experiments.report import save_figure
 
 AVERAGING_KEYS = ("averaging", "window", "avg-start", "avg-feedback", "avg-subset", "ima-exploration", "ima-decay",
@@ -324,8 +324,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sweep_dir", type=Path, help="a sweep directory holding results.parquet")
     parser.add_argument("--out", type=nonempty_path, help="output directory (default SWEEP_DIR/report)")
     args = parser.parse_args(argv)
-    from experiments.cli import guarded
-
     def report() -> int:
         paths = write_report(args.sweep_dir, args.out)
         print(paths[1].read_text())
