@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -230,6 +230,13 @@ def _stop_superlink(port: int) -> None:
     stop_process_tree(roots, table)
 
 
+def _simulation_running(port: int) -> bool:
+    """Whether the simulation process (it hosts the ServerApp) of the SuperLink on ``port`` runs."""
+    table = _process_table()
+    roots = [pid for pid, (_, _, cmd) in table.items() if "flower-superlink" in cmd and f"--port {port}" in cmd]
+    return any("flwr-simulation" in table[pid][2] and _alive(pid) for pid in process_tree(roots, table))
+
+
 def process_tree(roots: list[int], table: dict[int, tuple[int, int, str]]) -> set[int]:
     """``roots`` and every process descending from them in ``table`` (see _process_table)."""
     tree, frontier = set(roots), list(roots)
@@ -361,7 +368,8 @@ def _launch_locked(
         try:
             with open(log_path, "w") as log:
                 process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=APP_DIR)
-                stages_seen = _follow(process, out_dir, config["num-rounds"], progress, label, leave)
+                stages_seen = _follow(process, out_dir, config["num-rounds"], progress, label, leave,
+                                      server_alive=lambda: _simulation_running(http_port))
         except KeyboardInterrupt:
             interrupted = True
             raise
@@ -450,6 +458,10 @@ STARTUP_STAGES = (
 )
 
 
+# From this stage on the ServerApp runs inside the simulation process.
+SERVER_APP_STARTED = "loading data and building the partition"
+
+
 def startup_stages(log_text: str) -> list[str]:
     """The start-up stages a flwr.log shows, in STARTUP_STAGES order."""
     return [name for marker, name in STARTUP_STAGES if marker in log_text]
@@ -465,6 +477,7 @@ FAILED_RUN_LOG_GRACE_S = 3.0
 
 def _follow(
     process: subprocess.Popen, out_dir: Path, num_rounds: int, progress: bool, label: str, leave: bool,
+    server_alive: Callable[[], bool] | None = None,
 ) -> dict[str, float]:
     """Wait for ``flwr run``, drawing a progress bar of rounds written to results.csv; until
     the first round is written the bar says which start-up stage the run is in. Returns
@@ -475,13 +488,16 @@ def _follow(
     last, after the final model), or a few seconds after it marked it failed (time for
     Flower to log the error's traceback): the tens of seconds Flower then spends shutting
     down Ray and the log stream would only delay the next run; the caller stops those
-    processes.
+    processes. With ``server_alive``, also returns once the ServerApp has started and its
+    process is gone twice in a row (checked every second) without a recorded end: killed
+    from outside, where ``flwr run`` itself would wait about a minute.
     """
     from tqdm import tqdm
 
     log_path = out_dir / "flwr.log"
     last_stage = STARTUP_STAGES[-1][1]
     seen: dict[str, float] = {}
+    server_checked, server_missing = 0.0, 0
     with tqdm(total=num_rounds, desc=label or out_dir.name, unit="round", disable=not progress, leave=leave) as bar:
         while process.poll() is None:
             bar.update(count_rounds(out_dir) - bar.n)
@@ -506,6 +522,11 @@ def _follow(
                 except subprocess.TimeoutExpired:
                     pass
                 break
+            if server_alive is not None and SERVER_APP_STARTED in seen and time.monotonic() - server_checked >= 1.0:
+                server_checked = time.monotonic()
+                server_missing = 0 if server_alive() else server_missing + 1
+                if server_missing == 2:
+                    break
             time.sleep(0.2)
         bar.update(count_rounds(out_dir) - bar.n)
     return seen

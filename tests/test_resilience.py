@@ -99,11 +99,14 @@ def test_a_run_killed_with_sigkill_resumes_from_its_checkpoint_bitwise_identical
             assert len(server) == 1
             os.kill(server[0], signal.SIGKILL)  # the ServerApp dies mid-run, with its in-memory state
             rows_at_kill = _rows(killed / "results.csv")
+            # The launcher notices within seconds (`flwr run` alone would wait about a minute).
+            assert launcher.wait(timeout=30) == 1
         finally:
             stop_process_tree([launcher.pid])
             launcher.wait()
         uninterrupted.result()
-    assert json.loads((killed / "summary.json").read_text())["status"] != "completed"
+    killed_summary = json.loads((killed / "summary.json").read_text())
+    assert killed_summary["status"] == "killed" and "ServerApp's process ended" in killed_summary["error"]
     checkpoint = torch.load(killed / CHECKPOINT_FILE, weights_only=True)
     assert checkpoint["round"] in (2, 4) and checkpoint["round"] <= rows_at_kill < 6
     snapshots = killed / CLIENT_STATE_DIR / checkpoint["client-state-run"]
