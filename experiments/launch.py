@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -315,6 +316,7 @@ def launch(
     label: str = "",
     leave: bool = True,
     ray_address: str | None = None,
+    stop: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Run one validated config with ``flwr run``; return its summary or raise RunFailed.
 
@@ -324,18 +326,19 @@ def launch(
     recorded an end, ``summary.json`` says ``interrupted`` or ``killed``, never
     ``running``. With ``ray_address`` (``HOST:PORT``) the clients run on that existing Ray
     cluster (``experiments.ray_cluster``); RayClusterUnreachable is raised before Flower
-    starts if nothing answers there.
+    starts if nothing answers there. Setting ``stop`` (from another thread) interrupts the
+    run as Ctrl-C does: KeyboardInterrupt is raised in the launching thread.
     """
     if ray_address is not None:
         check_ray_address(ray_address)
     out_dir = create_output_dir(out_dir, "output directory")
     with OutputLock(out_dir):
-        return _launch_locked(config, out_dir, resources, progress, label, leave, ray_address)
+        return _launch_locked(config, out_dir, resources, progress, label, leave, ray_address, stop)
 
 
 def _launch_locked(
     config: Mapping[str, Any], out_dir: Path, resources: ClientResources, progress: bool, label: str, leave: bool,
-    ray_address: str | None,
+    ray_address: str | None, stop: threading.Event | None,
 ) -> dict[str, Any]:
     config = validate_run_config({**config, "output-dir": str(out_dir)})
     read_checkpoint(out_dir, config)  # a corrupt or foreign checkpoint is refused before Flower starts
@@ -369,7 +372,7 @@ def _launch_locked(
             with open(log_path, "w") as log:
                 process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=APP_DIR)
                 stages_seen = _follow(process, out_dir, config["num-rounds"], progress, label, leave,
-                                      server_alive=lambda: _simulation_running(http_port))
+                                      server_alive=lambda: _simulation_running(http_port), stop=stop)
         except KeyboardInterrupt:
             interrupted = True
             raise
@@ -477,7 +480,7 @@ FAILED_RUN_LOG_GRACE_S = 3.0
 
 def _follow(
     process: subprocess.Popen, out_dir: Path, num_rounds: int, progress: bool, label: str, leave: bool,
-    server_alive: Callable[[], bool] | None = None,
+    server_alive: Callable[[], bool] | None = None, stop: threading.Event | None = None,
 ) -> dict[str, float]:
     """Wait for ``flwr run``, drawing a progress bar of rounds written to results.csv; until
     the first round is written the bar says which start-up stage the run is in. Returns
@@ -500,6 +503,8 @@ def _follow(
     server_checked, server_missing = 0.0, 0
     with tqdm(total=num_rounds, desc=label or out_dir.name, unit="round", disable=not progress, leave=leave) as bar:
         while process.poll() is None:
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt
             bar.update(count_rounds(out_dir) - bar.n)
             if last_stage not in seen:
                 try:

@@ -50,13 +50,15 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.cli import EXIT_INTERRUPTED, EXIT_USAGE, guarded, nonempty_path
+from experiments.cli import EXIT_INTERRUPTED, EXIT_USAGE, UsageError, guarded, nonempty_path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--retry-failed", action="store_true", help="run failed runs again")
     parser.add_argument("--list", action="store_true", help="print the runs and their status; run nothing")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--parallel", type=int, default=1, metavar="N",
+                        help="run N runs at once, each its own Flower run (default 1; results do not depend on it)")
     parser.add_argument("--ray-address", metavar="HOST:PORT",
                         help="run the clients on this existing Ray cluster (the address `ray start --head` prints)")
     return parser
@@ -212,10 +216,15 @@ def resumable(run_dir: Path, config: dict[str, Any]) -> bool:
 
 def run_sweep(
     sweep: Sweep, out_dir: Path, retry_failed: bool = False, progress: bool = True, ray_address: str | None = None,
+    parallel: int = 1,
 ) -> pd.DataFrame:
     """Run every unfinished run of the sweep, rebuilding the tables after each; return the results table.
 
-    ``ray_address``: run the clients on that existing Ray cluster (``experiments.ray_cluster``).
+    ``parallel``: how many runs go at once, each its own Flower run (SuperLink, Ray, client
+    processes) in a thread of this process; a run's numbers do not depend on it. With more
+    than one, only the sweep's bar is drawn. Ctrl-C (KeyboardInterrupt) stops every
+    running run, then propagates. ``ray_address``: run the clients on that existing Ray
+    cluster (``experiments.ray_cluster``).
     """
     from tqdm import tqdm
 
@@ -226,15 +235,19 @@ def run_sweep(
         if outcome is None or (retry_failed and outcome["status"] == "failed"):
             todo.append(run)
     finished = len(sweep.runs) - len(todo)
+    stop, tables_lock = threading.Event(), threading.Lock()
     with tqdm(total=len(sweep.runs), initial=finished, desc=f"sweep {sweep.name}", unit="run", disable=not progress) as bar:
-        for run in todo:
+
+        def run_one(run: SweepRun) -> None:
+            if stop.is_set():  # interrupted before this run started: it stays pending
+                return
             run_dir = out_dir / "runs" / run.run_id
             if not resumable(run_dir, run.config):
                 shutil.rmtree(run_dir, ignore_errors=True)  # an outdated attempt, or one without a checkpoint
             started = time.time()
             try:
-                launch(run.config, run_dir, sweep.resources, progress=progress, label=run.run_id, leave=False,
-                       ray_address=ray_address)
+                launch(run.config, run_dir, sweep.resources, progress=progress and parallel == 1, label=run.run_id,
+                       leave=False, ray_address=ray_address, stop=stop)
                 outcome = {"status": "completed", "error": ""}
             except RunFailed as error:
                 outcome = {"status": "failed", "error": str(error).splitlines()[0]}
@@ -242,10 +255,26 @@ def run_sweep(
                 outcome = {"status": "failed", "error": f"{type(error).__name__}: {error}"}
             outcome.update({"run-seconds": time.time() - started, "config": _comparable(run.config)})
             write_json_atomic(run_dir / "outcome.json", outcome)
-            write_tables(sweep, out_dir)
-            bar.update(1)
-            if outcome["status"] == "failed":
-                bar.write(f"run {run.run_id} failed: {outcome['error']}")
+            with tables_lock:
+                write_tables(sweep, out_dir)
+                bar.update(1)
+                if outcome["status"] == "failed":
+                    bar.write(f"run {run.run_id} failed: {outcome['error']}")
+
+        if parallel == 1:
+            for run in todo:
+                run_one(run)
+        else:
+            with ThreadPoolExecutor(max_workers=parallel) as pool:
+                futures = [pool.submit(run_one, run) for run in todo]
+                try:
+                    for future in as_completed(futures):
+                        future.result()
+                except KeyboardInterrupt:
+                    stop.set()  # each running launch stops its processes and records "interrupted"
+                    for future in futures:
+                        future.cancel()
+                    raise
     return write_tables(sweep, out_dir)
 
 
@@ -308,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_command(args: argparse.Namespace) -> int:
     """Validate the sweep, then list it or run it (see main)."""
+    if args.parallel < 1:
+        raise UsageError(f"--parallel: {args.parallel} is not allowed; allowed: an integer >= 1")
     sweep = load_sweep(sweep_path(args.sweep), parse_overrides(args.set))
     if args.ray_address is not None and not args.list:
         check_ray_address(args.ray_address)
@@ -332,7 +363,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     with OutputLock(create_output_dir(out_dir)):
         try:
-            table = run_sweep(sweep, out_dir, args.retry_failed, not args.no_progress, args.ray_address)
+            table = run_sweep(sweep, out_dir, args.retry_failed, not args.no_progress, args.ray_address, args.parallel)
         except KeyboardInterrupt:
             table = write_tables(sweep, out_dir)
             completed, failed = int(table["status"].eq("completed").sum()), int(table["status"].eq("failed").sum())

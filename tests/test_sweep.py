@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from conftest import processes_in_scope
 from experiments import sweep as sweep_module
-from experiments.launch import RunFailed
+from experiments.launch import RunFailed, launch
 from experiments.sweep import SWEEPS_DIR, SweepError, collect, load_sweep, run_sweep
 from strategies.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from strategies.config import ConfigError
@@ -100,7 +101,7 @@ def test_every_sweep_preset_resolves(path):
 
 def fake_launch(fail_ids: set[str], calls: list[str]):
     """A stand-in for a Flower run: writes summary and results, or fails."""
-    def launch(config, out_dir, resources, progress, label, leave, ray_address=None):
+    def launch(config, out_dir, resources, progress, label, leave, ray_address=None, stop=None):
         calls.append(label)
         out_dir.mkdir(parents=True)
         if label in fail_ids:
@@ -131,6 +132,32 @@ def test_failed_runs_are_recorded_and_skipped_on_resume_unless_retried(tmp_path,
     assert calls == []  # finished runs, failed included, are not run again
     table = run_sweep(sweep, tmp_path / "out", retry_failed=True, progress=False)
     assert calls == ["seed=1"] and table["status"].eq("failed").sum() == 1
+
+
+def test_parallel_runs_finish_every_run_and_ctrl_c_stops_the_running_ones(tmp_path, monkeypatch):
+    path = write_sweep(tmp_path, SMALL + "[grid]\nseed = [0, 1, 2, 3]\n")
+    calls: list[str] = []
+    monkeypatch.setattr(sweep_module, "launch", fake_launch(set(), calls))
+    table = run_sweep(load_sweep(path), tmp_path / "out", progress=False, parallel=3)
+    assert sorted(calls) == [f"seed={k}" for k in range(4)] and table["status"].eq("completed").all()
+    assert table["run"].tolist() == [f"seed={k}" for k in range(4)]  # the table keeps the sweep's order
+
+    stopped = []
+
+    def interrupted_launch(config, out_dir, resources, progress, label, leave, ray_address=None, stop=None):
+        out_dir.mkdir(parents=True)
+        if label == "seed=0":
+            raise KeyboardInterrupt  # as Ctrl-C reaches the sweep while seed=1 runs beside
+        assert stop.wait(timeout=30), "the other run was never told to stop"
+        stopped.append(label)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_module, "launch", interrupted_launch)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(load_sweep(path), tmp_path / "again", progress=False, parallel=2)
+    # seed=1 ran beside seed=0; seed=2 may have started in seed=0's thread before the stop.
+    assert "seed=1" in stopped and set(stopped) <= {"seed=1", "seed=2"}
+    assert not list((tmp_path / "again" / "runs").glob("*/outcome.json"))  # nothing finished: all pending
 
 
 def test_a_changed_config_reruns_and_an_unfinished_run_is_pending(tmp_path, monkeypatch):
@@ -200,7 +227,9 @@ seed = [0]
     assert 1 <= checkpointed_round < 4
     finished = {run: (out / "runs" / run / "outcome.json").stat().st_mtime_ns for run in table["run"][:2]}
 
-    resumed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    # Resumed with the last two runs at once (--parallel 2): the third continues from its
+    # checkpoint beside the fourth, which starts from scratch.
+    resumed = subprocess.run([*command, "--parallel", "2"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     table = pd.read_parquet(out / "results.parquet")
     assert len(table) == 4 and table["run"].is_unique and table["status"].eq("completed").all()
@@ -211,6 +240,16 @@ seed = [0]
     curves = pd.read_parquet(out / "curves.parquet")
     assert len(curves) == 16 and not curves.duplicated(["run", "round"]).any()
     assert pd.read_csv(out / "results.csv")["run"].tolist() == table["run"].tolist()
+
+    # A run of the parallel pair gives, bit for bit, what it gives launched alone.
+    fourth = load_sweep(path).runs[3]
+    launch(fourth.config, tmp_path / "alone", progress=False)
+    columns = ["round", "lr", "test-accuracy", "test-loss", "averaged-accuracy", "train-loss", "clients-ok", "local-steps"]
+    in_sweep = pd.read_csv(out / "runs" / fourth.run_id / "results.csv")[columns]
+    pd.testing.assert_frame_equal(in_sweep, pd.read_csv(tmp_path / "alone" / "results.csv")[columns], check_exact=True)
+    model_in_sweep = torch.load(out / "runs" / fourth.run_id / "final_model.pt", weights_only=True)
+    model_alone = torch.load(tmp_path / "alone" / "final_model.pt", weights_only=True)
+    assert all(torch.equal(model_in_sweep[key], model_alone[key]) for key in model_alone)
 
     report = out / "report"
     assert "(+" in (report / "accuracy-table.md").read_text() or "(-" in (report / "accuracy-table.md").read_text()
