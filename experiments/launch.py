@@ -227,15 +227,19 @@ def _stop_superlink(port: int) -> None:
     process groups it created are terminated, then killed if they linger.
     """
     table = _process_table()
-    roots = [pid for pid, (_, _, cmd) in table.items() if "flower-superlink" in cmd and f"--port {port}" in cmd]
-    stop_process_tree(roots, table)
+    stop_process_tree(_superlinks(port, table), table)
 
 
 def _simulation_running(port: int) -> bool:
     """Whether the simulation process (it hosts the ServerApp) of the SuperLink on ``port`` runs."""
     table = _process_table()
-    roots = [pid for pid, (_, _, cmd) in table.items() if "flower-superlink" in cmd and f"--port {port}" in cmd]
-    return any("flwr-simulation" in table[pid][2] and _alive(pid) for pid in process_tree(roots, table))
+    tree = process_tree(_superlinks(port, table), table)
+    return any("flwr-simulation" in table[pid][2] and _alive(pid) for pid in tree)
+
+
+def _superlinks(port: int, table: dict[int, tuple[int, int, str]]) -> list[int]:
+    """The SuperLink processes in ``table`` that ``flwr run`` started on ``port``."""
+    return [pid for pid, (_, _, cmd) in table.items() if "flower-superlink" in cmd and f"--port {port}" in cmd]
 
 
 def process_tree(roots: list[int], table: dict[int, tuple[int, int, str]]) -> set[int]:

@@ -38,16 +38,22 @@ def write_idx(path: Path, array: np.ndarray) -> None:
         f.write(header + array.astype(np.uint8).tobytes())
 
 
-@pytest.fixture
-def tiny_fashion_mnist(tmp_path) -> Path:
-    """Four small, complete IDX .gz files with Fashion-MNIST's names."""
+def write_tiny_fashion_mnist(directory: Path) -> Path:
+    """Four small, complete IDX .gz files with Fashion-MNIST's names, in ``directory``."""
     from partitions.availability import IDX_STEMS
 
+    directory.mkdir(parents=True, exist_ok=True)
     for stem in IDX_STEMS:
         count = 20 if stem.startswith("train") else 10
         array = np.zeros((count, 28, 28)) if "images" in stem else np.arange(count) % 10
-        write_idx(tmp_path / f"{stem}.gz", array)
-    return tmp_path
+        write_idx(directory / f"{stem}.gz", array)
+    return directory
+
+
+@pytest.fixture
+def tiny_fashion_mnist(tmp_path) -> Path:
+    """Four small, complete IDX .gz files with Fashion-MNIST's names."""
+    return write_tiny_fashion_mnist(tmp_path)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import write_idx
+from conftest import write_tiny_fashion_mnist
 from experiments.launch import APP_DIR
 from experiments.output_dir import LOCK_FILE, OutputLock, OutputLocked, unique_output_dir
 from strategies.checkpoint import CHECKPOINT_ENTRIES, CHECKPOINT_FORMAT, save_checkpoint
@@ -161,7 +161,6 @@ class FlowerStarted(BaseException):
 @pytest.fixture(scope="module")
 def hostile_files(tmp_path_factory) -> Path:
     from experiments.launch import default_run_config
-    from partitions.availability import IDX_STEMS
     from strategies.checkpoint import run_identity
 
     tmp = tmp_path_factory.mktemp("hostile")
@@ -176,12 +175,7 @@ def hostile_files(tmp_path_factory) -> Path:
         **{entry: [] for entry in CHECKPOINT_ENTRIES}, "format": CHECKPOINT_FORMAT, "config": run_identity(other),
         "round": 1,
     })
-    (tmp / "truncated").mkdir()
-    for stem in IDX_STEMS:
-        count = 20 if stem.startswith("train") else 10
-        write_idx(tmp / "truncated" / f"{stem}.gz", torch.zeros(count, 28, 28).numpy() if "images" in stem
-                  else (torch.arange(count) % 10).numpy())
-    images = tmp / "truncated" / "train-images-idx3-ubyte.gz"
+    images = write_tiny_fashion_mnist(tmp / "truncated") / "train-images-idx3-ubyte.gz"
     images.write_bytes(images.read_bytes()[:-40])
     (tmp / "locked").mkdir()
     holder = subprocess.Popen(  # another launcher holding a folder
