@@ -18,13 +18,19 @@ from flwr.clientapp import ClientApp
 from clients import protocol
 from clients.data import client_tensors
 from clients.faults import inject_faults
+from clients.simulation_engine import install_engine_wakeup
 from clients.models import build_model, resolve_model_name, uses_projection_head
 from clients.local_round import LocalRound, round_randomness
 from clients.state_store import ClientStateStore, last_checkpoint_round
 from clients.training import select_device
-from partitions import load_dataset
+from partitions.datasets import load_dataset
 
 app = ClientApp()
+# In the simulation engine's process (which loads this module before it starts handing
+# out messages), messages then reach the actors when stored, not after a 0.1 s sleep.
+if install_engine_wakeup():
+    print("[basin] simulation engine: messages reach the client processes when stored (clients/simulation_engine.py)",
+          flush=True)
 
 
 @lru_cache(maxsize=4)

@@ -21,9 +21,8 @@ import struct
 from functools import lru_cache
 from pathlib import Path
 
-from partitions.datasets import FASHION_MNIST_DEFAULT_DIR, HUB_ALIASES
+from partitions.datasets import FASHION_MNIST_DEFAULT_DIR, HUB_ALIASES, IDX_STEMS
 
-IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 HUB_TIMEOUT_S = 5.0
 
 

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from partitions.datasets import FASHION_MNIST_DEFAULT_DIR, load_dataset, read_idx
-from partitions.stats import build_partitioner
 
 # Training-split class counts of the built-in sets: (classes, samples per class).
 CLASS_COUNTS = {"fashion-mnist": (10, 6000), "cifar10": (10, 5000), "cifar100": (100, 500)}
@@ -68,6 +67,8 @@ def _check(dataset: str, data_dir: str, settings: tuple) -> None:
             f"partition = 'shards' with classes-per-client = {classes_per_client} on {dataset}, which has "
             f"{classes} classes; allowed: classes-per-client <= {classes}"
         )
+    from partitions.stats import build_partitioner  # flwr-datasets: not for the clients' partition_settings
+
     try:
         build_partitioner(*settings).assign(labels)
     except ValueError as error:

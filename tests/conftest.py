@@ -13,6 +13,21 @@ import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_cache(tmp_path_factory) -> Path:
+    """The suite's own cache of decoded data sets and partitions (partitions/cache.py), so
+    tests neither read a user's entries nor leave theirs behind; every Flower run of the
+    suite (Flower and Ray pass the environment down) shares it."""
+    directory = tmp_path_factory.mktemp("basin-cache")
+    previous = os.environ.get("BASIN_CACHE_DIR")
+    os.environ["BASIN_CACHE_DIR"] = str(directory)
+    yield directory
+    if previous is None:
+        del os.environ["BASIN_CACHE_DIR"]
+    else:
+        os.environ["BASIN_CACHE_DIR"] = previous
 # Tests (not the project) may use the copy in ../shared; the project reads data-dir.
 FASHION_MNIST_DIRS = [Path("/usr/share/datasets/fashion-mnist"), REPO.parent / "shared" / "data" / "fashion-mnist"]
 

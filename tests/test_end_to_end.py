@@ -93,7 +93,7 @@ def flower_runs(request, tmp_path_factory) -> dict[str, Launched]:
 
 
 @pytest.mark.flower_runs("fedavg")
-def test_run_writes_results_config_model_and_summary(flower_runs):
+def test_run_writes_results_config_model_and_summary(flower_runs, data_cache):
     run = flower_runs["fedavg"]
     rows, out = run.rows(), run.out
     assert run.summary["rounds"] == 3
@@ -119,6 +119,10 @@ def test_run_writes_results_config_model_and_summary(flower_runs):
     log = (out / "flwr.log").read_text()
     assert startup_stage(log) == "training round 1"
     assert log.index("[basin] discovering clients") < log.index("[basin] training round 1")
+    # The engine hands messages out when stored (clients/simulation_engine.py), in this Flower.
+    assert "[basin] simulation engine: messages reach the client processes when stored" in log
+    # The data set and partition the ServerApp built are in the suite's cache for the clients.
+    assert any(data_cache.glob("datasets/*.npz")) and any(data_cache.glob("partitions/*.npz"))
 
 
 @pytest.mark.flower_runs("fedavg", "fedavg-again")

@@ -24,7 +24,6 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.ops import stochastic_depth
 
 from clients.models.slimmable import SlimBatchNorm2d, SlimConv2d, SlimGroupNorm, SlimLinear, StagedNet
 
@@ -79,6 +78,8 @@ class _ResidualBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.branch(x)
         if self.drop_rate > 0.0:
+            from torchvision.ops import stochastic_depth  # torchvision: a second of import, only where used
+
             out = stochastic_depth(out, self.drop_rate, mode="batch", training=self.training)
         if self.shortcut is not None:
             identity = self.shortcut(x)

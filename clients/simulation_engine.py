@@ -1,0 +1,95 @@
+"""The one place Basin changes how Flower's simulation engine behaves: messages reach the
+client actors as soon as the ServerApp stores them, not up to 0.1 s later.
+
+Flower 1.41's simulation engine hands messages to its actors from a thread that scans
+every node's inbox, then sleeps 0.1 s (``add_messages_to_queue`` in
+flwr/server/superlink/fleet/vce/vce_api.py). Every round's training messages waited in
+that sleep: most of the 0.12 s of engine overhead per round, for rounds that take
+0.4 s of client compute on a GPU. :func:`add_messages_to_queue_on_store` is the same
+scan, woken by the link state's ``store_message_ins`` (the in-memory state the ServerApp
+and the engine share), with Flower's 0.1 s as the longest wait.
+
+It is installed by importing the ClientApp module, which Flower does in the simulation
+process before it starts that thread (``start_vce`` loads the ClientApp, then calls
+``run_api``, which looks the function up); client processes, deployed SuperNodes and the
+ServerApp's own process never import the engine, and are left alone. The replacement is
+written for one Flower release and the exact source of the function it replaces: on any
+other, the ClientApp fails to load with :class:`EngineMismatch`, which says what to do
+(``BASIN_ENGINE_WAKEUP=off`` runs Flower's engine unchanged). Installed files are never
+edited.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import sys
+import threading
+from importlib.metadata import version
+from queue import Queue
+
+ENGINE_MODULE = "flwr.server.superlink.fleet.vce.vce_api"
+FLOWER_VERSION = "1.41.0"
+# SHA-256 of Flower 1.41.0's ``inspect.getsource(vce_api.add_messages_to_queue)``.
+FLOWER_SOURCE_SHA256 = "953f4bd41a931a7779a4a670ab17b633f6e20b08a0128535328674466419777a"
+SWITCH = "BASIN_ENGINE_WAKEUP"
+# Flower's own interval: the longest a scan waits for a store before looking again.
+MAX_WAIT_S = 0.1
+
+
+class EngineMismatch(RuntimeError):
+    """The installed Flower is not the release this change was written for."""
+
+
+def add_messages_to_queue_on_store(state, queue: Queue, nodes_mapping: dict[int, int], f_stop: threading.Event) -> None:
+    """Put messages from the link state into the engine's queue, as Flower's function does
+    (one per node per scan), scanning again as soon as a message is stored."""
+    stored = threading.Event()
+    store = state.store_message_ins
+
+    def store_and_wake(message):
+        message_id = store(message)
+        stored.set()
+        return message_id
+
+    state.store_message_ins = store_and_wake
+    while not f_stop.is_set():
+        stored.clear()  # before the scan: a message stored during it wakes the next one
+        found = False
+        for node_id in nodes_mapping.keys():
+            for message in state.get_message_ins(node_id=node_id, limit=1):
+                queue.put(message)
+                found = True
+        if not found:  # a node with several messages gets the next one without waiting
+            stored.wait(MAX_WAIT_S)
+
+
+add_messages_to_queue_on_store.installed_by_basin = True
+
+
+def install_engine_wakeup() -> bool:
+    """Replace the engine's ``add_messages_to_queue`` in this process when it runs
+    Flower's simulation engine; True when the replacement is in place."""
+    engine = sys.modules.get(ENGINE_MODULE)
+    if engine is None or os.environ.get(SWITCH, "on") == "off":
+        return False
+    if getattr(engine.add_messages_to_queue, "installed_by_basin", False):
+        return True
+    check_engine(version("flwr"), inspect.getsource(engine.add_messages_to_queue))
+    engine.add_messages_to_queue = add_messages_to_queue_on_store
+    return True
+
+
+def check_engine(flower_version: str, source: str) -> None:
+    """Raise EngineMismatch unless this is the Flower release and function source the
+    replacement was written for."""
+    found = hashlib.sha256(source.encode()).hexdigest()
+    if flower_version != FLOWER_VERSION or found != FLOWER_SOURCE_SHA256:
+        raise EngineMismatch(
+            f"Basin's engine wake-up (clients/simulation_engine.py) replaces {ENGINE_MODULE}.add_messages_to_queue "
+            f"of flwr {FLOWER_VERSION}; this is flwr {flower_version}"
+            + ("" if flower_version != FLOWER_VERSION else " with a different add_messages_to_queue")
+            + f". Install flwr=={FLOWER_VERSION} (pyproject.toml pins it), or set {SWITCH}=off to run "
+            "Flower's engine unchanged (0.1 s more per round)"
+        )

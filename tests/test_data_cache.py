@@ -1,0 +1,152 @@
+"""The disk cache of decoded data sets and partitions (partitions/cache.py): a cached load
+is bit for bit the decoded one, is read back without decoding, follows its source files,
+survives a bad entry, and lets a client process start without the heavy libraries."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import partitions.datasets as datasets
+from clients.data import partition_indices
+from conftest import REPO, write_idx
+from partitions.datasets import IDX_STEMS, load_dataset
+
+SETTINGS = ("dirichlet", 10, 0, 0.3, 2, 10, False)
+
+
+def write_fashion_mnist(directory, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stem in IDX_STEMS:
+        count = 50 if stem.startswith("train") else 20
+        array = rng.integers(0, 256, (count, 28, 28)) if "images" in stem else rng.integers(0, 10, count)
+        write_idx(directory / f"{stem}.gz", array)
+    return directory
+
+
+def assert_same(a, b):
+    for name in ("x_train", "y_train", "x_test", "y_test"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert (a.num_classes, a.black) == (b.num_classes, b.black)
+
+
+def entries(cache, kind):
+    return sorted((cache / kind).glob("*.npz"))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BASIN_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_a_cached_data_set_is_the_decoded_one_and_is_read_back_without_decoding(tmp_path, cache, monkeypatch, normalize):
+    source = str(write_fashion_mnist(tmp_path / "fmnist"))
+    monkeypatch.setenv("BASIN_CACHE_DIR", "off")
+    decoded = load_dataset.__wrapped__("fashion-mnist", source, normalize)
+    assert not cache.exists()  # off: nothing written
+    monkeypatch.setenv("BASIN_CACHE_DIR", str(cache))
+    first = load_dataset.__wrapped__("fashion-mnist", source, normalize)
+    assert len(entries(cache, "datasets")) == 1
+    monkeypatch.setattr(datasets, "read_idx", lambda path: pytest.fail(f"decoded {path} again"))
+    again = load_dataset.__wrapped__("fashion-mnist", source, normalize)
+    assert_same(first, decoded)
+    assert_same(again, decoded)
+    assert again.fingerprint == first.fingerprint != ""
+
+
+def test_a_replaced_source_file_is_a_new_entry(tmp_path, cache):
+    source = write_fashion_mnist(tmp_path / "fmnist")
+    before = load_dataset.__wrapped__("fashion-mnist", str(source))
+    write_idx(source / "train-labels-idx1-ubyte.gz", (before.y_train.numpy() + 1) % 10)
+    after = load_dataset.__wrapped__("fashion-mnist", str(source))
+    assert torch.equal(after.y_train, (before.y_train + 1) % 10)
+    assert after.fingerprint != before.fingerprint and len(entries(cache, "datasets")) == 2
+
+
+def test_an_unreadable_entry_is_rebuilt(tmp_path, cache):
+    source = str(write_fashion_mnist(tmp_path / "fmnist"))
+    expected = load_dataset.__wrapped__("fashion-mnist", source)
+    (entry,) = entries(cache, "datasets")
+    entry.write_bytes(b"not a zip file")
+    assert_same(load_dataset.__wrapped__("fashion-mnist", source), expected)
+    with np.load(entry) as stored:  # replaced by a good one
+        assert stored["x-train"].shape == (50, 1, 28, 28)
+
+
+def test_a_cache_that_cannot_be_written_only_costs_time(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("BASIN_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    source = str(write_fashion_mnist(tmp_path / "fmnist"))
+    monkeypatch.setenv("BASIN_CACHE_DIR", "off")
+    expected = load_dataset.__wrapped__("fashion-mnist", source)
+    monkeypatch.setenv("BASIN_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    assert_same(load_dataset.__wrapped__("fashion-mnist", source), expected)
+
+
+def test_digits_cached_equal_decoded(cache, monkeypatch):
+    first = load_dataset.__wrapped__("digits")
+    monkeypatch.setenv("BASIN_CACHE_DIR", "off")
+    assert_same(first, load_dataset.__wrapped__("digits"))
+
+
+def test_a_partition_is_built_once_and_keyed_by_its_settings(cache, monkeypatch):
+    import partitions.stats
+
+    built = partition_indices.__wrapped__("digits", "", True, SETTINGS)
+    assert len(entries(cache, "partitions")) == 1
+    monkeypatch.setattr(partitions.stats, "build_partitioner", lambda *a: pytest.fail("built again"))
+    again = partition_indices.__wrapped__("digits", "", True, SETTINGS)
+    assert len(again) == 10 and all(np.array_equal(a, b) for a, b in zip(built, again))
+    monkeypatch.undo()
+    monkeypatch.setenv("BASIN_CACHE_DIR", str(cache))
+    other_seed = partition_indices.__wrapped__("digits", "", True, (*SETTINGS[:2], 1, *SETTINGS[3:]))
+    assert len(entries(cache, "partitions")) == 2
+    assert any(not np.array_equal(a, b) for a, b in zip(built, other_seed))
+
+
+def test_a_hub_set_is_cached_as_its_decoded_pixels(tmp_path, cache):
+    from datasets import ClassLabel, Dataset, Features, Image
+    from PIL import Image as PILImage
+
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (6, 8, 8, 3), dtype=np.uint8)
+    features = Features({"img": Image(), "label": ClassLabel(num_classes=3)})
+    for split in ("train", "test"):
+        Dataset.from_dict({"img": [PILImage.fromarray(p) for p in pixels], "label": [i % 3 for i in range(6)]},
+                          features=features).to_parquet(tmp_path / "hub" / "data" / f"{split}-00000-of-00001.parquet")
+    first = datasets.load_hub_dataset(str(tmp_path / "hub"))
+    again = datasets.load_hub_dataset(str(tmp_path / "hub"))
+    expected = torch.from_numpy(pixels.transpose(0, 3, 1, 2).astype(np.float32) / 255.0)
+    assert torch.equal(first.x_train, expected) and torch.equal(again.x_test, expected)
+    assert len(entries(cache, "datasets")) == 1
+
+
+def test_a_client_process_starts_without_the_heavy_libraries(cache):
+    """With the cache warm (as the ServerApp leaves it), the ClientApp module and a
+    client's partition load without flwr-datasets, scikit-learn, torchvision, pandas or
+    matplotlib (seconds of start-up per client process)."""
+    partition_indices.__wrapped__("digits", "", True, SETTINGS)
+    load_dataset.__wrapped__("digits")
+    code = (
+        "import sys\n"
+        "from clients.client_app import app\n"
+        "from clients.data import client_tensors\n"
+        "config = {'dataset': 'digits', 'data-dir': '', 'normalize': True, 'partition': 'dirichlet', 'alpha': 0.3,\n"
+        "          'classes-per-client': 2, 'min-partition-size': 10, 'dirichlet-balance': False, 'seed': 0}\n"
+        "x, y = client_tensors(tuple(sorted(config.items())), 3, 10, 'cpu')\n"
+        "assert len(y) > 0\n"
+        "heavy = ('flwr_datasets', 'datasets', 'sklearn', 'torchvision', 'pandas', 'matplotlib')\n"
+        "print(sorted(name for name in heavy if name in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "BASIN_CACHE_DIR": str(cache)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"

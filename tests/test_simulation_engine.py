@@ -1,0 +1,92 @@
+"""Basin's one change to Flower's simulation engine (clients/simulation_engine.py):
+messages are handed to the client actors when stored, on exactly Flower 1.41.0."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import threading
+from collections import defaultdict
+from importlib.metadata import version
+from queue import Queue
+
+import pytest
+
+import clients.simulation_engine as engine
+from clients.simulation_engine import EngineMismatch, add_messages_to_queue_on_store, check_engine, install_engine_wakeup
+
+
+class FakeLinkState:
+    """The two methods of Flower's LinkState the engine's scan uses."""
+
+    def __init__(self):
+        self.inbox = defaultdict(list)
+        self.lock = threading.Lock()
+
+    def store_message_ins(self, message):
+        node_id, text = message
+        with self.lock:
+            self.inbox[node_id].append(text)
+        return text
+
+    def get_message_ins(self, node_id, limit):
+        with self.lock:
+            taken, self.inbox[node_id] = self.inbox[node_id][:limit], self.inbox[node_id][limit:]
+        return taken
+
+
+def test_the_installed_flower_is_the_release_the_change_was_written_for():
+    """Fails when Flower is upgraded: then the replacement must be re-read against the new
+    engine (and FLOWER_VERSION, FLOWER_SOURCE_SHA256 updated)."""
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    original = vce_api.add_messages_to_queue
+    if getattr(original, "installed_by_basin", False):  # installed by an earlier test's ClientApp import
+        pytest.skip("already replaced in this process")
+    check_engine(version("flwr"), inspect.getsource(original))
+
+
+@pytest.mark.parametrize("flower_version, source", [("1.42.0", None), ("1.41.0", "def add_messages_to_queue(): pass\n")])
+def test_another_flower_fails_loudly_and_says_what_to_do(flower_version, source):
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    real_source = inspect.getsource(vce_api.add_messages_to_queue) if source is None else source
+    with pytest.raises(EngineMismatch, match=r"flwr==1\.41\.0.*BASIN_ENGINE_WAKEUP=off"):
+        check_engine(flower_version, real_source)
+
+
+def test_a_stored_message_is_handed_out_without_waiting_for_the_scan_interval(monkeypatch):
+    monkeypatch.setattr(engine, "MAX_WAIT_S", 60.0)  # only a wake-up can deliver within the test's seconds
+    state, queue, stop = FakeLinkState(), Queue(), threading.Event()
+    original_store = state.store_message_ins
+    scan = threading.Thread(target=add_messages_to_queue_on_store, args=(state, queue, {11: 0, 22: 1}, stop))
+    scan.start()
+    try:
+        while state.store_message_ins == original_store:  # the scan wraps the store first
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.2)  # the scan is now asleep
+        state.store_message_ins((22, "train 1"))
+        assert queue.get(timeout=5) == "train 1"
+        state.store_message_ins((11, "query"))
+        state.store_message_ins((11, "train 2"))  # two for one node: both, one per scan
+        assert {queue.get(timeout=5), queue.get(timeout=5)} == {"query", "train 2"}
+    finally:
+        stop.set()
+        state.store_message_ins((11, "wake up to stop"))
+        scan.join(timeout=5)
+    assert not scan.is_alive()
+
+
+def test_installed_only_in_the_engine_process_and_only_when_switched_on(monkeypatch):
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", vce_api.add_messages_to_queue)  # restored after the test
+    monkeypatch.setenv("BASIN_ENGINE_WAKEUP", "off")
+    assert not install_engine_wakeup()
+    monkeypatch.delenv("BASIN_ENGINE_WAKEUP")
+    with monkeypatch.context() as m:
+        m.delitem(sys.modules, engine.ENGINE_MODULE)  # a client process or SuperNode: no engine here
+        assert not install_engine_wakeup()
+    assert vce_api.add_messages_to_queue is not add_messages_to_queue_on_store
+    assert install_engine_wakeup() and install_engine_wakeup()  # idempotent
+    assert vce_api.add_messages_to_queue is add_messages_to_queue_on_store
