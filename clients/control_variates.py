@@ -23,6 +23,8 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
+from clients.client_step import GradientTerm
+
 
 def client_control_update(
     client_control: dict[str, torch.Tensor],
@@ -41,6 +43,13 @@ def client_control_update(
         else client_control[k]
         for k in client_control
     }
+
+
+@torch.no_grad()
+def add_correction(params: list[nn.Parameter], corrections: list[torch.Tensor]) -> None:
+    """g ← g − c_i + c, with corrections c − c_i."""
+    for param, correction in zip(params, corrections):
+        param.grad.add_(correction)
 
 
 DELTA_REFERENCES = ("client", "server")
@@ -74,14 +83,9 @@ class ControlVariateClient:
         )
         self.global_weights = {n: p.detach().clone() for n, p in model.named_parameters()}
         self.correction = [self.server_control[n] - self.client_control[n] for n in self.names]
+        self.hook = GradientTerm("control variate", add_correction, self.correction)
         self.state = state
         self.state_key = state_key
-
-    @torch.no_grad()
-    def hook(self, params: list[nn.Parameter]) -> None:
-        """g ← g − c_i + c."""
-        for param, correction in zip(params, self.correction):
-            param.grad.add_(correction)
 
     def control_norm(self) -> float:
         return float(torch.sqrt(sum((v.double() ** 2).sum() for v in self.client_control.values())))

@@ -13,7 +13,16 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
+from clients.client_step import GradientTerm
 from clients.protocol import FEDDYN_CLIENT_GRADIENT
+
+
+@torch.no_grad()
+def add_feddyn_gradient(params: list[nn.Parameter], inputs: list[torch.Tensor], alpha: float) -> None:
+    """g ← g − ∇L_k(θ_k^{t−1}) + α(θ − θ^{t−1}); ``inputs``: the linear terms, then θ^{t−1}."""
+    linear_terms, global_weights = inputs[: len(params)], inputs[len(params):]
+    for param, linear, anchor in zip(params, linear_terms, global_weights):
+        param.grad.sub_(linear).add_(param - anchor, alpha=alpha)
 
 
 class FedDynClient:
@@ -31,12 +40,10 @@ class FedDynClient:
             else {n: torch.zeros_like(p) for n, p in self.global_weights.items()}
         )
         self.names = list(self.global_weights)
-
-    @torch.no_grad()
-    def hook(self, params: list[nn.Parameter]) -> None:
-        """g ← g − ∇L_k(θ_k^{t−1}) + α(θ − θ^{t−1})."""
-        for name, param in zip(self.names, params):
-            param.grad.sub_(self.linear_term[name]).add_(param - self.global_weights[name], alpha=self.alpha)
+        self.hook = GradientTerm(
+            f"feddyn alpha={alpha!r}", lambda params, inputs: add_feddyn_gradient(params, inputs, alpha),
+            [self.linear_term[n] for n in self.names] + [self.global_weights[n] for n in self.names],
+        )
 
     def state_norm(self) -> float:
         """‖∇L_k(θ_k^{t−1})‖ as the round starts (0 before the client's first round)."""

@@ -99,6 +99,7 @@ class LocalRound:
         return train_local(
             model, x, y, training_config(self.round_config), generator, self.hooks, self.objective,
             batch_augmentation(self.round_config), self.post_clip_hooks,
+            graphs=bool(self.round_config.get(protocol.CUDA_GRAPHS, True)),
         )
 
     def finish(self, model: nn.Module, result: LocalTrainingResult) -> tuple[dict[str, float], dict[str, ArrayRecord]]:

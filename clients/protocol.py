@@ -12,6 +12,7 @@ STEP_LR_START = "step-lr-start"  # in-round lr factor at the first local step (F
 STEP_LR_END = "step-lr-end"  # in-round lr factor reached after the last step (FedSWA: ρ; official code: 0)
 AUGMENT_PAD = "augment-pad"  # per channel, the standardised black pixel that crop padding adds
 CONTROL_AFTER_CLIP = "control-after-clip"  # add control-variate corrections after gradient clipping (FedMoSWA's code)
+CUDA_GRAPHS = "cuda-graphs"  # on CUDA, replay the local step as a CUDA graph where it can be (clients/client_step.py)
 LOCAL_STEPS = "local-steps"  # train this many local steps instead of local-epochs epochs (0 = epochs)
 # Stateful methods with checkpoints on (clients/state_store.py); absent: no snapshots.
 CLIENT_STATE_ROOT = "client-state-root"  # the server's output-dir/client-state

@@ -4,7 +4,9 @@ Data sets are small, so a client's partition lives on the training device and ba
 are index slices of it: no DataLoader, no per-step host→device copies, and the loss is
 accumulated on the device and read once per round (no per-step synchronisation).
 
-Local SGD (PyTorch's ``torch.optim.SGD``): for each epoch, a seeded permutation of the
+Local SGD (PyTorch's ``torch.optim.SGD``, its fused kernel reading η_k from a device
+tensor; one step is clients/client_step.py's, replayed as a CUDA graph where it can be):
+for each epoch, a seeded permutation of the
 partition is cut into batches (or, with ``local_steps`` > 0, exactly that many batches,
 epoch after epoch); per batch the *local objective* fills g (default: ∇ CE(w; batch);
 MOON, FedSAM, FedAlign, … in clients/objectives/), gradient hooks add their terms, g is
@@ -29,6 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from clients.client_step import GradientTerm, client_step
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,8 @@ def train_local(
     objective: LocalObjective | None = None,
     augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None,
     post_clip_hooks: Sequence[Callable[[list[nn.Parameter]], None]] = (),
+    graphs: bool = True,
+    mode: str | None = None,
 ) -> LocalTrainingResult:
     """Run local SGD on (x, y), which live on the model's device; return loss and steps.
 
@@ -105,36 +111,24 @@ def train_local(
     clients/augmentation.py's crop and flip) transforms each batch of images with its own
     generator, seeded by one draw from ``generator`` before the first batch.
     ``post_clip_hooks`` run after gradient clipping (FedMoSWA's official code adds its
-    control-variate correction there).
+    control-variate correction there). Each step is clients/client_step.py's: on CUDA
+    replayed as a CUDA graph where the step allows it and ``graphs`` (run-config
+    ``cuda-graphs``), else eager; ``mode`` forces ``eager``, ``static`` or ``graph``.
     """
     objective = objective or LocalObjective()
     model.train()
-    optimizer = torch.optim.SGD(
-        model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
-        nesterov=config.nesterov,
-    )
-    params = list(model.parameters())
     num_steps = config.num_steps(len(y))
     lrs = in_round_lrs(config.lr, num_steps, config.step_lr_start, config.step_lr_end)
     augment_generator = None
     if augment is not None:
         augment_generator = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
-    loss_sum = torch.zeros((), device=x.device)
-    for step, batch in enumerate(batches(len(y), config.batch_size, num_steps, generator, x.device)):
-        for group in optimizer.param_groups:
-            group["lr"] = lrs[step]
-        optimizer.zero_grad(set_to_none=True)
+    full_batch = slice(0, min(config.batch_size, len(y)))
+    step = client_step(model, config, objective, gradient_hooks, post_clip_hooks, (x[full_batch], y[full_batch]),
+                       graphs, augment, mode)
+    for k, batch in enumerate(batches(len(y), config.batch_size, num_steps, generator, x.device)):
         inputs = x[batch] if augment is None else augment(x[batch], augment_generator)
-        loss = objective.backward(model, inputs, y[batch])
-        for hook in gradient_hooks:
-            hook(params)
-        if config.grad_clip > 0:
-            nn.utils.clip_grad_norm_(params, config.grad_clip)
-        for hook in post_clip_hooks:
-            hook(params)
-        optimizer.step()
-        loss_sum += loss
-    return LocalTrainingResult(float(loss_sum) / max(num_steps, 1), num_steps, len(y), sum(lrs))
+        step.run(inputs, y[batch], lrs[k])
+    return LocalTrainingResult(float(step.loss_sum) / max(num_steps, 1), num_steps, len(y), sum(lrs))
 
 
 class LocalObjective:
@@ -143,7 +137,16 @@ class LocalObjective:
     Subclasses (clients/objectives/) override :meth:`backward`, which must leave the
     batch gradient in ``.grad`` (zeroed before the call) and return the detached loss, and
     :meth:`finish`, called once after the round (to keep client state, undo model changes).
+    ``capturable``: whether :meth:`backward` may be captured in a CUDA graph (static
+    shapes, no host work per step, no per-round Python state it reads); a subclass is not
+    unless it says so.
     """
+
+    capturable = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.capturable = cls.__dict__.get("capturable", False)
 
     def backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = F.cross_entropy(model(x), y)
@@ -154,10 +157,10 @@ class LocalObjective:
         """Nothing to keep after a round of plain cross-entropy."""
 
 
-def proximal_hook(model: nn.Module, mu: float) -> Callable[[list[nn.Parameter]], None]:
+def proximal_hook(model: nn.Module, mu: float) -> GradientTerm:
     """FedProx's hook, anchored at the model's current (global) weights."""
     anchors = [p.detach().clone() for p in model.parameters()]
-    return lambda params: add_proximal_gradient(params, anchors, mu)
+    return GradientTerm(f"fedprox mu={mu!r}", lambda params, inputs: add_proximal_gradient(params, inputs, mu), anchors)
 
 
 @torch.no_grad()

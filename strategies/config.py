@@ -83,6 +83,7 @@ SCHEMA: dict[str, Option] = {
     "momentum": Option(float, "a number in [0, 1)", lambda v: 0 <= v < 1),
     "weight-decay": Option(float, "a number >= 0", lambda v: v >= 0),
     "nesterov": Option(bool, "true or false (Nesterov momentum in local SGD, as FedAlign's code; needs momentum > 0)"),
+    "cuda-graphs": Option(bool, "true or false (on CUDA, capture the local step once per client process and replay it for every full batch; false: eager steps)"),
     "augment": _one_of(*AUGMENTATIONS),
     "normalize": Option(bool, "true or false (standardise each channel with the training split's mean and std; false: pixels in [0, 1])"),
     "grad-clip": Option(float, "a number >= 0 (max gradient norm; 0 = no clipping)", lambda v: v >= 0),

@@ -65,6 +65,7 @@ def round_train_config(
         "grad-clip": config["grad-clip"],
         "augment": config["augment"],
         "seed": config["seed"],
+        protocol.CUDA_GRAPHS: config["cuda-graphs"],
     }
     if config["augment"] != "none":
         entries[protocol.AUGMENT_PAD] = [float(v) for v in black] or [0.0]

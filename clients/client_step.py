@@ -1,0 +1,202 @@
+"""One local SGD step, run eagerly, from static buffers, or replayed as a CUDA graph.
+
+A step is: the local objective's loss and gradient on the batch, the gradient terms
+(FedProx, SCAFFOLD, FedDyn, …), clipping to ``grad_clip`` in global 2-norm when > 0, the
+post-clip terms, then ``torch.optim.SGD`` (momentum, Nesterov, weight decay) with the
+step's learning rate read from a one-element tensor on the device, and the loss added to
+a device-resident sum. The fused SGD kernel is used in every mode: it accepts that lr
+tensor, so a captured step reads each step's η_k instead of a float frozen at capture.
+
+Modes (:func:`step_mode`):
+
+- ``eager``: every batch as it comes (on the CPU, and where capture cannot be used).
+- ``static``: full batches are copied into fixed buffers and the step reads only those
+  (the gradient terms read static copies of their per-round inputs, refreshed in place
+  every round); the step object lives as long as the process and its model. On the CPU it
+  runs without capture and is bitwise the eager step (tests/test_client_step.py).
+- ``graph``: ``static`` on CUDA, captured once per process, model and step signature
+  (after :data:`WARMUP_STEPS` real steps on a side stream, as PyTorch's CUDA-graph notes
+  ask) and replayed for every full batch: one launch instead of hundreds per step.
+
+The last, short batch of an epoch (n not a multiple of B) is trained eagerly, with the
+same parameters, gradients and optimizer state, so every sample is used as in the eager
+loop; nothing is recaptured and nothing dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+# Real steps run before capture: lets cuDNN pick its kernels and the optimizer create its
+# momentum buffers outside the graph.
+WARMUP_STEPS = 3
+
+
+@dataclass
+class GradientTerm:
+    """A gradient hook whose per-round inputs are tensors: ``apply(params, inputs)`` adds
+    its term to each ``param.grad``. ``name`` holds its constants (e.g. FedProx's μ): a
+    captured step is reused only for terms of the same names, reading static copies of
+    ``inputs`` that are refreshed every round."""
+
+    name: str
+    apply: Callable[[list[nn.Parameter], list[torch.Tensor]], None]
+    inputs: list[torch.Tensor]
+
+    def __call__(self, params: list[nn.Parameter]) -> None:
+        self.apply(params, self.inputs)
+
+
+def step_mode(device: torch.device, graphs: bool, objective, terms: Sequence, augment) -> tuple[str, str]:
+    """(mode, why): ``graph`` on CUDA when asked for and every part of the step has static
+    shapes and no host work per step; else ``eager``, and why not graph."""
+    if device.type != "cuda":
+        return "eager", "not on CUDA"
+    if not graphs:
+        return "eager", "cuda-graphs = false"
+    if not type(objective).capturable:
+        return "eager", f"the {type(objective).__name__} objective is not captured (host work or varying shapes per step)"
+    if augment is not None:
+        return "eager", "augmentation draws on the host every step"
+    plain = [getattr(term, "__qualname__", repr(term)) for term in terms if not isinstance(term, GradientTerm)]
+    if plain:
+        return "eager", f"gradient hooks {plain} have no static inputs"
+    return "graph", ""
+
+
+class ClientStep:
+    """The local SGD step of one model with one configuration (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, config, objective, terms: Sequence, post_clip_terms: Sequence,
+                 mode: str, batch_example: tuple[torch.Tensor, torch.Tensor] | None = None):
+        self.model = model
+        self.params = list(model.parameters())
+        self.device = self.params[0].device
+        self.config = config
+        self.objective = objective
+        self.mode = mode
+        self.lr = torch.zeros((), device=self.device)
+        self.loss_sum = torch.zeros((), device=self.device)
+        self.optimizer = torch.optim.SGD(
+            self.params, lr=self.lr, momentum=config.momentum, weight_decay=config.weight_decay,
+            nesterov=config.nesterov, fused=True,
+        )
+        static = mode != "eager"
+        self.terms = [_bound(t, static) for t in terms]
+        self.post_clip_terms = [_bound(t, static) for t in post_clip_terms]
+        self.static_x = self.static_y = None
+        if static:
+            x, y = batch_example
+            self.static_x, self.static_y = torch.empty_like(x), torch.empty_like(y)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.eager_steps = 0
+
+    def start_round(self, objective, terms: Sequence, post_clip_terms: Sequence) -> None:
+        """Reuse this step for a new round: a fresh objective, the terms' new inputs copied
+        into the static ones, momentum from zero, the loss sum from zero."""
+        self.objective = objective
+        with torch.no_grad():
+            for (_, static), term in zip(self.terms + self.post_clip_terms, [*terms, *post_clip_terms]):
+                for buffer, value in zip(static, term.inputs):
+                    buffer.copy_(value)
+            for param in self.params:
+                buffer = self.optimizer.state.get(param, {}).get("momentum_buffer")
+                if buffer is not None:
+                    buffer.zero_()  # μ·0 + g = g: as a fresh optimizer's first step
+            self.loss_sum.zero_()
+
+    def run(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> None:
+        """One step on the batch (x, y) with learning rate ``lr``."""
+        self.lr.fill_(lr)
+        if self.static_x is None or len(y) != len(self.static_y):
+            self._eager(x, y)
+            return
+        self.static_x.copy_(x)
+        self.static_y.copy_(y)
+        if self.graph is not None:
+            self.graph.replay()
+        elif self.mode == "graph" and self.eager_steps >= WARMUP_STEPS:
+            self._capture()
+            self.graph.replay()
+        else:
+            self._eager(self.static_x, self.static_y)
+
+    def _eager(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        if self.mode != "graph":
+            self._zero_grad(set_to_none=True)
+            self._body(x, y)
+        else:  # warm-up and short batches: on a side stream, as CUDA-graph capture asks
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                # After capture the gradients are the graph's own tensors: zeroed, not replaced.
+                self._zero_grad(set_to_none=self.graph is None)
+                self._body(x, y)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+        self.eager_steps += 1
+
+    def _zero_grad(self, set_to_none: bool) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def _body(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        loss = self.objective.backward(self.model, x, y)
+        for apply, inputs in self.terms:
+            apply(self.params, inputs)
+        if self.config.grad_clip > 0:
+            nn.utils.clip_grad_norm_(self.params, self.config.grad_clip)
+        for apply, inputs in self.post_clip_terms:
+            apply(self.params, inputs)
+        self.optimizer.step()
+        self.loss_sum += loss
+
+    def _capture(self) -> None:
+        torch.cuda.synchronize(self.device)
+        self._zero_grad(set_to_none=True)  # the graph's backward allocates its own gradients
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._body(self.static_x, self.static_y)
+        self.graph = graph
+
+
+def _bound(term, static: bool) -> tuple[Callable, list[torch.Tensor]]:
+    """(apply, inputs) of a hook; a static step reads its own copies of a term's inputs."""
+    if not isinstance(term, GradientTerm):
+        return (lambda params, _inputs: term(params)), []
+    return term.apply, [value.detach().clone() for value in term.inputs] if static else term.inputs
+
+
+# Steps kept for the life of a client process: {key: ClientStep}. A key holds the model
+# object (the process reuses one per architecture) and everything the captured step bakes in.
+_PROCESS_STEPS: dict[tuple, ClientStep] = {}
+_EAGER_NOTED: set[str] = set()
+
+
+def client_step(model: nn.Module, config, objective, terms: Sequence, post_clip_terms: Sequence,
+                batch_example: tuple[torch.Tensor, torch.Tensor], graphs: bool, augment: Any = None,
+                mode: str | None = None) -> ClientStep:
+    """The step for this round: a new eager one, or the process's static/graph step for
+    this model and signature (``mode`` forces one, for tests and benchmarks)."""
+    device = next(model.parameters()).device
+    chosen, why = step_mode(device, graphs, objective, [*terms, *post_clip_terms], augment)
+    mode = mode or chosen
+    if mode == "eager":
+        if device.type == "cuda" and why not in _EAGER_NOTED:
+            _EAGER_NOTED.add(why)
+            print(f"[basin] client step: eager, not a CUDA graph: {why}", flush=True)
+        return ClientStep(model, config, objective, terms, post_clip_terms, "eager")
+    if not all(isinstance(t, GradientTerm) for t in [*terms, *post_clip_terms]):
+        raise ValueError(f"a {mode} step needs every gradient hook as a GradientTerm (static inputs)")
+    x, y = batch_example
+    key = (id(model), mode, type(objective), tuple(x.shape), x.dtype, tuple(y.shape), y.dtype,
+           config.momentum, config.weight_decay, config.nesterov, config.grad_clip,
+           tuple(t.name for t in terms), tuple(t.name for t in post_clip_terms))
+    step = _PROCESS_STEPS.get(key)
+    if step is None or step.model is not model:
+        step = _PROCESS_STEPS[key] = ClientStep(model, config, objective, terms, post_clip_terms, mode, batch_example)
+    step.start_round(objective, terms, post_clip_terms)
+    return step

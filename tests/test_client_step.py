@@ -1,0 +1,99 @@
+"""The local step (clients/client_step.py): the static-buffer step is bitwise the eager
+one on the CPU, across rounds whose gradient terms change; which steps are captured on
+CUDA; and, on a GPU, graph replay against eager steps."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from clients.client_step import GradientTerm, step_mode
+from clients.control_variates import add_correction
+from clients.models import build_model
+from clients.objectives.moon import Moon
+from clients.training import LocalObjective, LocalTrainingConfig, proximal_hook, train_local
+
+CUDA = torch.device("cuda")
+
+
+def rounds_of_training(model: nn.Module, mode: str, config: LocalTrainingConfig, x, y, rounds: int = 3,
+                       post_clip: bool = False) -> list[tuple[float, list[torch.Tensor]]]:
+    """``rounds`` rounds as a client lives them: FedProx anchored at the round's start and
+    a SCAFFOLD-like correction that changes every round; returns (loss, weights) per round."""
+    results = []
+    for server_round in range(rounds):
+        corrections = [torch.full_like(p, 0.01 * (server_round + 1)) for p in model.parameters()]
+        terms = [proximal_hook(model, 0.1)]
+        other = [GradientTerm("control variate", add_correction, corrections)]
+        generator = torch.Generator().manual_seed(server_round)
+        round_config = LocalTrainingConfig(**{**config.__dict__, "lr": config.lr * 0.9**server_round})
+        result = train_local(model, x, y, round_config, generator, terms + ([] if post_clip else other),
+                             post_clip_hooks=other if post_clip else (), mode=mode)
+        results.append((result.mean_loss, [p.detach().clone() for p in model.parameters()]))
+    return results
+
+
+@pytest.mark.parametrize("momentum, nesterov, grad_clip, post_clip", [
+    (0.0, False, 0.0, False), (0.9, False, 1.0, False), (0.9, True, 0.0, True),
+])
+def test_the_static_buffer_step_is_bitwise_the_eager_step_on_cpu(momentum, nesterov, grad_clip, post_clip):
+    torch.manual_seed(0)
+    x, y = torch.randn(70, 1, 8, 8), torch.randint(0, 10, (70,))  # 70 = 2 × 32 + a short batch of 6
+    config = LocalTrainingConfig(lr=0.05, local_epochs=2, batch_size=32, momentum=momentum, weight_decay=1e-3,
+                                 grad_clip=grad_clip, nesterov=nesterov, step_lr_start=1.0, step_lr_end=0.1)
+    model = build_model("mlp", (1, 8, 8), 10)
+    eager = rounds_of_training(copy.deepcopy(model), "eager", config, x, y, post_clip=post_clip)
+    static = rounds_of_training(copy.deepcopy(model), "static", config, x, y, post_clip=post_clip)
+    for (eager_loss, eager_weights), (static_loss, static_weights) in zip(eager, static):
+        assert eager_loss == static_loss
+        assert all(torch.equal(a, b) for a, b in zip(eager_weights, static_weights))
+    # The rounds did move the model, and differently each round (the terms changed).
+    assert not torch.equal(eager[0][1][0], eager[2][1][0])
+
+
+def test_a_static_step_needs_static_gradient_terms():
+    model = build_model("mlp", (1, 8, 8), 10)
+    x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+    config = LocalTrainingConfig(lr=0.1, local_epochs=1, batch_size=4)
+    with pytest.raises(ValueError, match="GradientTerm"):
+        train_local(model, x, y, config, torch.Generator(), [lambda params: None], mode="static")
+
+
+def test_which_steps_are_captured_on_cuda():
+    model = build_model("mlp", (1, 8, 8), 10)
+    term = proximal_hook(model, 0.01)
+    assert step_mode(torch.device("cpu"), True, LocalObjective(), [term], None) == ("eager", "not on CUDA")
+    assert step_mode(CUDA, True, LocalObjective(), [term], None) == ("graph", "")
+    assert step_mode(CUDA, False, LocalObjective(), [], None)[1] == "cuda-graphs = false"
+    assert "Moon" in step_mode(CUDA, True, Moon.__new__(Moon), [], None)[1]
+    assert "augmentation" in step_mode(CUDA, True, LocalObjective(), [], lambda x, g: x)[1]
+    assert "static inputs" in step_mode(CUDA, True, LocalObjective(), [lambda params: None], None)[1]
+
+    class Declared(LocalObjective):
+        capturable = True
+
+    class Inherited(LocalObjective):
+        pass
+
+    assert (Declared.capturable, Inherited.capturable, LocalObjective.capturable) == (True, False, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graph_replay_matches_eager_steps_on_cuda():
+    """Fashion-MNIST's CNN, 300 steps (5 rounds of 60) with FedProx, momentum and a
+    short batch per epoch: the replayed graph follows the eager steps within float32
+    rounding (cuDNN may pick other kernels in a captured stream)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(590, 1, 28, 28, device=CUDA), torch.randint(0, 10, (590,), device=CUDA)
+    config = LocalTrainingConfig(lr=0.02, local_epochs=5, batch_size=50, momentum=0.9, weight_decay=1e-3)
+    model = build_model("fmnist-cnn", (1, 28, 28), 10).to(CUDA)
+    eager = rounds_of_training(copy.deepcopy(model), "eager", config, x, y, rounds=5)
+    graph = rounds_of_training(copy.deepcopy(model), "graph", config, x, y, rounds=5)
+    for (eager_loss, eager_weights), (graph_loss, graph_weights) in zip(eager, graph):
+        assert graph_loss == pytest.approx(eager_loss, rel=1e-3)
+        for a, b in zip(eager_weights, graph_weights):
+            torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)
