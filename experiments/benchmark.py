@@ -10,7 +10,8 @@ the embedded digits) twice:
 
 1. as a real ``flwr run`` simulation (``experiments.launch.launch``), read back from its
    ``results.csv``;
-2. sequentially in this process, without Flower's runtime or Ray: the same cohorts
+2. sequentially in this process, without Flower's runtime or Ray, with eager steps (the
+   baseline of every ratio) and, on CUDA, again with CUDA-graph steps: the same cohorts
    (``CohortSampling.sample_partitions``), per client the ClientApp's path (cached
    device-resident partition, one model reused, the ServerApp's round config, the
    per-(seed, round, partition) generators, ``LocalRound``), FedAvg weighted by
@@ -29,9 +30,11 @@ peak memory of a client process and of the bare loop. Each is given over all rou
 excluding round 1 (warm-up). Flower's per-round client-steps (Σ over the cohort) must
 equal the bare loop's, else the runs did different work.
 
-Targets it checks: on one H100-class GPU the simulation reaches ≥ 5× the bare loop's
-throughput (clients sharing the GPU, e.g. ``--gpus-per-client 0.125``); on 2 CPU cores
-Flower's overhead is ≤ 0.3 s per round. Writes ``benchmark.json`` (all figures, config,
+The Flower run uses the run config's ``cuda-graphs`` (default on), ``--gpus-per-client``
+(default auto: a whole cohort of client processes at once) and, with ``--mps``, CUDA MPS;
+compare invocations with ``--set cuda-graphs=false`` and without ``--mps`` for the parts.
+Targets: on one H100 the simulation at ≥ 10× the eager bare loop's throughput; on 2 CPU
+cores Flower's overhead ≤ 0.03 s per round and round 1 within 15 s. Writes ``benchmark.json`` (all figures, config,
 device, versions) and the Flower run's files (``flower/``) into ``--out``.
 """
 from __future__ import annotations
@@ -47,7 +50,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from experiments.cli import UsageError, guarded, nonempty_path
+from experiments.cli import UsageError, gpu_share, guarded, nonempty_path
 
 DEFAULT_PRESET = "ima-fmnist-shards"
 NO_PRESET = "none"
@@ -63,8 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=20, help="num-rounds of both runs (default 20)")
     parser.add_argument("--device", help="shortcut for --set device=DEVICE (auto, cpu, cuda)")
     parser.add_argument("--cpus-per-client", type=float, default=1.0, help="Ray CPUs per virtual client (default 1)")
-    parser.add_argument("--gpus-per-client", type=float, default=0.0,
-                        help="Ray GPU fraction per virtual client, e.g. 0.125 for 8 clients per GPU (default 0)")
+    parser.add_argument("--gpus-per-client", type=gpu_share, default=None, metavar="FRACTION|auto",
+                        help="Ray GPU fraction per virtual client, e.g. 0.125 for 8 clients per GPU (default auto: "
+                             "on CUDA a round's whole cohort at once, within cores and GPU memory; else 0)")
+    parser.add_argument("--mps", action="store_true", help="run the Flower run's client processes under CUDA MPS")
     parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/benchmark-<time>)")
     return parser
 
@@ -82,9 +87,9 @@ from clients.local_round import LocalRound, round_randomness
 from clients.models import build_run_model, resolve_model_name
 from clients.training import evaluate, select_device
 from experiments.launch import (
-    ClientResources, RunFailed, check_machine, default_run_config, launch, load_preset, parse_overrides,
-    resolve_config,
+    RunFailed, check_machine, client_resources, default_run_config, launch, load_preset, parse_overrides, resolve_config,
 )
+from experiments.mps import MpsDaemon, check_mps
 from experiments.output_dir import OutputLock, create_output_dir, unique_output_dir
 from partitions import load_dataset
 from strategies.config import ConfigError, cohort_size
@@ -188,9 +193,11 @@ def window_figures(rows: pd.DataFrame, bare: BareRun, first_round: int) -> dict[
 
 
 def report(config: dict[str, Any], rows: pd.DataFrame, launch_seconds: float, bare: BareRun,
-           resources: ClientResources, device: torch.device, startup_stages: dict[str, float]) -> dict[str, Any]:
+           resources, device: torch.device, startup_stages: dict[str, float], bare_graph: BareRun | None = None,
+           mps: bool = False) -> dict[str, Any]:
     """All figures as one JSON-able dict (``startup_stages``: when each start-up stage of the
-    Flower run began, seconds after its launch)."""
+    Flower run began, seconds after its launch; ``bare_graph``: the bare loop with
+    graph-replayed steps, on CUDA)."""
     flower_steps = rows["client-steps"].tolist()
     gpu_mb = rows["client-gpu-mb"].max()
     return {
@@ -205,8 +212,9 @@ def report(config: dict[str, Any], rows: pd.DataFrame, launch_seconds: float, ba
         "per-round": {"flower-round-seconds": rows["round-seconds"].tolist(),
                       "flower-overhead-seconds": (rows["train-seconds"] - rows["client-seconds"]).tolist(),
                       "bare-round-seconds": bare.round_seconds, "bare-steps": bare.round_steps},
+        "bare-graph-steps-per-second": None if bare_graph is None else sum(bare_graph.round_steps) / sum(bare_graph.round_seconds),
         "config": config, "device": str(device), "torch": torch.__version__, "cpu-count": os.cpu_count(),
-        "torch-threads": torch.get_num_threads(), "resources": dataclasses.asdict(resources),
+        "torch-threads": torch.get_num_threads(), "resources": dataclasses.asdict(resources), "mps": mps,
     }
 
 
@@ -231,6 +239,10 @@ def print_report(figures: dict[str, Any]) -> None:
                                       ("flower overhead per round", "overhead-mean-seconds", 3, " s")]:
         steady = f"; {windows[1][key]:.{digits}f}{unit} excluding round 1" if len(windows) > 1 else ""
         print(f"{prefix}: {windows[0][key]:.{digits}f}{unit} (all rounds{steady})")
+    if figures["bare-graph-steps-per-second"] is not None:
+        eager = figures["all-rounds"]["bare-steps-per-second"]
+        graph = figures["bare-graph-steps-per-second"]
+        print(f"bare loop with CUDA-graph steps: {graph:.1f} steps/s ({graph / eager:.2f}x the eager bare loop)")
     print(f"flower startup: {figures['flower-startup-seconds']:.1f} s (launch wall time − Σ round-seconds, once per run)")
     stages = figures["flower-startup-stages"]
     print("startup stages, seconds after the launch: " + ", ".join(f"{stage} {at:.1f}" for stage, at in stages.items()))
@@ -251,15 +263,22 @@ def run_command(args) -> int:
         raise UsageError(f"--rounds: {args.rounds} is not allowed; allowed: an integer >= 1")
     overrides = parse_overrides(args.set + ([f"device={args.device}"] if args.device else []))
     config = benchmark_config(args.preset, overrides, args.rounds)
-    resources = ClientResources(args.cpus_per_client, args.gpus_per_client)
+    resources = client_resources([config], args.cpus_per_client, args.gpus_per_client)
     check_machine([config], resources)
+    check_mps(args.mps)
     device = select_device(config["device"])
     out_dir = create_output_dir(args.out) if args.out else unique_output_dir(Path("runs"), "benchmark")
 
-    with OutputLock(out_dir):
-        bare = run_bare(config)  # first: on a quiet machine, not beside Ray's shutdown
+    with OutputLock(out_dir), MpsDaemon(args.mps) as mps:
+        # First, on a quiet machine (not beside Ray's shutdown), and before this process
+        # could connect to MPS: the bare loop with eager steps (the baseline of the ratios)
+        # and, on CUDA, with graph-replayed steps.
+        bare = run_bare({**config, "cuda-graphs": False})
+        bare_graph = run_bare({**config, "cuda-graphs": True}) if device.type == "cuda" else None
         if device.type == "cuda":
             torch.cuda.empty_cache()  # leave the GPU to the Flower clients
+        if mps.message:
+            print(f"[basin] {mps.message}", file=sys.stderr)
         started = time.perf_counter()
         try:
             summary = launch(config, out_dir / "flower", resources, progress=sys.stderr.isatty(), label="flower")
@@ -269,7 +288,7 @@ def run_command(args) -> int:
         launch_seconds = time.perf_counter() - started
         rows = pd.read_csv(out_dir / "flower" / "results.csv")
         figures = report({**config, "output-dir": str(out_dir / "flower")}, rows, launch_seconds, bare, resources, device,
-                         summary["startup-stages"])
+                         summary["startup-stages"], bare_graph, args.mps)
         print_report(figures)
         (out_dir / "benchmark.json").write_text(json.dumps(figures, indent=2))
     print(f"results: {out_dir / 'benchmark.json'}")

@@ -32,6 +32,16 @@ def nonempty_path(text: str) -> Path:
     return Path(text)
 
 
+def gpu_share(text: str) -> float | None:
+    """An argparse type for ``--gpus-per-client``: a fraction, or ``auto`` (None)."""
+    if text == "auto":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: a number in [0, 1] or 'auto'") from None
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """The exception types that mean bad input (imported here: not before the command needs them)."""
     from experiments.ray_cluster import RayClusterUnreachable

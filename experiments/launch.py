@@ -31,7 +31,7 @@ from experiments.ray_cluster import check_ray_address
 from strategies.checkpoint import read_checkpoint
 from partitions.availability import data_problem
 from partitions.feasibility import check_partition
-from strategies.config import ConfigError, summary_horizon, validate_run_config
+from strategies.config import ConfigError, cohort_size, summary_horizon, validate_run_config
 from strategies.results import summarize, write_json_atomic
 
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -172,6 +172,39 @@ def check_machine(
         raise ConfigError(
             f"GPUs per client = {resources.num_gpus:g} but this machine has no usable CUDA device; allowed here: 0"
         )
+
+
+# GPU memory one client process is counted to hold when choosing how many share a GPU:
+# generous (its CUDA context ~0.5 GiB, plus the 130 MiB of model, data and activations
+# measured for Fashion-MNIST's CNN), so that the processes fit beside each other.
+CLIENT_PROCESS_GPU_BYTES = 1 << 30
+
+
+def client_resources(
+    configs: Iterable[Mapping[str, Any]], cpus_per_client: float, gpus_per_client: float | None,
+    parallel: int = 1, ray_address: str | None = None,
+) -> ClientResources:
+    """Each client process's Ray resources. ``gpus_per_client`` None ("auto"): on CUDA a
+    GPU share that trains a round's whole cohort at once (one process per client of the
+    largest cohort), as far as this machine's cores and free GPU memory allow for
+    ``parallel`` runs at once, printed; without CUDA (or on a Ray cluster) 0."""
+    configs = list(configs)
+    if gpus_per_client is not None:
+        return ClientResources(cpus_per_client, gpus_per_client)
+    import torch
+
+    on_cuda = torch.cuda.is_available() and any(c["device"] in ("cuda", "auto") for c in configs)
+    if ray_address is not None or not on_cuda:
+        return ClientResources(cpus_per_client, 0.0)
+    cohort = max(cohort_size(c) for c in configs)
+    by_cores = max(1, machine_cpus() // (int(cpus_per_client) * parallel))
+    free_bytes, _ = torch.cuda.mem_get_info()
+    by_memory = max(1, free_bytes // (CLIENT_PROCESS_GPU_BYTES * parallel))
+    processes = min(cohort, by_cores, by_memory)
+    print(f"[basin] {processes} client processes share the GPU per run (--gpus-per-client {1 / processes:.4g}): "
+          f"cohort {cohort}, at most {by_cores} by CPU cores and {by_memory} by free GPU memory"
+          + (f" for {parallel} runs at once" if parallel > 1 else ""), file=sys.stderr, flush=True)
+    return ClientResources(cpus_per_client, 1.0 / processes)
 
 
 def resolve_config(*layers: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from experiments.cli import EXIT_INTERRUPTED, UsageError, guarded, nonempty_path
+from experiments.cli import EXIT_INTERRUPTED, UsageError, gpu_share, guarded, nonempty_path
 
 # Only the standard library above (experiments.cli uses nothing else): `--help` answers
 # without importing torch or Flower (the rest is imported in main, once the arguments are parsed).
@@ -85,8 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run once per value (several flags: every combination)")
     parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/<preset>-<time>)")
     parser.add_argument("--cpus-per-client", type=float, default=1.0, help="Ray CPUs per virtual client")
-    parser.add_argument("--gpus-per-client", type=float, default=0.0,
-                        help="Ray GPU fraction per virtual client, e.g. 0.125 for 8 clients per GPU")
+    parser.add_argument("--gpus-per-client", type=gpu_share, default=None, metavar="FRACTION|auto",
+                        help="Ray GPU fraction per virtual client, e.g. 0.125 for 8 clients per GPU (default auto: "
+                             "on CUDA, a round's whole cohort at once within cores and GPU memory; else 0)")
+    parser.add_argument("--mps", action="store_true",
+                        help="run the client processes under CUDA MPS (kernels of different processes run concurrently)")
     parser.add_argument("--ray-address", metavar="HOST:PORT",
                         help="run the clients on this existing Ray cluster (the address `ray start --head` prints)")
     parser.add_argument("--list-presets", action="store_true", help="print the presets and what each runs, then exit")
@@ -129,9 +132,10 @@ def run_job(args: argparse.Namespace, argv: list[str]) -> int:
     import pandas as pd
 
     from experiments.launch import (
-        ClientResources, RunFailed, check_data, check_machine, count_rounds, launch, load_preset, parse_overrides,
+        RunFailed, check_data, check_machine, client_resources, count_rounds, launch, load_preset, parse_overrides,
         resolve_config,
     )
+    from experiments.mps import MpsDaemon, check_mps
     from experiments.output_dir import OutputLock
     from experiments.ray_cluster import check_ray_address
     from experiments.report import averaging_start, method_label, plot_accuracy, setup_title, summary_table
@@ -142,8 +146,9 @@ def run_job(args: argparse.Namespace, argv: list[str]) -> int:
     overrides = parse_overrides(args.set)
     runs = {label_of(v): resolve_config(preset, overrides, v) for v in variants(compare)}
     check_data(runs.values())
-    resources = ClientResources(args.cpus_per_client, args.gpus_per_client)
+    resources = client_resources(runs.values(), args.cpus_per_client, args.gpus_per_client, ray_address=args.ray_address)
     check_machine(runs.values(), resources, args.ray_address)
+    check_mps(args.mps)
     if args.ray_address is not None:
         check_ray_address(args.ray_address)
 
@@ -155,7 +160,9 @@ def run_job(args: argparse.Namespace, argv: list[str]) -> int:
     extra = [k for k in dict.fromkeys(k for v in variants(compare) for k in v) if k not in ("strategy", "averaging")]
     names = {label: method_label(config, extra) for label, config in runs.items()}
     summaries, curves, failed = {}, {}, []
-    with OutputLock(out_dir):
+    with OutputLock(out_dir), MpsDaemon(args.mps) as mps:
+        if mps.message:
+            print(f"[basin] {mps.message}", file=sys.stderr)
         for label, config in runs.items():  # a corrupt or foreign checkpoint stops the job before any run
             read_checkpoint(run_dirs[label], {**config, "output-dir": str(run_dirs[label])})
         for label, config in runs.items():

@@ -13,7 +13,7 @@ A sweep file (TOML)::
     num-rounds = 300
     [resources]                      # Ray resources of each virtual client
     num-cpus = 1
-    num-gpus = 0.125                 # 8 clients share one GPU
+    num-gpus = 0.125                 # 8 clients share one GPU (omitted: auto, see --gpus-per-client of run)
     [grid]                           # every combination of these axes, in this order
     alpha = [0.05, 0.1, 0.3]
     method = [{strategy = "fedavg"}, {strategy = "fedprox", prox-mu = 0.01}]
@@ -44,6 +44,7 @@ never half-written and a killed sweep loses at most the rounds since the last ch
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -61,6 +62,19 @@ from typing import Any
 from experiments.cli import EXIT_INTERRUPTED, EXIT_USAGE, UsageError, guarded, nonempty_path
 
 
+def parallel_runs(text: str) -> int | None:
+    """An argparse type for ``--parallel``: an integer >= 1, or ``auto`` (None)."""
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: an integer >= 1 or 'auto'")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep", help="a sweep name from experiments/sweeps/ or a TOML file")
@@ -70,8 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--retry-failed", action="store_true", help="run failed runs again")
     parser.add_argument("--list", action="store_true", help="print the runs and their status; run nothing")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.add_argument("--parallel", type=int, default=1, metavar="N",
-                        help="run N runs at once, each its own Flower run (default 1; results do not depend on it)")
+    parser.add_argument("--parallel", type=parallel_runs, default=1, metavar="N|auto",
+                        help="run N runs at once, each its own Flower run (default 1; results do not depend on it); "
+                             "auto: 1 on CPU, on a GPU up to 4 as its free memory allows")
+    parser.add_argument("--mps", action="store_true",
+                        help="run the client processes under CUDA MPS (kernels of different processes run concurrently)")
     parser.add_argument("--ray-address", metavar="HOST:PORT",
                         help="run the clients on this existing Ray cluster (the address `ray start --head` prints)")
     return parser
@@ -84,13 +101,14 @@ if __name__ == "__main__":
 import pandas as pd
 
 from experiments.launch import (
-    ClientResources, RunFailed, check_machine, data_problem_of, launch, load_preset, named_toml, parse_overrides,
-    read_toml, resolve_config,
+    CLIENT_PROCESS_GPU_BYTES, ClientResources, RunFailed, check_machine, client_resources, data_problem_of, launch,
+    load_preset, named_toml, parse_overrides, read_toml, resolve_config,
 )
+from experiments.mps import MpsDaemon, check_mps
 from experiments.output_dir import OutputLock, create_output_dir
 from experiments.ray_cluster import check_ray_address
 from strategies.checkpoint import CheckpointError, read_checkpoint
-from strategies.config import ConfigError
+from strategies.config import ConfigError, cohort_size
 from strategies.results import write_json_atomic
 
 SWEEPS_DIR = Path(__file__).resolve().parent / "sweeps"
@@ -120,6 +138,7 @@ class Sweep:
     runs: list[SweepRun]
     resources: ClientResources
     duplicates: int  # grid points that resolved to an earlier point's config
+    gpus_auto: bool = False  # [resources] num-gpus not given: chosen on the machine (launch.client_resources)
 
 
 def sweep_path(name_or_path: str) -> Path:
@@ -165,7 +184,7 @@ def load_sweep(path: Path, overrides: Mapping[str, Any] | None = None) -> Sweep:
         seen[fingerprint] = run_id
         runs.append(SweepRun(run_id, config))
     name = spec.get("name", path.stem)
-    return Sweep(name, runs, client_resources, duplicates)
+    return Sweep(name, runs, client_resources, duplicates, "num-gpus" not in resources)
 
 
 def _axis(path: Path, name: str, values: Any) -> list[tuple[str, dict[str, Any]]]:
@@ -330,6 +349,26 @@ def _replace(path: Path, write) -> None:
 
 # ---- command line -------------------------------------------------------------------
 
+# --parallel auto on a GPU: at most this many runs at once (beyond it the GPU, not the
+# launchers' start-up, is what the runs wait for).
+AUTO_PARALLEL_MAX = 4
+
+
+def auto_parallel(sweep: Sweep) -> int:
+    """``--parallel auto``: 1 on CPU (one run's clients already use every core); on a GPU
+    up to AUTO_PARALLEL_MAX runs, as many as fit in free GPU memory with a whole cohort
+    each (launch.CLIENT_PROCESS_GPU_BYTES per client process); printed."""
+    import torch
+
+    if not torch.cuda.is_available() or all(run.config["device"] == "cpu" for run in sweep.runs):
+        return 1
+    cohort = max(cohort_size(run.config) for run in sweep.runs)
+    free_bytes, _ = torch.cuda.mem_get_info()
+    parallel = max(1, min(AUTO_PARALLEL_MAX, len(sweep.runs), free_bytes // (CLIENT_PROCESS_GPU_BYTES * cohort)))
+    print(f"[basin] --parallel auto: {parallel} runs at once", file=sys.stderr, flush=True)
+    return parallel
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return guarded(lambda: run_command(args))
@@ -337,8 +376,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_command(args: argparse.Namespace) -> int:
     """Validate the sweep, then list it or run it (see main)."""
-    if args.parallel < 1:
-        raise UsageError(f"--parallel: {args.parallel} is not allowed; allowed: an integer >= 1")
     sweep = load_sweep(sweep_path(args.sweep), parse_overrides(args.set))
     if args.ray_address is not None and not args.list:
         check_ray_address(args.ray_address)
@@ -359,11 +396,18 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"error: {len(missing)} of {len(sweep.runs)} runs cannot load their data, e.g. run {missing[0]}: "
               f"{data[missing[0]]}", file=sys.stderr)
         return EXIT_USAGE
+    parallel = args.parallel or auto_parallel(sweep)
+    if sweep.gpus_auto:
+        sweep = dataclasses.replace(sweep, resources=client_resources(
+            [run.config for run in sweep.runs], sweep.resources.num_cpus, None, parallel, args.ray_address))
     check_machine((run.config for run in sweep.runs), sweep.resources, args.ray_address)
+    check_mps(args.mps)
 
-    with OutputLock(create_output_dir(out_dir)):
+    with OutputLock(create_output_dir(out_dir)), MpsDaemon(args.mps) as mps:
+        if mps.message:
+            print(f"[basin] {mps.message}", file=sys.stderr)
         try:
-            table = run_sweep(sweep, out_dir, args.retry_failed, not args.no_progress, args.ray_address, args.parallel)
+            table = run_sweep(sweep, out_dir, args.retry_failed, not args.no_progress, args.ray_address, parallel)
         except KeyboardInterrupt:
             table = write_tables(sweep, out_dir)
             completed, failed = int(table["status"].eq("completed").sum()), int(table["status"].eq("failed").sum())

@@ -84,6 +84,8 @@ CASES = [
     ("run", [*SMALL, "--cpus-per-client", "nan"], "num-cpus per client = nan"),
     ("run", [*SMALL, "--out", ""], "argument --out: an empty path"),
     ("run", [*SMALL, "--gpus-per-client", "2"], "num-gpus per client = 2"),
+    ("run", [*SMALL, "--gpus-per-client", "lots"], "'lots' is not allowed; allowed: a number in [0, 1] or 'auto'"),
+    ("sweep", ["no-such-sweep", "--parallel", "0"], "'0' is not allowed; allowed: an integer >= 1 or 'auto'"),
     ("run", [*SMALL, "--ray-address", "nowhere"], "'nowhere'"),
     ("run", [*SMALL, "--ray-address", "ray://host:10001"], "ray://host:10001"),
     ("run", [*SMALL, "--ray-address", "127.0.0.1:1"], "127.0.0.1:1"),
@@ -149,6 +151,8 @@ if NO_GPU:
         ("run", [*SMALL, "--gpus-per-client", "0.5"], "GPUs per client = 0.5"),
         ("deploy", [*SMALL, "--set", "device=cuda"], "'device' = 'cuda'"),
         ("costs", ["--device", "cuda"], "'cuda'"),
+        ("run", [*SMALL, "--mps"], "--mps needs a CUDA GPU"),
+        ("benchmark", ["--preset", "none", "--rounds", "1", "--mps", "--out", "{tmp}/b-mps"], "--mps needs a CUDA GPU"),
     ]
 
 SWEEP_RUN = "[set]\nnum-clients = 4\nparticipation = 1.0\nnum-rounds = 2\n"

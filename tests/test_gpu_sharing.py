@@ -1,0 +1,102 @@
+"""Sharing one GPU (experiments/mps.py, launch.client_resources, sweep --parallel auto),
+tested without one: a fake ``nvidia-cuda-mps-control`` records what it was asked."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import torch
+
+from experiments import launch, sweep
+from experiments.cli import UsageError
+from experiments.launch import client_resources, default_run_config
+from experiments.mps import LOG_ENV, PIPE_ENV, MpsDaemon
+
+FAKE_CONTROL = """#!/bin/sh
+# Records each call: its arguments, its pipe and log directories, and stdin for 'quit'.
+if [ "$1" = "-d" ]; then echo "start $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY" >> "{log}"; exit {code}; fi
+read command; echo "$command $CUDA_MPS_PIPE_DIRECTORY" >> "{log}"
+"""
+
+
+@pytest.fixture
+def fake_control(tmp_path, monkeypatch):
+    def install(code: int = 0):
+        script = tmp_path / "bin" / "nvidia-cuda-mps-control"
+        script.parent.mkdir(exist_ok=True)
+        script.write_text(FAKE_CONTROL.format(log=tmp_path / "calls.log", code=code))
+        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+        monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+        monkeypatch.setenv(PIPE_ENV, str(tmp_path / "no-daemon-here"))
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        return tmp_path / "calls.log"
+    return install
+
+
+def test_mps_starts_its_own_daemon_for_the_launch_and_stops_it(fake_control):
+    calls = fake_control()
+    with MpsDaemon(True) as mps:
+        pipe, log = os.environ[PIPE_ENV], os.environ[LOG_ENV]
+        assert os.path.isdir(pipe) and os.path.isdir(log) and os.path.dirname(pipe) in mps.message
+    assert calls.read_text().splitlines() == [f"start {pipe} {log}", f"quit {pipe}"]
+    assert not os.path.exists(pipe)  # its folders are removed
+    assert os.environ[PIPE_ENV].endswith("no-daemon-here") and LOG_ENV not in os.environ  # environment restored
+
+
+def test_mps_uses_a_daemon_that_is_already_running(fake_control, tmp_path, monkeypatch):
+    calls = fake_control()
+    (tmp_path / "running").mkdir()
+    (tmp_path / "running" / "control").touch()
+    monkeypatch.setenv(PIPE_ENV, str(tmp_path / "running"))
+    with MpsDaemon(True) as mps:
+        assert "already running" in mps.message and os.environ[PIPE_ENV] == str(tmp_path / "running")
+    assert not calls.exists()  # neither started nor stopped
+
+
+def test_mps_refuses_clearly_where_it_cannot_run(fake_control, monkeypatch):
+    fake_control(code=1)
+    with pytest.raises(UsageError, match="nvidia-cuda-mps-control -d failed"):
+        MpsDaemon(True).__enter__()
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(UsageError, match="not on PATH"):
+        MpsDaemon(True).__enter__()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UsageError, match="needs a CUDA GPU"):
+        MpsDaemon(True).__enter__()
+    with MpsDaemon(False) as off:  # without --mps: nothing at all
+        assert off.message == ""
+
+
+def config(**values):
+    return {**default_run_config(), **values}
+
+
+def test_auto_gpu_share_trains_a_whole_cohort_at_once_within_cores_and_memory(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (40 << 30, 80 << 30))
+    monkeypatch.setattr(launch, "machine_cpus", lambda: 16)
+    cohort_of_10 = config(**{"num-clients": 100, "participation": 0.1})
+    assert client_resources([cohort_of_10], 1, None).num_gpus == pytest.approx(1 / 10)
+    assert "10 client processes share the GPU" in capsys.readouterr().err
+    assert client_resources([config(**{"num-clients": 40, "participation": 1.0})], 1, None).num_gpus == pytest.approx(1 / 16)
+    assert client_resources([cohort_of_10], 1, None, parallel=4).num_gpus == pytest.approx(1 / 4)  # 16 cores / 4 runs
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (3 << 30, 80 << 30))
+    assert client_resources([cohort_of_10], 1, None).num_gpus == pytest.approx(1 / 3)  # 3 GiB free
+    assert client_resources([cohort_of_10], 1, 0.125).num_gpus == 0.125  # given: as given
+    assert client_resources([config(device="cpu")], 1, None).num_gpus == 0.0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert client_resources([cohort_of_10], 1, None).num_gpus == 0.0
+
+
+def test_parallel_auto(monkeypatch):
+    runs = [sweep.SweepRun(f"r{i}", config(**{"num-clients": 100, "participation": 0.1})) for i in range(6)]
+    plan = sweep.Sweep("s", runs, launch.ClientResources(), 0, True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert sweep.auto_parallel(plan) == 1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (70 << 30, 80 << 30))
+    assert sweep.auto_parallel(plan) == sweep.AUTO_PARALLEL_MAX
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (25 << 30, 80 << 30))
+    assert sweep.auto_parallel(plan) == 2  # 10 client processes of 1 GiB per run
