@@ -28,9 +28,7 @@ from partitions.datasets import load_dataset
 app = ClientApp()
 # In the simulation engine's process (which loads this module before it starts handing
 # out messages), messages then reach the actors when stored, not after a 0.1 s sleep.
-if install_engine_wakeup():
-    print("[basin] simulation engine: messages reach the client processes when stored (clients/simulation_engine.py)",
-          flush=True)
+install_engine_wakeup()
 
 
 @lru_cache(maxsize=4)

@@ -11,8 +11,10 @@ and the engine share), with Flower's 0.1 s as the longest wait.
 
 It is installed by importing the ClientApp module, which Flower does in the simulation
 process before it starts that thread (``start_vce`` loads the ClientApp, then calls
-``run_api``, which looks the function up); client processes, deployed SuperNodes and the
-ServerApp's own process never import the engine, and are left alone. The replacement is
+``run_api``, which looks the function up), and says so in the run's log when that thread
+starts. Where the engine module is not loaded (deployed SuperNodes, a ServerApp of a
+deployment) nothing changes; in Ray's client processes, which load it but never run it,
+the replacement is installed and unused. The replacement is
 written for one Flower release and the exact source of the function it replaces: on any
 other, the ClientApp fails to load with :class:`EngineMismatch`, which says what to do
 (``BASIN_ENGINE_WAKEUP=off`` runs Flower's engine unchanged). Installed files are never
@@ -54,6 +56,8 @@ def add_messages_to_queue_on_store(state, queue: Queue, nodes_mapping: dict[int,
         return message_id
 
     state.store_message_ins = store_and_wake
+    print("[basin] simulation engine: messages reach the client processes when stored (clients/simulation_engine.py)",
+          flush=True)
     while not f_stop.is_set():
         stored.clear()  # before the scan: a message stored during it wakes the next one
         found = False

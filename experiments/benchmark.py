@@ -50,7 +50,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from experiments.cli import UsageError, gpu_share, guarded, nonempty_path
+from experiments.cli import UsageError, gpu_share, guarded, nonempty_path, parallel_runs
 
 DEFAULT_PRESET = "ima-fmnist-shards"
 NO_PRESET = "none"
@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Ray GPU fraction per virtual client, e.g. 0.125 for 8 clients per GPU (default auto: "
                              "on CUDA a round's whole cohort at once, within cores and GPU memory; else 0)")
     parser.add_argument("--mps", action="store_true", help="run the Flower run's client processes under CUDA MPS")
+    parser.add_argument("--sweep", action="store_true",
+                        help="instead: runs per hour of a small grid (FedAvg and FedAvg+IMA on #C=2 and Dir(0.1)) run "
+                             "one at a time and --parallel at once")
+    parser.add_argument("--parallel", type=parallel_runs, default=None, metavar="N|auto",
+                        help="with --sweep: runs at once in the second pass (default auto; at least 2)")
     parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/benchmark-<time>)")
     return parser
 
@@ -254,7 +259,63 @@ def print_report(figures: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return guarded(lambda: run_command(args))
+    return guarded(lambda: (sweep_command if args.sweep else run_command)(args))
+
+
+# The small grid of the sweep mode: the base setup's two label skews, FedAvg with and without IMA.
+SWEEP_GRID = {
+    "partition": [{"partition": "shards", "classes-per-client": 2}, {"partition": "dirichlet", "alpha": 0.1}],
+    "averaging": ["none", "ima"],
+}
+
+
+def sweep_command(args) -> int:
+    """Runs per hour of SWEEP_GRID (on the preset, ``--set`` and ``--rounds``), run through
+    ``experiments.sweep`` one at a time, then ``--parallel`` at once, each pass in its own
+    folder (nothing resumed); writes ``benchmark-sweep.json``."""
+    from experiments.sweep import auto_parallel, load_sweep, run_sweep
+
+    if args.rounds < 1:
+        raise UsageError(f"--rounds: {args.rounds} is not allowed; allowed: an integer >= 1")
+    overrides = parse_overrides(args.set + ([f"device={args.device}"] if args.device else []))
+    config = benchmark_config(args.preset, overrides, args.rounds)  # validates the base setup
+    out_dir = create_output_dir(args.out) if args.out else unique_output_dir(Path("runs"), "benchmark-sweep")
+    with OutputLock(out_dir):
+        spec = out_dir / "sweep.toml"
+        base = {k: v for k, v in config.items() if k not in ("output-dir", "averaging", "partition")}
+        spec.write_text(
+            'name = "benchmark-sweep"\n[set]\n' + "".join(f"{k} = {json.dumps(v)}\n" for k, v in base.items())
+            + "[grid]\n" + "".join(f"{axis} = {_toml_list(values)}\n" for axis, values in SWEEP_GRID.items())
+        )
+        sweep = load_sweep(spec)
+        parallel = max(2, args.parallel or auto_parallel(sweep))
+        resources = client_resources([r.config for r in sweep.runs], args.cpus_per_client, args.gpus_per_client, parallel)
+        check_machine([r.config for r in sweep.runs], resources)
+        check_mps(args.mps)
+        figures = {"runs": len(sweep.runs), "rounds": args.rounds, "parallel": parallel, "mps": args.mps,
+                   "resources": dataclasses.asdict(resources)}
+        with MpsDaemon(args.mps):
+            for label, at_once in (("one-at-a-time", 1), (f"parallel-{parallel}", parallel)):
+                started = time.perf_counter()
+                table = run_sweep(dataclasses.replace(sweep, resources=resources), out_dir / label,
+                                  progress=sys.stderr.isatty(), parallel=at_once)
+                seconds = time.perf_counter() - started
+                completed = int(table["status"].eq("completed").sum())
+                figures[label] = {"seconds": seconds, "completed": completed, "runs-per-hour": completed / seconds * 3600}
+                print(f"{label}: {completed} of {len(sweep.runs)} runs in {seconds:.1f} s: "
+                      f"{completed / seconds * 3600:.0f} runs per hour")
+        ratio = figures[f"parallel-{parallel}"]["runs-per-hour"] / figures["one-at-a-time"]["runs-per-hour"]
+        figures["parallel-speed-up"] = ratio
+        print(f"--parallel {parallel}: {ratio:.2f}x the runs per hour of one at a time")
+        (out_dir / "benchmark-sweep.json").write_text(json.dumps(figures, indent=2))
+    print(f"results: {out_dir / 'benchmark-sweep.json'}")
+    return 0
+
+
+def _toml_list(values: list) -> str:
+    items = [("{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in value.items()) + "}") if isinstance(value, dict)
+             else json.dumps(value) for value in values]
+    return "[" + ", ".join(items) + "]"
 
 
 def run_command(args) -> int:

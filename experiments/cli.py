@@ -42,6 +42,19 @@ def gpu_share(text: str) -> float | None:
         raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: a number in [0, 1] or 'auto'") from None
 
 
+def parallel_runs(text: str) -> int | None:
+    """An argparse type for ``--parallel``: an integer >= 1, or ``auto`` (None)."""
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: an integer >= 1 or 'auto'")
+    return value
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """The exception types that mean bad input (imported here: not before the command needs them)."""
     from experiments.ray_cluster import RayClusterUnreachable

@@ -59,20 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.cli import EXIT_INTERRUPTED, EXIT_USAGE, UsageError, guarded, nonempty_path
-
-
-def parallel_runs(text: str) -> int | None:
-    """An argparse type for ``--parallel``: an integer >= 1, or ``auto`` (None)."""
-    if text == "auto":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: an integer >= 1 or 'auto'")
-    return value
+from experiments.cli import EXIT_INTERRUPTED, EXIT_USAGE, guarded, nonempty_path, parallel_runs
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -64,10 +64,25 @@ def reply_problem(reply: Message, model_key: str, expected: Layout | None) -> st
                 return f"array '{key}' has shape {received[key]}, sent {shape}"
     for record_name, record in content.array_records.items():
         for key, array in record.items():
-            values = array.numpy()
-            if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
+            if not all_finite(array):
                 return f"non-finite values (NaN or inf) in {record_name}['{key}']"
     return None
+
+
+def all_finite(array) -> bool:
+    """Whether a Flower ``Array``'s values are all finite (non-float arrays always are).
+
+    Read in place from the serialised bytes, whose values end them (the .npy layout),
+    without parsing the .npy header as ``Array.numpy()`` does (a Python ``literal_eval``
+    per array: half of a round's aggregation time for a small model); the order of the
+    values (C or Fortran) does not matter to this check.
+    """
+    dtype = np.dtype(array.dtype)
+    if not np.issubdtype(dtype, np.floating):
+        return True
+    count = int(np.prod(array.shape, dtype=np.int64))
+    values = np.frombuffer(array.data, dtype=dtype, count=count, offset=len(array.data) - count * dtype.itemsize)
+    return bool(np.isfinite(values).all())
 
 
 def screen_replies(

@@ -55,3 +55,31 @@ def test_bad_config_fails_before_anything_starts(tmp_path):
     )
     assert result.returncode == 2 and result.stderr.startswith("error: ") and "num-clients" in result.stderr
     assert not (tmp_path / "flower").exists()
+
+
+def test_the_sweep_mode_runs_the_small_grid_one_at_a_time_then_in_parallel(tmp_path, monkeypatch, capsys):
+    """The plumbing of ``--sweep`` (each pass stands in for a real sweep here: the real
+    sweep machinery and its --parallel are tested in tests/test_sweep.py)."""
+    import pandas as pd
+
+    import experiments.sweep
+    from experiments import benchmark
+
+    passes = []
+
+    def fake_run_sweep(sweep, out_dir, progress=True, parallel=1, **_):
+        passes.append((out_dir.name, parallel, sweep))
+        return pd.DataFrame({"run": [r.run_id for r in sweep.runs], "status": ["completed"] * len(sweep.runs)})
+
+    monkeypatch.setattr(experiments.sweep, "run_sweep", fake_run_sweep)
+    code = benchmark.main([*SMALL_DIGITS, "--sweep", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    assert [(name, parallel) for name, parallel, _ in passes] == [("one-at-a-time", 1), ("parallel-2", 2)]
+    configs = {run.run_id: run.config for run in passes[0][2].runs}
+    assert sorted((c["partition"], c["averaging"]) for c in configs.values()) == [
+        ("dirichlet", "ima"), ("dirichlet", "none"), ("shards", "ima"), ("shards", "none")]
+    assert all(c["num-rounds"] == 3 and c["num-clients"] == 4 and c["dataset"] == "digits" for c in configs.values())
+    assert {c["alpha"] for c in configs.values() if c["partition"] == "dirichlet"} == {0.1}
+    figures = json.loads((tmp_path / "benchmark-sweep.json").read_text())
+    assert figures["runs"] == 4 and figures["parallel"] == 2 and figures["parallel-2"]["completed"] == 4
+    assert "runs per hour" in capsys.readouterr().out
