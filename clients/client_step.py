@@ -94,6 +94,7 @@ class ClientStep:
             x, y = batch_example
             self.static_x, self.static_y = torch.empty_like(x), torch.empty_like(y)
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.side_stream = torch.cuda.Stream(self.device) if mode == "graph" else None
         self.eager_steps = 0
 
     def start_round(self, objective, terms: Sequence, post_clip_terms: Sequence) -> None:
@@ -131,13 +132,12 @@ class ClientStep:
             self._zero_grad(set_to_none=True)
             self._body(x, y)
         else:  # warm-up and short batches: on a side stream, as CUDA-graph capture asks
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
+            self.side_stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.side_stream):
                 # After capture the gradients are the graph's own tensors: zeroed, not replaced.
                 self._zero_grad(set_to_none=self.graph is None)
                 self._body(x, y)
-            torch.cuda.current_stream(self.device).wait_stream(side)
+            torch.cuda.current_stream(self.device).wait_stream(self.side_stream)
         self.eager_steps += 1
 
     def _zero_grad(self, set_to_none: bool) -> None:

@@ -132,12 +132,12 @@ def run_job(args: argparse.Namespace, argv: list[str]) -> int:
     import pandas as pd
 
     from experiments.launch import (
-        RunFailed, check_data, check_machine, client_resources, count_rounds, launch, load_preset, parse_overrides,
-        resolve_config,
+        RunFailed, check_data, check_machine, client_resources, count_rounds, launch, load_preset, machine_cpus,
+        parse_overrides, resolve_config,
     )
     from experiments.mps import MpsDaemon, check_mps
     from experiments.output_dir import OutputLock
-    from experiments.ray_cluster import check_ray_address
+    from experiments.ray_cluster import LocalRayCluster, check_ray_address
     from experiments.report import averaging_start, method_label, plot_accuracy, setup_title, summary_table
     from strategies.checkpoint import read_checkpoint
 
@@ -160,14 +160,17 @@ def run_job(args: argparse.Namespace, argv: list[str]) -> int:
     extra = [k for k in dict.fromkeys(k for v in variants(compare) for k in v) if k not in ("strategy", "averaging")]
     names = {label: method_label(config, extra) for label, config in runs.items()}
     summaries, curves, failed = {}, {}, []
-    with OutputLock(out_dir), MpsDaemon(args.mps) as mps:
+    # Several runs one after another share one Ray cluster (started inside MPS, if asked).
+    shared_ray = args.ray_address is None and len(runs) > 1
+    with OutputLock(out_dir), MpsDaemon(args.mps) as mps, LocalRayCluster(shared_ray, machine_cpus()) as job_ray:
         if mps.message:
             print(f"[basin] {mps.message}", file=sys.stderr)
+        ray_address = args.ray_address or job_ray
         for label, config in runs.items():  # a corrupt or foreign checkpoint stops the job before any run
             read_checkpoint(run_dirs[label], {**config, "output-dir": str(run_dirs[label])})
         for label, config in runs.items():
             try:
-                summaries[label] = launch(config, run_dirs[label], resources, ray_address=args.ray_address,
+                summaries[label] = launch(config, run_dirs[label], resources, ray_address=ray_address,
                                           label=f"{names[label]} ({len(summaries) + len(failed) + 1}/{len(runs)})")
                 curves[label] = pd.read_csv(run_dirs[label] / "results.csv")
             except RunFailed as error:

@@ -89,11 +89,11 @@ import pandas as pd
 
 from experiments.launch import (
     CLIENT_PROCESS_GPU_BYTES, ClientResources, RunFailed, check_machine, client_resources, data_problem_of, launch,
-    load_preset, named_toml, parse_overrides, read_toml, resolve_config,
+    load_preset, machine_cpus, named_toml, parse_overrides, read_toml, resolve_config,
 )
 from experiments.mps import MpsDaemon, check_mps
 from experiments.output_dir import OutputLock, create_output_dir
-from experiments.ray_cluster import check_ray_address
+from experiments.ray_cluster import LocalRayCluster, check_ray_address
 from strategies.checkpoint import CheckpointError, read_checkpoint
 from strategies.config import ConfigError, cohort_size
 from strategies.results import write_json_atomic
@@ -390,11 +390,15 @@ def run_command(args: argparse.Namespace) -> int:
     check_machine((run.config for run in sweep.runs), sweep.resources, args.ray_address)
     check_mps(args.mps)
 
-    with OutputLock(create_output_dir(out_dir)), MpsDaemon(args.mps) as mps:
+    # Runs one after another share one Ray cluster (started inside MPS, if asked).
+    shared_ray = args.ray_address is None and parallel == 1
+    with OutputLock(create_output_dir(out_dir)), MpsDaemon(args.mps) as mps, \
+            LocalRayCluster(shared_ray, machine_cpus()) as job_ray:
         if mps.message:
             print(f"[basin] {mps.message}", file=sys.stderr)
         try:
-            table = run_sweep(sweep, out_dir, args.retry_failed, not args.no_progress, args.ray_address, parallel)
+            table = run_sweep(sweep, out_dir, args.retry_failed, not args.no_progress, args.ray_address or job_ray,
+                              parallel)
         except KeyboardInterrupt:
             table = write_tables(sweep, out_dir)
             completed, failed = int(table["status"].eq("completed").sum()), int(table["status"].eq("failed").sum())

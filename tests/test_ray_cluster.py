@@ -167,3 +167,49 @@ def test_clients_run_on_every_node_of_a_ray_cluster(ray_cluster, tmp_path):
     # One client actor per CPU of the cluster, one on each node (the run's actors are
     # dead by now: the launcher stopped the simulation that owned them).
     assert len(clients) == 2 and {actor["node"] for actor in clients} == nodes
+
+
+def test_a_job_of_runs_one_after_another_shares_one_ray_cluster(tmp_path, tiny_sweep, monkeypatch):
+    """experiments.run with several runs and a sweep without --parallel start one Ray
+    cluster for all their runs (fake launches here; the real one below); a single run,
+    --parallel and --ray-address do not."""
+    addresses = []
+
+    def fake_launch(config, out_dir, *args, ray_address=None, **kwargs):
+        addresses.append(ray_address)
+        check_ray_address(ray_address) if ray_address else None  # the cluster answers while the job runs
+        out_dir.mkdir(parents=True, exist_ok=True)
+        raise RunFailed("not run")
+
+    monkeypatch.setattr(launch_module, "launch", fake_launch)
+    monkeypatch.setattr(sweep, "launch", fake_launch)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
+    two_seeds = tmp_path / "two.toml"
+    two_seeds.write_text("[set]\nnum-rounds = 1\n[grid]\nseed = [0, 1]\n")
+    assert run.main(["--set", "num-rounds=1", "--compare", "seed=0,1", "--out", str(tmp_path / "r2")]) == 1
+    assert sweep.main([str(two_seeds), "--out", str(tmp_path / "s2"), "--no-progress"]) == 1
+    shared = addresses[:]
+    assert len(shared) == 4 and shared[0] == shared[1] and shared[2] == shared[3] and None not in shared
+    with pytest.raises(RayClusterUnreachable):  # stopped with the job
+        check_ray_address(shared[0], timeout=1.0)
+    addresses.clear()
+    assert run.main(["--set", "num-rounds=1", "--out", str(tmp_path / "r1")]) == 1
+    assert sweep.main([str(two_seeds), "--out", str(tmp_path / "s3"), "--no-progress", "--parallel", "2"]) == 1
+    assert addresses == [None, None, None]
+
+
+def test_runs_on_the_jobs_ray_cluster_equal_runs_with_their_own_ray(tmp_path):
+    """Bit for bit on CPU: a run of a job sharing one Ray cluster, and the same config
+    launched alone (its simulation starting its own Ray)."""
+    small = [f"{key}={value}" for key, value in SMALL.items()]
+    arguments = [arg for item in small for arg in ("--set", item)]
+    assert run.main([*arguments, "--compare", "averaging=none,ima", "--set", "window=2", "--out",
+                     str(tmp_path / "job")]) == 0
+    alone = resolve_config({**SMALL, "averaging": "none", "window": 2})
+    launch(alone, tmp_path / "alone", progress=False)
+    columns = ["round", "test-accuracy", "test-loss", "train-loss", "local-steps"]
+    shared_rows = pd.read_csv(tmp_path / "job" / "none" / "results.csv")[columns]
+    alone_rows = pd.read_csv(tmp_path / "alone" / "results.csv")[columns]
+    assert shared_rows.to_csv() == alone_rows.to_csv()
+    stages = json.loads((tmp_path / "job" / "none" / "summary.json").read_text())["startup-stages"]
+    assert "training round 1" in stages
