@@ -50,7 +50,3 @@ class LabelPartitioner(Partitioner):
             self._indices = self.assign(labels)
         return self.dataset.select(self._indices[partition_id].tolist())
 
-
-def client_class_counts(labels: np.ndarray, indices: list[np.ndarray], num_classes: int) -> np.ndarray:
-    """Per-client class counts: an array of shape (num_clients, num_classes)."""
-    return np.stack([np.bincount(labels[idx], minlength=num_classes) for idx in indices])

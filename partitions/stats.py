@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from partitions.base import LabelPartitioner, client_class_counts
-from partitions.dirichlet import DirichletPartitioner
-from partitions.iid import IidPartitioner
-from partitions.shards import ShardPartitioner
+if TYPE_CHECKING:
+    from partitions.base import LabelPartitioner
 
 PARTITION_SCHEMES = ("iid", "dirichlet", "shards")
 
@@ -27,6 +25,12 @@ def build_partitioner(
     balance: bool = False,
 ) -> LabelPartitioner:
     """The partitioner of a scheme named in the run config (``partition`` key)."""
+    # Imported here: the partitioners are flwr-datasets Partitioners (seconds of import),
+    # and a process that reads a cached partition (clients/data.py) never needs them.
+    from partitions.dirichlet import DirichletPartitioner
+    from partitions.iid import IidPartitioner
+    from partitions.shards import ShardPartitioner
+
     if scheme == "iid":
         return IidPartitioner(num_partitions, seed=seed)
     if scheme == "dirichlet":
@@ -43,6 +47,11 @@ def partition_notation(config: Mapping[str, Any]) -> str:
     if config["partition"] == "shards":
         return f"#C={config['classes-per-client']}"
     return "IID"
+
+
+def client_class_counts(labels: np.ndarray, indices: list[np.ndarray], num_classes: int) -> np.ndarray:
+    """Per-client class counts: an array of shape (num_clients, num_classes)."""
+    return np.stack([np.bincount(labels[idx], minlength=num_classes) for idx in indices])
 
 
 def class_count_table(labels: np.ndarray, indices: list[np.ndarray], num_classes: int) -> pd.DataFrame:
