@@ -18,6 +18,7 @@ from torch import nn
 from clients import protocol
 from clients.augmentation import crop_flip
 from clients.control_variates import ControlVariateClient
+from clients.fedcm import fedcm_term
 from clients.feddyn import FedDynClient
 from clients.objectives import build_objective
 from clients.training import LocalTrainingConfig, LocalTrainingResult, momentum_a_norm, proximal_hook, train_local
@@ -90,14 +91,24 @@ class LocalRound:
                     model, content[server_key], state, state_key, delta_reference
                 )
                 control_hooks.append(self.controls[server_key].hook)
+        self.fedcm_direction = (
+            content[protocol.FEDCM_DIRECTION].to_torch_state_dict() if protocol.FEDCM_DIRECTION in content else None
+        )
         self.feddyn = None
         if protocol.FEDDYN_ALPHA in self.round_config:
             self.feddyn = FedDynClient(model, float(self.round_config[protocol.FEDDYN_ALPHA]), state)
             self.hooks.append(self.feddyn.hook)
 
     def train(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator) -> LocalTrainingResult:
+        config = training_config(self.round_config)
+        hooks = self.hooks
+        if self.fedcm_direction is not None:  # Δ_t needs this client's K_i: known with its data
+            alpha = float(self.round_config[protocol.FEDCM_ALPHA])
+            per_client = self.round_config[protocol.FEDCM_SCALE] == "client"
+            step_scale = 1.0 / (config.lr * config.num_steps(len(y))) if per_client else 1.0
+            hooks = [fedcm_term(model, self.fedcm_direction, alpha, step_scale), *hooks]
         return train_local(
-            model, x, y, training_config(self.round_config), generator, self.hooks, self.objective,
+            model, x, y, config, generator, hooks, self.objective,
             batch_augmentation(self.round_config), self.post_clip_hooks,
             graphs=bool(self.round_config.get(protocol.CUDA_GRAPHS, True)),
         )

@@ -8,6 +8,8 @@ model add named ArrayRecords to the message. Both sides import these names from 
 # Round config entries (ConfigRecord "config").
 OBJECTIVE = "objective"  # name of the local objective (clients/objectives.py); absent = cross-entropy
 FEDDYN_ALPHA = "feddyn-alpha"  # FedDyn's α
+FEDCM_ALPHA = "fedcm-alpha"  # FedCM's α: the weight of the local gradient in v = α·g + (1 − α)·Δ_t
+FEDCM_SCALE = "fedcm-scale"  # "client": Δ_t = D/(η_l·K_i) on the client; "none": D is already Δ_t
 STEP_LR_START = "step-lr-start"  # in-round lr factor at the first local step (FedSWA: 1; official code: 2)
 STEP_LR_END = "step-lr-end"  # in-round lr factor reached after the last step (FedSWA: ρ; official code: 0)
 AUGMENT_PAD = "augment-pad"  # per channel, the standardised black pixel that crop padding adds
@@ -40,3 +42,4 @@ SCAFFOLD_DELTA_CONTROL = "scaffold-delta-control"  # client → server: Δc_i
 MOSWA_SERVER_CONTROL = "moswa-control"  # server → client: m
 MOSWA_DELTA_CONTROL = "moswa-delta-control"  # client → server: Δc_i = c_i⁺ − m (Algorithm 1 line 14)
 MOSWA_NEW_CONTROL = "moswa-new-control"  # client → server: c_i⁺ (official-code variant's EMA)
+FEDCM_DIRECTION = "fedcm-direction"  # server → client: D, the cohort's mean θ − y_i of the last round

@@ -50,7 +50,8 @@ Columns (one row per method):
   FedProx's anchor), control-variate and FedDyn objects — are walked recursively through
   tensors, lists, tuples, dicts and ``nn.Module`` parameters/buffers; each tensor storage
   is counted once. This is what the implementation holds in a client's first round (e.g.
-  FedProx keeps w^t: 2×; SCAFFOLD keeps c, c_i, c − c_i and w^t: 5×; MOON two frozen
+  FedProx keeps w^t: 2×; SCAFFOLD keeps c, c_i, c − c_i and w^t: 5×; FedCM the server's
+  direction D: 2×; FedACG the look-ahead θ̃ its proximal term anchors to: 2×; MOON two frozen
   model copies: 3×; FedAlign and GradAug only the model: 1×). Not counted, because every
   method has them or they live only inside a step: gradients, the SGD momentum buffer,
   activations, SAM's ε (all part of the peak memory), and the host copies of
@@ -84,7 +85,7 @@ from typing import Any
 
 from experiments.cli import UsageError, guarded, nonempty_path
 
-DEFAULT_METHODS = "fedavg,fedavg+crop-flip,fedprox,scaffold,moon,fedsam,gradaug-n1,gradaug-n2,fedalign"
+DEFAULT_METHODS = "fedavg,fedavg+crop-flip,fedprox,scaffold,fedcm,fedacg,moon,fedsam,gradaug-n1,gradaug-n2,fedalign"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -36,6 +36,12 @@ from flwr.serverapp.strategy import Strategy
 AVERAGING_SUBSETS = ("all", "features", "classifier")
 
 
+def is_float(array: np.ndarray) -> bool:
+    """Whether an array holds trained values (floating point), not a counter such as
+    BatchNorm's ``num_batches_tracked``."""
+    return np.issubdtype(array.dtype, np.floating)
+
+
 def to_numpy(arrays: ArrayRecord) -> dict[str, np.ndarray]:
     return {key: array.numpy() for key, array in arrays.items()}
 

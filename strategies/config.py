@@ -24,11 +24,13 @@ from strategies.schedules import EXPLORATIONS
 # Server-side methods, then methods that only change the clients' local objective.
 STRATEGY_NAMES = (
     "fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold", "fednova", "feddyn", "fedgma",
-    "fedswa", "fedmoswa", "moon", "fedsam", "fedasam", "fedalign", "mixup", "stochastic-depth", "gradaug",
+    "fedswa", "fedmoswa", "fedcm", "fedacg", "moon", "fedsam", "fedasam", "fedalign", "mixup", "stochastic-depth", "gradaug",
 )
 # Methods that need a residual network with width-slimmable stages.
 RESIDUAL_ONLY = ("fedalign", "stochastic-depth", "gradaug")
 FEDSWA_VARIANTS = ("paper", "official-code")
+FEDCM_VARIANTS = ("per-client", "server")
+FEDACG_VARIANTS = ("code", "half")
 AVERAGING_NAMES = ("none", "ima", "wima", "swa")
 DEVICES = ("auto", "cpu", "cuda")
 # Local data augmentation: none, or random crop (padding 4) + horizontal flip (clients/augmentation.py).
@@ -99,6 +101,11 @@ SCHEMA: dict[str, Option] = {
     "fedswa-variant": _one_of(*FEDSWA_VARIANTS),
     "fedswa-rho": Option(float, "a number in [0, 1] (FedSWA's in-round lr end factor ρ)", lambda v: 0 <= v <= 1),
     "fedmoswa-gamma": Option(float, "a number in (0, 1] (FedMoSWA's server control momentum γ: m ← (1 − γ)·m + γ·mean c_i⁺)", lambda v: 0 < v <= 1),
+    "fedcm-alpha": Option(float, "a number in (0, 1] (FedCM's weight of the local gradient: v = α·g + (1 − α)·Δ_t)", lambda v: 0 < v <= 1),
+    "fedcm-variant": _one_of(*FEDCM_VARIANTS),
+    "fedacg-lambda": Option(float, "a number in [0, 1) (FedACG's momentum and look-ahead λ)", lambda v: 0 <= v < 1),
+    "fedacg-beta": Option(float, "a number >= 0 (FedACG's proximal weight β of β·‖y − θ̃‖²)", lambda v: v >= 0),
+    "fedacg-variant": _one_of(*FEDACG_VARIANTS),
     "moon-mu": Option(float, "a number >= 0 (MOON's contrastive weight μ)", lambda v: v >= 0),
     "moon-temperature": Option(float, "a number > 0 (MOON's τ)", lambda v: v > 0),
     "sam-rho": Option(float, "a number >= 0 (SAM/ASAM radius ρ; 0 = the method's default)", lambda v: v >= 0),

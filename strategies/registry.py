@@ -17,7 +17,9 @@ from clients.objectives import OBJECTIVE_SETTINGS
 from strategies.config import averaging_start_round
 from strategies.client_objective import ClientObjectiveFedAvg
 from strategies.fedavg import FedAvg
+from strategies.fedacg import FedAcg
 from strategies.fedavgm import FedAvgM
+from strategies.fedcm import FedCm
 from strategies.feddyn import FedDyn
 from strategies.fedgma import FedGMA
 from strategies.fednova import FedNova
@@ -64,6 +66,10 @@ def build_base_strategy(config: Mapping[str, Any]) -> Strategy:
             **common, server_step=server_lr, rho=config["fedswa-rho"], momentum_control=name == "fedmoswa",
             gamma=config["fedmoswa-gamma"], variant=config["fedswa-variant"],
         )
+    if name == "fedcm":
+        return FedCm(**common, alpha=config["fedcm-alpha"], variant=config["fedcm-variant"], server_learning_rate=server_lr)
+    if name == "fedacg":
+        return FedAcg(**common, lam=config["fedacg-lambda"], beta=config["fedacg-beta"], variant=config["fedacg-variant"])
     if name in OBJECTIVE_SETTINGS:  # the server is FedAvg; the clients train another local objective
         return ClientObjectiveFedAvg(name, objective_settings(config), **common)
     raise ValueError(f"unknown strategy {name!r}")

@@ -31,6 +31,8 @@ METHOD_RUNS = {
     "fedmoswa+ima": {"strategy": "fedmoswa", "participation": 1.0, "momentum": 0.0, "lr": 0.1,
                      "averaging": "ima", "window": 2, "avg-start": 3},
     "fedmoswa-official-code": {"strategy": "fedmoswa", "fedswa-variant": "official-code", "num-rounds": 2},
+    "fedcm": {"strategy": "fedcm", "grad-clip": 10.0},
+    "fedacg+ima": {"strategy": "fedacg", "averaging": "ima", "window": 2, "avg-start": 2},
     "moon": {"strategy": "moon", "num-rounds": 2},
     "fedsam": {"strategy": "fedsam", "num-rounds": 2},
     "fedasam": {"strategy": "fedasam", "num-rounds": 2},

@@ -1,0 +1,179 @@
+"""FedCM and FedACG (strategies/fedcm.py, strategies/fedacg.py, clients/fedcm.py): the
+arithmetic by hand on tiny tensors, two rounds through Flower Messages with their state
+checkpointed, and the clients' gradient terms inside the local step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from torch import nn
+
+from clients import protocol
+from clients.fedcm import fedcm_term
+from clients.local_round import LocalRound
+from clients.training import LocalTrainingConfig, proximal_hook, train_local
+from strategies.checkpoint import load_checkpoint, save_checkpoint
+from strategies.fedacg import FedAcg, fedacg_server_update, lookahead
+from strategies.fedcm import FedCm, fedcm_server_update
+
+COMMON = dict(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=0)
+pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
+NODES = {1000 + 7 * p: p for p in range(4)}
+
+
+class FakeGrid:
+    def get_node_ids(self):
+        return list(NODES)
+
+
+def _f32(values) -> np.ndarray:
+    return np.asarray(values, np.float32)
+
+
+def configure(strategy, server_round, theta, lr=0.1):
+    sent = ArrayRecord({"w": Array(_f32(theta)), "n": Array(np.array([3], np.int64))})
+    return list(strategy.configure_train(server_round, sent, ConfigRecord({"lr": lr}), FakeGrid()))
+
+
+def replies(strategy, messages, model_of, steps_of=lambda p: 5):
+    out = []
+    for message in messages:
+        p = strategy.partition_of_node[message.metadata.dst_node_id]
+        content = RecordDict({
+            "arrays": ArrayRecord({"w": Array(_f32(model_of(p))), "n": Array(np.array([4 + 2 * p], np.int64))}),
+            "metrics": MetricRecord({"num-examples": 10 * (p + 1), "train-loss": 1.0, "local-steps": steps_of(p)}),
+        })
+        out.append(Message(content=content, reply_to=message))
+    return out[::-1]  # arrival order must not matter
+
+
+def bound(strategy):
+    strategy.bind_partitions(NODES, 2, seed=0)  # 2 of 4 clients per round
+    return strategy
+
+
+# -- FedACG ------------------------------------------------------------------------------------
+def test_fedacg_lookahead_and_server_update_by_hand():
+    theta, m = {"w": _f32([1.0, 2.0])}, {"w": _f32([0.5, -1.0])}
+    sent = lookahead(theta, m, 0.8)
+    np.testing.assert_allclose(sent["w"], [1.4, 1.2], rtol=1e-6)
+    # Δ̄ = mean([0.6, −0.2], [−0.4, 0.8]) = [0.1, 0.3]; m⁺ = 0.8·m + Δ̄ = [0.5, −0.5]; θ⁺ = θ̃ + Δ̄ = θ + m⁺.
+    clients = [{"w": _f32([2.0, 1.0]), "n": np.array([4])}, {"w": _f32([1.0, 2.0]), "n": np.array([6])}]
+    momentum, new = fedacg_server_update({**sent, "n": np.array([3])}, m, clients, 0.8)
+    np.testing.assert_allclose(momentum["w"], [0.5, -0.5], rtol=1e-6)
+    np.testing.assert_allclose(new["w"], [1.5, 1.5], rtol=1e-6)
+    assert new["n"].tolist() == [5] and "n" not in momentum  # an integer buffer: the mean, no momentum
+
+
+def test_fedacg_two_rounds_through_messages_and_state(tmp_path):
+    strategy = bound(FedAcg(lam=0.5, beta=1e-3, **COMMON))
+    theta = _f32([1.0, -1.0])
+    first = configure(strategy, 1, theta)
+    # Round 1: m = 0, so the look-ahead is θ itself; the proximal weight is 2β (no ½).
+    assert all(np.array_equal(m.content["arrays"]["w"].numpy(), theta) for m in first)
+    assert {m.content["config"]["proximal-mu"] for m in first} == {2e-3}
+    model_of = lambda p: theta + _f32([0.1 * (p + 1), -0.2])  # noqa: E731
+    arrays, _ = strategy.aggregate_train(1, replies(strategy, first, model_of))
+    cohort = strategy.sample_partitions(1)
+    mean_update = sum(_f32([0.1 * (p + 1), -0.2]) for p in cohort) / 2  # uniform, not by sample count
+    np.testing.assert_allclose(arrays["w"].numpy(), theta + mean_update, rtol=1e-6)
+    np.testing.assert_allclose(strategy.momentum["w"], mean_update, rtol=1e-6)
+
+    save_checkpoint(tmp_path / "state.pt", strategy.state_dict())
+    restored = bound(FedAcg(lam=0.5, beta=1e-3, **COMMON))
+    restored.load_state_dict(load_checkpoint(tmp_path / "state.pt"))
+    # Round 2 from the restored state: θ̃ = θ + λ·m, against the model it is given (e.g. IMA's average).
+    given = _f32([0.0, 0.0])
+    second = configure(restored, 2, given)
+    np.testing.assert_allclose(second[0].content["arrays"]["w"].numpy(), given + 0.5 * mean_update, rtol=1e-6)
+
+
+def test_fedacg_half_variant_and_bad_values():
+    strategy = bound(FedAcg(lam=0.85, beta=1e-3, variant="half", **COMMON))
+    assert {m.content["config"]["proximal-mu"] for m in configure(strategy, 1, [0.0, 0.0])} == {1e-3}
+    with pytest.raises(ValueError, match="lam"):
+        FedAcg(lam=1.0, **COMMON)
+    with pytest.raises(ValueError, match="variant"):
+        FedAcg(variant="paper", **COMMON)
+
+
+def test_fedacg_proximal_gradient_is_2_beta_times_the_distance_to_the_lookahead():
+    """The client's step with β‖y − θ̃‖²: a zero-loss objective leaves only 2β(y − θ̃)."""
+    model = nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(2.0)
+    hook = proximal_hook(model, 2 * 1e-3)  # anchored at θ̃ = 2
+    with torch.no_grad():
+        model.weight.fill_(3.0)
+    model.weight.grad = torch.zeros_like(model.weight)
+    hook([model.weight])
+    assert model.weight.grad.item() == pytest.approx(2 * 1e-3 * (3.0 - 2.0))
+
+
+# -- FedCM -------------------------------------------------------------------------------------
+def test_fedcm_server_update_by_hand():
+    sent = {"w": _f32([1.0, 2.0]), "n": np.array([3])}
+    clients = [{"w": _f32([0.0, 3.0]), "n": np.array([4])}, {"w": _f32([1.0, 1.0]), "n": np.array([7])}]
+    # y_i − θ = [−1, 1], [0, −1]: mean [−0.5, 0]; θ⁺ = θ + 1·that; D = mean(θ − y_i) = [0.5, 0].
+    theta, direction = fedcm_server_update(sent, clients, 1.0)
+    np.testing.assert_allclose(theta["w"], [0.5, 2.0])
+    np.testing.assert_allclose(direction["w"], [0.5, 0.0])
+    assert theta["n"].tolist() == [6] and "n" not in direction  # round half to even: 5.5 → 6
+    # The server-scaled variant: D/(η_l·K) with η_l = 0.1, K = 5; a server lr of 0.5.
+    theta, scaled = fedcm_server_update(sent, clients, 0.5, step_scale=1 / (0.1 * 5))
+    np.testing.assert_allclose(scaled["w"], [1.0, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(theta["w"], [0.75, 2.0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("variant, expected_scale", [("per-client", 1.0), ("server", 1 / (0.1 * 4))])
+def test_fedcm_two_rounds_through_messages_and_state(variant, expected_scale, tmp_path):
+    strategy = bound(FedCm(alpha=0.1, variant=variant, **COMMON))
+    theta = _f32([1.0, -1.0])
+    first = configure(strategy, 1, theta)
+    assert all(np.array_equal(m.content[protocol.FEDCM_DIRECTION]["w"].numpy(), [0.0, 0.0]) for m in first)  # Δ_0 = 0
+    assert {(m.content["config"][protocol.FEDCM_ALPHA], m.content["config"][protocol.FEDCM_SCALE]) for m in first} == {
+        (0.1, "client" if variant == "per-client" else "none")}
+    model_of = lambda p: theta - _f32([0.2 * (p + 1), 0.1])  # noqa: E731
+    steps_of = lambda p: 4 + p  # the server variant takes K of the first client in partition order  # noqa: E731
+    arrays, _ = strategy.aggregate_train(1, replies(strategy, first, model_of, steps_of))
+    cohort = strategy.sample_partitions(1)
+    mean_step = sum(_f32([0.2 * (p + 1), 0.1]) for p in cohort) / 2
+    np.testing.assert_allclose(arrays["w"].numpy(), theta - mean_step, rtol=1e-6)
+    scale = expected_scale if variant == "per-client" else 1 / (0.1 * steps_of(cohort[0]))
+    save_checkpoint(tmp_path / "state.pt", strategy.state_dict())
+    restored = bound(FedCm(alpha=0.1, variant=variant, **COMMON))
+    restored.load_state_dict(load_checkpoint(tmp_path / "state.pt"))
+    second = configure(restored, 2, theta)
+    np.testing.assert_allclose(second[0].content[protocol.FEDCM_DIRECTION]["w"].numpy(), mean_step * scale, rtol=1e-6)
+
+
+def test_fedcm_client_mixes_the_direction_before_clipping():
+    """v = α·g + (1 − α)·D/(η_l·K_i), then the clip to the global norm bounds v itself."""
+    model = nn.Linear(2, 1, bias=False)
+    term = fedcm_term(model, {"weight": torch.tensor([[2.0, -4.0]])}, 0.25, 1 / (0.5 * 4))
+    model.weight.grad = torch.tensor([[4.0, 8.0]])
+    term([model.weight])
+    # 0.25·[4, 8] + 0.75·[2, −4]/2 = [1, 2] + [0.75, −1.5]
+    torch.testing.assert_close(model.weight.grad, torch.tensor([[1.75, 0.5]]))
+
+
+def test_fedcm_round_on_a_client_scales_by_its_own_lr_and_steps():
+    """LocalRound builds FedCM's term with this client's η_l·K_i: with α all but 0, each of
+    the K steps moves the weights by −η_l·(1 − α)·D/(η_l·K), the round by −(1 − α)·D."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
+    x, y = torch.randn(12, 1, 2, 2), torch.randint(0, 2, (12,))
+    direction = {name: torch.full_like(p, 0.3) for name, p in model.state_dict().items()}
+    alpha = 1e-6  # the local gradient all but switched off: the steps follow D
+    config = ConfigRecord({"lr": 0.05, "local-epochs": 1, "batch-size": 4, "momentum": 0.0, "weight-decay": 0.0,
+                           "grad-clip": 0.0, "seed": 0, protocol.FEDCM_ALPHA: alpha, protocol.FEDCM_SCALE: "client"})
+    content = RecordDict({"config": config, protocol.FEDCM_DIRECTION: ArrayRecord(direction)})
+    before = [p.detach().clone() for p in model.parameters()]
+    local_round = LocalRound(model, content, RecordDict(), np.random.default_rng(0))
+    result = local_round.train(model, x, y, torch.Generator().manual_seed(0))
+    assert result.num_steps == 3
+    for start, param in zip(before, model.parameters()):
+        # K = 3 steps of −η_l·(1 − α)·0.3/(η_l·3): the weights move by −(1 − α)·0.3 in all.
+        torch.testing.assert_close(param.detach() - start, torch.full_like(start, -0.3), atol=1e-4, rtol=0)
