@@ -23,6 +23,7 @@ from strategies.fedcm import FedCm
 from strategies.feddyn import FedDyn
 from strategies.fedgma import FedGMA
 from strategies.fednova import FedNova
+from strategies.mofedsam import MOFEDSAM_DEFAULT_RHO, MoFedSam
 from strategies.fedopt import FedAdagrad, FedAdam, FedYogi
 from strategies.fedprox import FedProx
 from strategies.fedswa import FedSwa
@@ -68,6 +69,9 @@ def build_base_strategy(config: Mapping[str, Any]) -> Strategy:
         )
     if name == "fedcm":
         return FedCm(**common, alpha=config["fedcm-alpha"], variant=config["fedcm-variant"], server_learning_rate=server_lr)
+    if name == "mofedsam":
+        return MoFedSam(**common, rho=config["sam-rho"] or MOFEDSAM_DEFAULT_RHO, alpha=config["fedcm-alpha"],
+                        variant=config["fedcm-variant"], server_learning_rate=server_lr)
     if name == "fedacg":
         return FedAcg(**common, lam=config["fedacg-lambda"], beta=config["fedacg-beta"], variant=config["fedacg-variant"])
     if name in OBJECTIVE_SETTINGS:  # the server is FedAvg; the clients train another local objective

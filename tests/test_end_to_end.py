@@ -33,6 +33,7 @@ METHOD_RUNS = {
     "fedmoswa-official-code": {"strategy": "fedmoswa", "fedswa-variant": "official-code", "num-rounds": 2},
     "fedcm": {"strategy": "fedcm", "grad-clip": 10.0},
     "fedacg+ima": {"strategy": "fedacg", "averaging": "ima", "window": 2, "avg-start": 2},
+    "mofedsam": {"strategy": "mofedsam", "num-rounds": 2, "grad-clip": 10.0},
     "moon": {"strategy": "moon", "num-rounds": 2},
     "fedsam": {"strategy": "fedsam", "num-rounds": 2},
     "fedasam": {"strategy": "fedasam", "num-rounds": 2},

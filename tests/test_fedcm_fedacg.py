@@ -177,3 +177,44 @@ def test_fedcm_round_on_a_client_scales_by_its_own_lr_and_steps():
     for start, param in zip(before, model.parameters()):
         # K = 3 steps of −η_l·(1 − α)·0.3/(η_l·3): the weights move by −(1 − α)·0.3 in all.
         torch.testing.assert_close(param.detach() - start, torch.full_like(start, -0.3), atol=1e-4, rtol=0)
+
+
+# -- MoFedSAM ----------------------------------------------------------------------------------
+def test_mofedsam_takes_the_sam_gradient_then_mixes_in_the_direction():
+    """One local step by hand: ε from the plain gradient only, g̃ at y + ε, then
+    v = α·g̃ + (1 − α)·Δ_t and y ← y − η_l·v."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3, 2))
+    x, y = torch.randn(4, 1, 1, 3), torch.tensor([0, 1, 1, 0])
+    rho, alpha, lr = 0.5, 0.3, 0.1
+    direction = {name: torch.randn_like(p) for name, p in model.state_dict().items()}
+
+    reference = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    loss = lambda w: nn.functional.cross_entropy(nn.functional.linear(x.flatten(1), w[0], w[1]), y)  # noqa: E731
+    g = torch.autograd.grad(loss(reference), reference)
+    norm = torch.sqrt(sum((gi ** 2).sum() for gi in g))
+    perturbed = [(w + rho * gi / (norm + 1e-7)).detach().requires_grad_() for w, gi in zip(reference, g)]
+    g_sam = torch.autograd.grad(loss(perturbed), perturbed)
+    d = [direction[name] for name, _ in model.named_parameters()]
+    expected = [w.detach() - lr * (alpha * gs + (1 - alpha) * di) for w, gs, di in zip(reference, g_sam, d)]
+
+    config = ConfigRecord({"lr": lr, "local-epochs": 1, "batch-size": 4, "momentum": 0.0, "weight-decay": 0.0,
+                           "grad-clip": 0.0, "seed": 0, protocol.LOCAL_STEPS: 1, protocol.OBJECTIVE: "mofedsam",
+                           "sam-rho": rho, protocol.FEDCM_ALPHA: alpha, protocol.FEDCM_SCALE: "none"})
+    content = RecordDict({"config": config, protocol.FEDCM_DIRECTION: ArrayRecord(direction)})
+    local_round = LocalRound(model, content, RecordDict(), np.random.default_rng(0))
+    local_round.train(model, x, y, torch.Generator().manual_seed(0))
+    for param, want in zip(model.parameters(), expected):
+        torch.testing.assert_close(param.detach(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_mofedsam_server_is_fedcms_and_names_the_sam_objective():
+    from strategies.mofedsam import MoFedSam
+
+    strategy = bound(MoFedSam(rho=0.1, alpha=0.1, **COMMON))
+    messages = configure(strategy, 1, [1.0, -1.0])
+    config = messages[0].content["config"]
+    assert (config[protocol.OBJECTIVE], config["sam-rho"], config[protocol.FEDCM_ALPHA]) == ("mofedsam", 0.1, 0.1)
+    assert protocol.FEDCM_DIRECTION in messages[0].content
+    with pytest.raises(ValueError, match="rho"):
+        MoFedSam(rho=0.0, **COMMON)

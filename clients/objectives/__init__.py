@@ -28,6 +28,7 @@ OBJECTIVE_SETTINGS: dict[str, tuple[str, ...]] = {
     "moon": ("moon-mu", "moon-temperature"),
     "fedsam": ("sam-rho",),
     "fedasam": ("sam-rho", "asam-eta"),
+    "mofedsam": ("sam-rho",),
     "fedalign": ("fedalign-mu", "fedalign-width"),
     "mixup": ("mixup-gamma",),
     "stochastic-depth": ("stochdepth-survival",),
@@ -45,6 +46,8 @@ def build_objective(
         return Moon(model, state, float(settings["moon-mu"]), float(settings["moon-temperature"]))
     if name == "fedsam":
         return SharpnessAware(float(settings["sam-rho"]))
+    if name == "mofedsam":  # ESAM's norm guard (strategies/mofedsam.py)
+        return SharpnessAware(float(settings["sam-rho"]), norm_guard=1e-7)
     if name == "fedasam":
         return SharpnessAware(float(settings["sam-rho"]), adaptive=True, eta=float(settings["asam-eta"]))
     if name == "fedalign":

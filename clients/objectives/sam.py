@@ -20,8 +20,10 @@ from clients.training import LocalObjective
 class SharpnessAware(LocalObjective):
     """The gradient of ``inner`` taken at the SAM/ASAM-perturbed weights."""
 
-    def __init__(self, rho: float, adaptive: bool = False, eta: float = 0.0, inner: LocalObjective | None = None):
+    def __init__(self, rho: float, adaptive: bool = False, eta: float = 0.0, inner: LocalObjective | None = None,
+                 norm_guard: float = 1e-12):
         self.rho = rho
+        self.norm_guard = norm_guard  # ε = ρ·g/(‖g‖ + norm_guard): 1e-12 here, 1e-7 in ESAM (MoFedSAM's code)
         self.adaptive = adaptive
         self.eta = eta
         self.inner = inner or LocalObjective()
@@ -46,7 +48,7 @@ class SharpnessAware(LocalObjective):
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(s * p.grad) for s, (_, p) in zip(scales, named)]))
         perturbations = []
         for scale, (_, param) in zip(scales, named):
-            epsilon = self.rho * scale**2 * param.grad / (norm + 1e-12)
+            epsilon = self.rho * scale**2 * param.grad / (norm + self.norm_guard)
             param.add_(epsilon)
             perturbations.append((param, epsilon))
         return perturbations

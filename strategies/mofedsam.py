@@ -1,0 +1,40 @@
+"""MoFedSAM, server side (Qu, Li, Duan, Liu, Tang, Lu, "Generalized Federated Learning via
+Sharpness Aware Minimization", ICML 2022; the reimplementation woodenchild95/FL-Simulator
+@ 502bec6 client/mofedsam.py L12–36, optimizer/ESAM.py L20–69, server/MoFedSAM.py L27, L33,
+identical in MediaBrain-SJTU/FedLESAM @ d6663cc; the paper's normalisation of Δ and the
+placement of α are not confirmed).
+
+FedSAM with FedCM's client-level momentum. Each local step (clients/objectives/sam.py with
+ESAM's 1e-7 in the norm, then clients/fedcm.py's term):
+
+    g = ∇ℓ(y; ζ);   ε = ρ·g/(‖g‖₂ + 1e-7)          (the plain gradient only: Δ_t not in ε)
+    g̃ = ∇ℓ(y + ε; ζ) on the same batch, y restored (both passes update BatchNorm statistics)
+    v = α·g̃ + (1 − α)·Δ_t;   y ← y − η_l·(clip₁₀(v) + wd·y)
+
+The server is FedCM's (strategies/fedcm.py), with its per-client Δ_t scaling by default
+and the server scaling as ``fedcm-variant = server``. Defaults ρ = 0.1 (``sam-rho`` = 0
+means it), α = 0.1 (``fedcm-alpha``), η_g = 1. FedSWA's code hard-codes ρ = 0.1, γ = 0.9
+(α = 1 − γ).
+"""
+
+from __future__ import annotations
+
+from clients.protocol import OBJECTIVE
+from strategies.fedcm import FedCm
+
+MOFEDSAM_DEFAULT_RHO = 0.1
+
+
+class MoFedSam(FedCm):
+    """FedCM whose clients take SAM gradients of radius ``rho``."""
+
+    def __init__(self, rho: float = MOFEDSAM_DEFAULT_RHO, **kwargs):
+        if rho <= 0:
+            raise ValueError(f"rho must be > 0, got {rho}")
+        super().__init__(**kwargs)
+        self.rho = rho
+
+    def configure_train(self, server_round, arrays, config, grid):
+        config[OBJECTIVE] = "mofedsam"
+        config["sam-rho"] = self.rho
+        return super().configure_train(server_round, arrays, config, grid)
