@@ -77,7 +77,8 @@ class LocalRound:
     def __init__(self, model: nn.Module, content: RecordDict, state: RecordDict, rng: np.random.Generator):
         self.round_config = content["config"]
         self.objective = build_objective(
-            str(self.round_config.get(protocol.OBJECTIVE, "cross-entropy")), self.round_config, model, state, rng
+            str(self.round_config.get(protocol.OBJECTIVE, "cross-entropy")), self.round_config, model, state, rng,
+            content,
         )
         self.hooks = []
         if float(self.round_config.get("proximal-mu", 0.0)) > 0:

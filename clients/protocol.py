@@ -29,6 +29,7 @@ SCAFFOLD_CLIENT_CONTROL = "scaffold-client-control"  # c_i
 MOSWA_CLIENT_CONTROL = "moswa-client-control"  # c_i
 FEDDYN_CLIENT_GRADIENT = "feddyn-client-gradient"  # ∇L_k(θ_k^{t−1}), FedDyn's linear term
 MOON_PREVIOUS_MODEL = "moon-previous-model"  # the client's model after its last round
+FEDLESAM_PREVIOUS_GLOBAL = "fedlesam-previous-global"  # θ^{τ_i}: the global model of the client's last round
 
 # Reply metrics (MetricRecord "metrics").
 FEDNOVA_A_NORM = "fednova-a-norm"  # ‖a_i‖₁ of the client's local solver (FedNova)
@@ -42,4 +43,5 @@ SCAFFOLD_DELTA_CONTROL = "scaffold-delta-control"  # client → server: Δc_i
 MOSWA_SERVER_CONTROL = "moswa-control"  # server → client: m
 MOSWA_DELTA_CONTROL = "moswa-delta-control"  # client → server: Δc_i = c_i⁺ − m (Algorithm 1 line 14)
 MOSWA_NEW_CONTROL = "moswa-new-control"  # client → server: c_i⁺ (official-code variant's EMA)
+FEDLESAM_UPDATE = "fedlesam-update"  # server → client: u, the last global update (official-code variant)
 FEDCM_DIRECTION = "fedcm-direction"  # server → client: D, the cohort's mean θ − y_i of the last round

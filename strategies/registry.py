@@ -22,6 +22,7 @@ from strategies.fedavgm import FedAvgM
 from strategies.fedcm import FedCm
 from strategies.feddyn import FedDyn
 from strategies.fedgma import FedGMA
+from strategies.fedlesam import FEDLESAM_DEFAULT_RHO, FedLesam
 from strategies.fednova import FedNova
 from strategies.mofedsam import MOFEDSAM_DEFAULT_RHO, MoFedSam
 from strategies.fedopt import FedAdagrad, FedAdam, FedYogi
@@ -72,6 +73,8 @@ def build_base_strategy(config: Mapping[str, Any]) -> Strategy:
     if name == "mofedsam":
         return MoFedSam(**common, rho=config["sam-rho"] or MOFEDSAM_DEFAULT_RHO, alpha=config["fedcm-alpha"],
                         variant=config["fedcm-variant"], server_learning_rate=server_lr)
+    if name == "fedlesam":
+        return FedLesam(**common, rho=config["sam-rho"] or FEDLESAM_DEFAULT_RHO, variant=config["fedlesam-variant"])
     if name == "fedacg":
         return FedAcg(**common, lam=config["fedacg-lambda"], beta=config["fedacg-beta"], variant=config["fedacg-variant"])
     if name in OBJECTIVE_SETTINGS:  # the server is FedAvg; the clients train another local objective

@@ -34,6 +34,7 @@ METHOD_RUNS = {
     "fedcm": {"strategy": "fedcm", "grad-clip": 10.0},
     "fedacg+ima": {"strategy": "fedacg", "averaging": "ima", "window": 2, "avg-start": 2},
     "mofedsam": {"strategy": "mofedsam", "num-rounds": 2, "grad-clip": 10.0},
+    "fedlesam": {"strategy": "fedlesam", "participation": 1.0, "num-rounds": 2},
     "moon": {"strategy": "moon", "num-rounds": 2},
     "fedsam": {"strategy": "fedsam", "num-rounds": 2},
     "fedasam": {"strategy": "fedasam", "num-rounds": 2},

@@ -15,11 +15,13 @@ from flwr.app import RecordDict
 from torch import nn
 
 from clients.objectives.fedalign import FedAlign
+from clients.objectives.fedlesam import LocallyEstimatedSam
 from clients.objectives.gradaug import GradAug
 from clients.objectives.mixup import Mixup
 from clients.objectives.moon import Moon
 from clients.objectives.sam import SharpnessAware
 from clients.objectives.stochastic_depth import StochasticDepth
+from clients.protocol import FEDLESAM_UPDATE
 from clients.training import LocalObjective
 
 # Objective name → the round-config keys of its settings.
@@ -29,6 +31,7 @@ OBJECTIVE_SETTINGS: dict[str, tuple[str, ...]] = {
     "fedsam": ("sam-rho",),
     "fedasam": ("sam-rho", "asam-eta"),
     "mofedsam": ("sam-rho",),
+    "fedlesam": ("sam-rho",),
     "fedalign": ("fedalign-mu", "fedalign-width"),
     "mixup": ("mixup-gamma",),
     "stochastic-depth": ("stochdepth-survival",),
@@ -37,9 +40,11 @@ OBJECTIVE_SETTINGS: dict[str, tuple[str, ...]] = {
 
 
 def build_objective(
-    name: str, settings: Mapping[str, Any], model: nn.Module, state: RecordDict, rng: np.random.Generator
+    name: str, settings: Mapping[str, Any], model: nn.Module, state: RecordDict, rng: np.random.Generator,
+    records: Mapping[str, Any] | None = None,
 ) -> LocalObjective:
-    """The objective ``name`` for one round; ``state`` is the client's ``context.state``."""
+    """The objective ``name`` for one round; ``state`` is the client's ``context.state``,
+    ``records`` the training message's content (the tensors a server sent besides the model)."""
     if name == "cross-entropy":
         return LocalObjective()
     if name == "moon":
@@ -48,6 +53,10 @@ def build_objective(
         return SharpnessAware(float(settings["sam-rho"]))
     if name == "mofedsam":  # ESAM's norm guard (strategies/mofedsam.py)
         return SharpnessAware(float(settings["sam-rho"]), norm_guard=1e-7)
+    if name == "fedlesam":
+        update = records[FEDLESAM_UPDATE] if records is not None and FEDLESAM_UPDATE in records else None
+        return LocallyEstimatedSam(model, state, float(settings["sam-rho"]),
+                                   None if update is None else update.to_torch_state_dict())
     if name == "fedasam":
         return SharpnessAware(float(settings["sam-rho"]), adaptive=True, eta=float(settings["asam-eta"]))
     if name == "fedalign":

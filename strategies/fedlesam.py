@@ -1,0 +1,57 @@
+"""FedLESAM, server side (Fan et al., ICML 2024, arXiv 2405.18890; the authors' code
+MediaBrain-SJTU/FedLESAM @ d6663cc server/FedLESAM.py L25–30, client/fedlesam.py L16–30,
+optimizer/LESAM.py L22–76, with FedSWA's fix of its per-tensor indexing, junkangLiu0/
+FedSWA @ f725be9 optimizer/LESAM.py L21–47).
+
+The clients perturb along a locally estimated global ascent direction
+(clients/objectives/fedlesam.py); the server is FedAvg, θ ← θ + η_g·avg Δ_i with η_g = 1
+(Basin's FedAvg: weighted by sample counts). **Default** (``fedlesam-variant = paper``):
+each client uses the global model it received when it last trained, kept in its
+``context.state`` (one model copy per client, snapshotted for resume like every client
+state). **Variant** ``official-code``: the server sends u, the difference between the
+model it sends now and the one it sent the round before (the last global update; 0 in
+round 1), and clients use ε = −ρ·u/‖u‖ over all weights (a global L2 norm, not the
+authors' per-tensor scalar: their bug, fixed as FedSWA's code does). The two coincide
+under full participation. ρ = ``sam-rho`` (0 means the authors' 0.1). The previous sent
+model is checkpointed state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from clients.protocol import FEDLESAM_UPDATE
+from strategies.averaging import is_float, to_numpy, with_record
+from strategies.client_objective import ClientObjectiveFedAvg
+from strategies.config import FEDLESAM_VARIANTS
+
+FEDLESAM_DEFAULT_RHO = 0.1
+
+
+class FedLesam(ClientObjectiveFedAvg):
+    """FedAvg whose clients take FedLESAM's step; the official-code variant also sends u."""
+
+    def __init__(self, rho: float = FEDLESAM_DEFAULT_RHO, variant: str = "paper", **kwargs):
+        if rho <= 0:
+            raise ValueError(f"rho must be > 0, got {rho}")
+        if variant not in FEDLESAM_VARIANTS:
+            raise ValueError(f"variant must be one of {FEDLESAM_VARIANTS}, got {variant!r}")
+        super().__init__("fedlesam", {"sam-rho": rho}, **kwargs)
+        self.variant = variant
+        self.previous_sent: dict[str, np.ndarray] | None = None
+
+    def configure_train(self, server_round, arrays, config, grid):
+        messages = super().configure_train(server_round, arrays, config, grid)
+        if self.variant == "paper":
+            return messages
+        sent = {key: value for key, value in to_numpy(arrays).items() if is_float(value)}
+        previous = self.previous_sent or sent  # round 1: u = 0, no perturbation
+        self.previous_sent = sent
+        return with_record(messages, FEDLESAM_UPDATE, {key: sent[key] - previous[key] for key in sent})
+
+    def state_dict(self) -> dict:
+        """The model sent last round (official-code variant; None otherwise and before round 1)."""
+        return {"previous-sent": self.previous_sent}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.previous_sent = state["previous-sent"]
