@@ -18,6 +18,7 @@ from torch import nn
 from clients import protocol
 from clients.augmentation import crop_flip
 from clients.control_variates import ControlVariateClient
+from clients.adabest import AdaBestClient
 from clients.fedcm import fedcm_term
 from clients.feddyn import FedDynClient
 from clients.objectives import build_objective
@@ -95,6 +96,13 @@ class LocalRound:
         self.fedcm_direction = (
             content[protocol.FEDCM_DIRECTION].to_torch_state_dict() if protocol.FEDCM_DIRECTION in content else None
         )
+        self.adabest = None
+        if protocol.ADABEST_MU in self.round_config:
+            self.adabest = AdaBestClient(
+                model, state, float(self.round_config[protocol.ADABEST_MU]), int(self.round_config["server-round"]),
+                bool(self.round_config[protocol.ADABEST_OFFICIAL_CODE]),
+                float(self.round_config[protocol.ADABEST_MEAN_EXAMPLES_PER_STEP]), int(self.round_config["local-epochs"]),
+            )
         self.feddyn = None
         if protocol.FEDDYN_ALPHA in self.round_config:
             self.feddyn = FedDynClient(model, float(self.round_config[protocol.FEDDYN_ALPHA]), state)
@@ -108,6 +116,8 @@ class LocalRound:
             per_client = self.round_config[protocol.FEDCM_SCALE] == "client"
             step_scale = 1.0 / (config.lr * config.num_steps(len(y))) if per_client else 1.0
             hooks = [fedcm_term(model, self.fedcm_direction, alpha, step_scale), *hooks]
+        if self.adabest is not None:  # the official-code μ_ad needs this client's n_i
+            hooks = [*hooks, self.adabest.term(len(y))]
         return train_local(
             model, x, y, config, generator, hooks, self.objective,
             batch_augmentation(self.round_config), self.post_clip_hooks,
@@ -132,6 +142,9 @@ class LocalRound:
             records[delta_key] = delta
             if new_key is not None:
                 records[new_key] = new
+        if self.adabest is not None:
+            metrics["client-state-norm"] = self.adabest.state_norm()
+            self.adabest.finish(model)
         if self.feddyn is not None:
             metrics["client-state-norm"] = self.feddyn.state_norm()
             self.feddyn.finish(model)

@@ -9,6 +9,9 @@ model add named ArrayRecords to the message. Both sides import these names from 
 OBJECTIVE = "objective"  # name of the local objective (clients/objectives.py); absent = cross-entropy
 FEDDYN_ALPHA = "feddyn-alpha"  # FedDyn's α
 FEDCM_ALPHA = "fedcm-alpha"  # FedCM's α: the weight of the local gradient in v = α·g + (1 − α)·Δ_t
+ADABEST_MU = "adabest-mu"  # AdaBest's μ
+ADABEST_OFFICIAL_CODE = "adabest-official-code"  # true: varnio/fedsim's μ_ad form
+ADABEST_MEAN_EXAMPLES_PER_STEP = "adabest-mean-examples-per-step"  # the server's running mean of n_j/K_j (μ_ad)
 FEDCM_SCALE = "fedcm-scale"  # "client": Δ_t = D/(η_l·K_i) on the client; "none": D is already Δ_t
 STEP_LR_START = "step-lr-start"  # in-round lr factor at the first local step (FedSWA: 1; official code: 2)
 STEP_LR_END = "step-lr-end"  # in-round lr factor reached after the last step (FedSWA: ρ; official code: 0)
@@ -29,6 +32,8 @@ SCAFFOLD_CLIENT_CONTROL = "scaffold-client-control"  # c_i
 MOSWA_CLIENT_CONTROL = "moswa-client-control"  # c_i
 FEDDYN_CLIENT_GRADIENT = "feddyn-client-gradient"  # ∇L_k(θ_k^{t−1}), FedDyn's linear term
 MOON_PREVIOUS_MODEL = "moon-previous-model"  # the client's model after its last round
+ADABEST_CLIENT_BIAS = "adabest-client-bias"  # h_i
+ADABEST_LAST_ROUND = "adabest-last-round"  # t_i′: the last round the client trained in
 FEDLESAM_PREVIOUS_GLOBAL = "fedlesam-previous-global"  # θ^{τ_i}: the global model of the client's last round
 
 # Reply metrics (MetricRecord "metrics").

@@ -38,7 +38,7 @@ CHECKPOINT_ENTRIES = {"format", "config", "round", "arrays", "strategy", "rng", 
 # Run-config keys that do not change a run's numbers: resuming may change them.
 RESUMABLE_CHANGES = ("output-dir", "checkpoint-every", "resume", "round-timeout", "node-timeout")
 # Methods whose clients keep state across rounds (in context.state, snapshot by the clients).
-CLIENT_STATE_METHODS = ("scaffold", "fedmoswa", "feddyn", "moon", "fedlesam")
+CLIENT_STATE_METHODS = ("scaffold", "fedmoswa", "feddyn", "moon", "fedlesam", "adabest")
 
 
 # Attributes in which Flower's strategies keep server state across rounds.

@@ -24,7 +24,7 @@ from strategies.schedules import EXPLORATIONS
 # Server-side methods, then methods that only change the clients' local objective.
 STRATEGY_NAMES = (
     "fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold", "fednova", "feddyn", "fedgma",
-    "fedswa", "fedmoswa", "fedcm", "fedacg", "mofedsam", "fedlesam", "moon", "fedsam", "fedasam", "fedalign", "mixup", "stochastic-depth", "gradaug",
+    "fedswa", "fedmoswa", "fedcm", "fedacg", "mofedsam", "fedlesam", "adabest", "moon", "fedsam", "fedasam", "fedalign", "mixup", "stochastic-depth", "gradaug",
 )
 # Methods that need a residual network with width-slimmable stages.
 RESIDUAL_ONLY = ("fedalign", "stochastic-depth", "gradaug")
@@ -32,6 +32,7 @@ FEDSWA_VARIANTS = ("paper", "official-code")
 FEDCM_VARIANTS = ("per-client", "server")
 FEDACG_VARIANTS = ("code", "half")
 FEDLESAM_VARIANTS = ("paper", "official-code")
+ADABEST_VARIANTS = ("paper", "official-code")
 AVERAGING_NAMES = ("none", "ima", "wima", "swa")
 DEVICES = ("auto", "cpu", "cuda")
 # Local data augmentation: none, or random crop (padding 4) + horizontal flip (clients/augmentation.py).
@@ -108,6 +109,9 @@ SCHEMA: dict[str, Option] = {
     "fedacg-beta": Option(float, "a number >= 0 (FedACG's proximal weight β of β·‖y − θ̃‖²)", lambda v: v >= 0),
     "fedacg-variant": _one_of(*FEDACG_VARIANTS),
     "fedlesam-variant": _one_of(*FEDLESAM_VARIANTS),
+    "adabest-mu": Option(float, "a number >= 0 (AdaBest's μ: the bias estimate's step)", lambda v: v >= 0),
+    "adabest-beta": Option(float, "a number in [0, 1) (AdaBest's server extrapolation β)", lambda v: 0 <= v < 1),
+    "adabest-variant": _one_of(*ADABEST_VARIANTS),
     "moon-mu": Option(float, "a number >= 0 (MOON's contrastive weight μ)", lambda v: v >= 0),
     "moon-temperature": Option(float, "a number > 0 (MOON's τ)", lambda v: v > 0),
     "sam-rho": Option(float, "a number >= 0 (SAM/ASAM radius ρ; 0 = the method's default: FedSAM 0.05, MoFedSAM and FedLESAM 0.1, FedASAM 0.7 on CNNs else 0.2)", lambda v: v >= 0),

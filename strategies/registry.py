@@ -11,6 +11,7 @@ from typing import Any
 
 from flwr.serverapp.strategy import Strategy
 
+from strategies.adabest import AdaBest
 from strategies.averaging import ModelAveraging
 from clients.models import resolve_model_name
 from clients.objectives import OBJECTIVE_SETTINGS
@@ -75,6 +76,8 @@ def build_base_strategy(config: Mapping[str, Any]) -> Strategy:
                         variant=config["fedcm-variant"], server_learning_rate=server_lr)
     if name == "fedlesam":
         return FedLesam(**common, rho=config["sam-rho"] or FEDLESAM_DEFAULT_RHO, variant=config["fedlesam-variant"])
+    if name == "adabest":
+        return AdaBest(**common, mu=config["adabest-mu"], beta=config["adabest-beta"], variant=config["adabest-variant"])
     if name == "fedacg":
         return FedAcg(**common, lam=config["fedacg-lambda"], beta=config["fedacg-beta"], variant=config["fedacg-variant"])
     if name in OBJECTIVE_SETTINGS:  # the server is FedAvg; the clients train another local objective

@@ -35,6 +35,7 @@ METHOD_RUNS = {
     "fedacg+ima": {"strategy": "fedacg", "averaging": "ima", "window": 2, "avg-start": 2},
     "mofedsam": {"strategy": "mofedsam", "num-rounds": 2, "grad-clip": 10.0},
     "fedlesam": {"strategy": "fedlesam", "participation": 1.0, "num-rounds": 2},
+    "adabest+wima": {"strategy": "adabest", "participation": 1.0, "averaging": "wima", "window": 2},
     "moon": {"strategy": "moon", "num-rounds": 2},
     "fedsam": {"strategy": "fedsam", "num-rounds": 2},
     "fedasam": {"strategy": "fedasam", "num-rounds": 2},
@@ -192,7 +193,7 @@ def test_every_method_runs_end_to_end(flower_runs, method):
         # CE/|σ_S − σ_F| as the two constants meet (the authors' code, clipped at 10), so it
         # dominates the first local steps of a network trained from scratch.
         assert rows["test-accuracy"].iloc[-1] > 0.15  # learning (chance is 0.1)
-    if name in ("feddyn", "fedmoswa") and config["participation"] == 1.0:
+    if name in ("feddyn", "fedmoswa", "adabest") and config["participation"] == 1.0:
         # Stateful clients: their state is empty in round 1 and carried into every later round.
         assert rows["client-state-norm"].iloc[0] == 0.0
         assert (rows["client-state-norm"].iloc[1:] > 0).all()
