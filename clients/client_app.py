@@ -21,6 +21,7 @@ from clients.faults import inject_faults
 from clients.simulation_engine import install_engine_wakeup
 from clients.models import build_model, resolve_model_name, uses_projection_head
 from clients.local_round import LocalRound, round_randomness
+from clients.mime import full_gradient
 from clients.state_store import ClientStateStore, last_checkpoint_round
 from clients.training import select_device
 from partitions.datasets import load_dataset
@@ -50,6 +51,25 @@ def query(msg: Message, context: Context) -> Message:
     partition_id, num_partitions = _partition(context)
     info = ConfigRecord({"partition-id": partition_id, "num-partitions": num_partitions})
     return Message(content=RecordDict({"partition": info}), reply_to=msg)
+
+
+@app.query(protocol.FULL_GRADIENT_ACTION)
+def full_gradient_query(msg: Message, context: Context) -> Message:
+    """MIME's extra exchange: this client's mean gradient over all of its examples at the
+    received model, with no update (clients/mime.py)."""
+    partition_id, num_partitions = _partition(context)
+    run_config = context.run_config
+    device = select_device(str(run_config["device"]))
+    x, y = client_tensors(tuple(sorted(run_config.items())), partition_id, num_partitions, str(device))
+    data = load_dataset(str(run_config["dataset"]), str(run_config["data-dir"]), bool(run_config["normalize"]))
+    model_name = resolve_model_name(str(run_config["model"]), str(run_config["dataset"]))
+    model = _process_model(model_name, data.input_shape, data.num_classes,
+                           uses_projection_head(model_name, str(run_config["strategy"])), str(device))
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    gradient = full_gradient(model, x, y)
+    reply = RecordDict({"gradient": ArrayRecord({k: v.cpu() for k, v in gradient.items()}),
+                        "metrics": MetricRecord({"num-examples": len(y)})})
+    return Message(content=reply, reply_to=msg)
 
 
 @app.train()

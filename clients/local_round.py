@@ -20,6 +20,7 @@ from clients.augmentation import crop_flip
 from clients.control_variates import ControlVariateClient
 from clients.adabest import AdaBestClient
 from clients.fedcm import fedcm_term
+from clients.mime import momentum_term
 from clients.feddyn import FedDynClient
 from clients.objectives import build_objective
 from clients.training import LocalTrainingConfig, LocalTrainingResult, momentum_a_norm, proximal_hook, train_local
@@ -96,6 +97,11 @@ class LocalRound:
         self.fedcm_direction = (
             content[protocol.FEDCM_DIRECTION].to_torch_state_dict() if protocol.FEDCM_DIRECTION in content else None
         )
+        if protocol.MIME_STATE in content:  # the server optimizer's frozen momentum, in every step
+            self.hooks.append(momentum_term(
+                model, content[protocol.MIME_STATE].to_torch_state_dict(), float(self.round_config[protocol.MIME_MOMENTUM]),
+                bool(self.round_config[protocol.MIME_DAMPENED]),
+            ))
         self.adabest = None
         if protocol.ADABEST_MU in self.round_config:
             self.adabest = AdaBestClient(

@@ -9,6 +9,8 @@ model add named ArrayRecords to the message. Both sides import these names from 
 OBJECTIVE = "objective"  # name of the local objective (clients/objectives.py); absent = cross-entropy
 FEDDYN_ALPHA = "feddyn-alpha"  # FedDyn's α
 FEDCM_ALPHA = "fedcm-alpha"  # FedCM's α: the weight of the local gradient in v = α·g + (1 − α)·Δ_t
+MIME_MOMENTUM = "mime-momentum"  # β of the server's base optimizer (0: plain SGD)
+MIME_DAMPENED = "mime-dampened"  # true: d = (1 − β)·g̃ + β·m instead of β·m + g̃
 ADABEST_MU = "adabest-mu"  # AdaBest's μ
 ADABEST_OFFICIAL_CODE = "adabest-official-code"  # true: varnio/fedsim's μ_ad form
 ADABEST_MEAN_EXAMPLES_PER_STEP = "adabest-mean-examples-per-step"  # the server's running mean of n_j/K_j (μ_ad)
@@ -36,6 +38,9 @@ ADABEST_CLIENT_BIAS = "adabest-client-bias"  # h_i
 ADABEST_LAST_ROUND = "adabest-last-round"  # t_i′: the last round the client trained in
 FEDLESAM_PREVIOUS_GLOBAL = "fedlesam-previous-global"  # θ^{τ_i}: the global model of the client's last round
 
+# Message actions besides the default ones ("query.<action>").
+FULL_GRADIENT_ACTION = "full_gradient"  # reply with ∇f_i(θ) over all of the client's examples (MIME)
+
 # Reply metrics (MetricRecord "metrics").
 FEDNOVA_A_NORM = "fednova-a-norm"  # ‖a_i‖₁ of the client's local solver (FedNova)
 TRAIN_START = "train-start"  # wall clock (s since the epoch) when the client began the round's work
@@ -48,5 +53,7 @@ SCAFFOLD_DELTA_CONTROL = "scaffold-delta-control"  # client → server: Δc_i
 MOSWA_SERVER_CONTROL = "moswa-control"  # server → client: m
 MOSWA_DELTA_CONTROL = "moswa-delta-control"  # client → server: Δc_i = c_i⁺ − m (Algorithm 1 line 14)
 MOSWA_NEW_CONTROL = "moswa-new-control"  # client → server: c_i⁺ (official-code variant's EMA)
+MIME_STATE = "mime-state"  # server → client: m, the server optimizer's momentum (frozen on the client)
+MIME_CORRECTION = "mime-correction"  # server → client: c, the cohort's mean full-batch gradient at θ (MIME)
 FEDLESAM_UPDATE = "fedlesam-update"  # server → client: u, the last global update (official-code variant)
 FEDCM_DIRECTION = "fedcm-direction"  # server → client: D, the cohort's mean θ − y_i of the last round

@@ -24,7 +24,8 @@ from strategies.schedules import EXPLORATIONS
 # Server-side methods, then methods that only change the clients' local objective.
 STRATEGY_NAMES = (
     "fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold", "fednova", "feddyn", "fedgma",
-    "fedswa", "fedmoswa", "fedcm", "fedacg", "mofedsam", "fedlesam", "adabest", "moon", "fedsam", "fedasam", "fedalign", "mixup", "stochastic-depth", "gradaug",
+    "fedswa", "fedmoswa", "fedcm", "fedacg", "mofedsam", "fedlesam", "adabest", "mime", "mimelite",
+    "moon", "fedsam", "fedasam", "fedalign", "mixup", "stochastic-depth", "gradaug",
 )
 # Methods that need a residual network with width-slimmable stages.
 RESIDUAL_ONLY = ("fedalign", "stochastic-depth", "gradaug")
@@ -33,6 +34,7 @@ FEDCM_VARIANTS = ("per-client", "server")
 FEDACG_VARIANTS = ("code", "half")
 FEDLESAM_VARIANTS = ("paper", "official-code")
 ADABEST_VARIANTS = ("paper", "official-code")
+MIME_VARIANTS = ("heavy-ball", "dampened")
 AVERAGING_NAMES = ("none", "ima", "wima", "swa")
 DEVICES = ("auto", "cpu", "cuda")
 # Local data augmentation: none, or random crop (padding 4) + horizontal flip (clients/augmentation.py).
@@ -92,7 +94,7 @@ SCHEMA: dict[str, Option] = {
     "normalize": Option(bool, "true or false (standardise each channel with the training split's mean and std; false: pixels in [0, 1])"),
     "grad-clip": Option(float, "a number >= 0 (max gradient norm; 0 = no clipping)", lambda v: v >= 0),
     "strategy": _one_of(*STRATEGY_NAMES),
-    "server-lr": Option(float, "a number >= 0 (0 = the method's default: 0.01 for fedadam/fedyogi/fedadagrad, else 1; FedSWA's α)", lambda v: v >= 0),
+    "server-lr": Option(float, "a number >= 0 (0 = the method's default: 0.01 for fedadam/fedyogi/fedadagrad, 0.1 for mime/mimelite, else 1; FedSWA's α)", lambda v: v >= 0),
     "server-momentum": Option(float, "a number in [0, 1) (FedAvgM's beta; FedOpt's beta_1)", lambda v: 0 <= v < 1),
     "beta-2": Option(float, "a number in [0, 1) (FedAdam/FedYogi second moment)", lambda v: 0 <= v < 1),
     "fedadam-bias-correction": Option(bool, "true or false (Flower's Adam bias correction of FedAdam's step; false: Reddi et al.'s Algorithm 2)"),
@@ -109,6 +111,8 @@ SCHEMA: dict[str, Option] = {
     "fedacg-beta": Option(float, "a number >= 0 (FedACG's proximal weight β of β·‖y − θ̃‖²)", lambda v: v >= 0),
     "fedacg-variant": _one_of(*FEDACG_VARIANTS),
     "fedlesam-variant": _one_of(*FEDLESAM_VARIANTS),
+    "mime-momentum": Option(float, "a number in [0, 1) (MIME/MimeLite's base optimizer momentum β; 0 = plain SGD)", lambda v: 0 <= v < 1),
+    "mime-variant": _one_of(*MIME_VARIANTS),
     "adabest-mu": Option(float, "a number >= 0 (AdaBest's μ: the bias estimate's step)", lambda v: v >= 0),
     "adabest-beta": Option(float, "a number in [0, 1) (AdaBest's server extrapolation β)", lambda v: 0 <= v < 1),
     "adabest-variant": _one_of(*ADABEST_VARIANTS),

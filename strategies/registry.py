@@ -25,6 +25,7 @@ from strategies.feddyn import FedDyn
 from strategies.fedgma import FedGMA
 from strategies.fedlesam import FEDLESAM_DEFAULT_RHO, FedLesam
 from strategies.fednova import FedNova
+from strategies.mime import Mime
 from strategies.mofedsam import MOFEDSAM_DEFAULT_RHO, MoFedSam
 from strategies.fedopt import FedAdagrad, FedAdam, FedYogi
 from strategies.fedprox import FedProx
@@ -33,7 +34,7 @@ from strategies.scaffold import Scaffold
 from strategies.schedules import ClientSchedule
 
 FEDOPT_CLASSES = {"fedadam": FedAdam, "fedyogi": FedYogi, "fedadagrad": FedAdagrad}
-DEFAULT_SERVER_LR = {"fedadam": 0.01, "fedyogi": 0.01, "fedadagrad": 0.01}
+DEFAULT_SERVER_LR = {"fedadam": 0.01, "fedyogi": 0.01, "fedadagrad": 0.01, "mime": 0.1, "mimelite": 0.1}
 # Models the SAM papers call CNNs (their larger ASAM radius applies to them).
 SAM_CNN_MODELS = ("mlp", "fmnist-cnn", "cifar-cnn")
 
@@ -76,6 +77,9 @@ def build_base_strategy(config: Mapping[str, Any]) -> Strategy:
                         variant=config["fedcm-variant"], server_learning_rate=server_lr)
     if name == "fedlesam":
         return FedLesam(**common, rho=config["sam-rho"] or FEDLESAM_DEFAULT_RHO, variant=config["fedlesam-variant"])
+    if name in ("mime", "mimelite"):
+        return Mime(**common, lite=name == "mimelite", beta=config["mime-momentum"], server_learning_rate=server_lr,
+                    variant=config["mime-variant"], timeout=config["round-timeout"])
     if name == "adabest":
         return AdaBest(**common, mu=config["adabest-mu"], beta=config["adabest-beta"], variant=config["adabest-variant"])
     if name == "fedacg":

@@ -128,6 +128,9 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
         train_config = round_train_config(config, schedule, server_round, data.black)
         if snapshots:
             train_config.update({**snapshots, protocol.RESUMED_AFTER_ROUND: first_round - 1})
+        prepare_round = getattr(strategy, "prepare_round", None)
+        if prepare_round is not None:  # a method's exchange before training (MIME's full-batch gradients)
+            prepare_round(server_round, arrays, grid)
         replies = send_and_receive(
             grid, strategy.configure_train(server_round, arrays, train_config, grid), config["round-timeout"]
         )

@@ -35,6 +35,8 @@ METHOD_RUNS = {
     "fedacg+ima": {"strategy": "fedacg", "averaging": "ima", "window": 2, "avg-start": 2},
     "mofedsam": {"strategy": "mofedsam", "num-rounds": 2, "grad-clip": 10.0},
     "fedlesam": {"strategy": "fedlesam", "participation": 1.0, "num-rounds": 2},
+    "mime": {"strategy": "mime", "server-lr": 1.0},
+    "mimelite": {"strategy": "mimelite", "num-rounds": 2},
     "adabest+wima": {"strategy": "adabest", "participation": 1.0, "averaging": "wima", "window": 2},
     "moon": {"strategy": "moon", "num-rounds": 2},
     "fedsam": {"strategy": "fedsam", "num-rounds": 2},

@@ -21,7 +21,8 @@ from clients.objectives.mixup import Mixup
 from clients.objectives.moon import Moon
 from clients.objectives.sam import SharpnessAware
 from clients.objectives.stochastic_depth import StochasticDepth
-from clients.protocol import FEDLESAM_UPDATE
+from clients.mime import MimeObjective
+from clients.protocol import FEDLESAM_UPDATE, MIME_CORRECTION
 from clients.training import LocalObjective
 
 # Objective name → the round-config keys of its settings.
@@ -32,6 +33,7 @@ OBJECTIVE_SETTINGS: dict[str, tuple[str, ...]] = {
     "fedasam": ("sam-rho", "asam-eta"),
     "mofedsam": ("sam-rho",),
     "fedlesam": ("sam-rho",),
+    "mime": (),
     "fedalign": ("fedalign-mu", "fedalign-width"),
     "mixup": ("mixup-gamma",),
     "stochastic-depth": ("stochdepth-survival",),
@@ -53,6 +55,8 @@ def build_objective(
         return SharpnessAware(float(settings["sam-rho"]))
     if name == "mofedsam":  # ESAM's norm guard (strategies/mofedsam.py)
         return SharpnessAware(float(settings["sam-rho"]), norm_guard=1e-7)
+    if name == "mime":  # MIME's corrected gradient needs c, sent beside the model
+        return MimeObjective(model, records[MIME_CORRECTION].to_torch_state_dict())
     if name == "fedlesam":
         update = records[FEDLESAM_UPDATE] if records is not None and FEDLESAM_UPDATE in records else None
         return LocallyEstimatedSam(model, state, float(settings["sam-rho"]),
