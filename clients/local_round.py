@@ -141,6 +141,9 @@ class LocalRound:
             protocol.FEDNOVA_A_NORM: momentum_a_norm(result.num_steps, float(self.round_config["momentum"])),
         }
         records = {}
+        extra = self.objective.reply_tensors()
+        if extra:
+            records[protocol.OBJECTIVE_RECORD] = ArrayRecord(extra)
         for server_key, client in self.controls.items():
             _, delta_key, new_key, _ = CONTROL_VARIATES[server_key]
             metrics["client-state-norm"] = client.control_norm()  # c_i as the round started

@@ -11,6 +11,8 @@ FEDDYN_ALPHA = "feddyn-alpha"  # FedDyn's α
 FEDCM_ALPHA = "fedcm-alpha"  # FedCM's α: the weight of the local gradient in v = α·g + (1 − α)·Δ_t
 MIME_MOMENTUM = "mime-momentum"  # β of the server's base optimizer (0: plain SGD)
 MIME_DAMPENED = "mime-dampened"  # true: d = (1 − β)·g̃ + β·m instead of β·m + g̃
+FEDFA_ANCHOR_LOSS = "fedfa-anchor-loss"  # this round: add FedFA's anchor loss (false: plain CE, IMA's round 1)
+FEDFA_CALIBRATE = "fedfa-calibrate"  # this round: calibrate the classifier on the anchors after each step
 ADABEST_MU = "adabest-mu"  # AdaBest's μ
 ADABEST_OFFICIAL_CODE = "adabest-official-code"  # true: varnio/fedsim's μ_ad form
 ADABEST_MEAN_EXAMPLES_PER_STEP = "adabest-mean-examples-per-step"  # the server's running mean of n_j/K_j (μ_ad)
@@ -53,6 +55,8 @@ SCAFFOLD_DELTA_CONTROL = "scaffold-delta-control"  # client → server: Δc_i
 MOSWA_SERVER_CONTROL = "moswa-control"  # server → client: m
 MOSWA_DELTA_CONTROL = "moswa-delta-control"  # client → server: Δc_i = c_i⁺ − m (Algorithm 1 line 14)
 MOSWA_NEW_CONTROL = "moswa-new-control"  # client → server: c_i⁺ (official-code variant's EMA)
+FEDFA_ANCHORS = "fedfa-anchors"  # server → client: A, one feature anchor per class (C × d)
+OBJECTIVE_RECORD = "objective-record"  # client → server: what the local objective sends back (FedFA: its anchors)
 MIME_STATE = "mime-state"  # server → client: m, the server optimizer's momentum (frozen on the client)
 MIME_CORRECTION = "mime-correction"  # server → client: c, the cohort's mean full-batch gradient at θ (MIME)
 FEDLESAM_UPDATE = "fedlesam-update"  # server → client: u, the last global update (official-code variant)

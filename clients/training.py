@@ -125,9 +125,13 @@ def train_local(
     full_batch = slice(0, min(config.batch_size, len(y)))
     step = client_step(model, config, objective, gradient_hooks, post_clip_hooks, (x[full_batch], y[full_batch]),
                        graphs, augment, mode)
+    steps_per_epoch = -(-len(y) // config.batch_size)
     for k, batch in enumerate(batches(len(y), config.batch_size, num_steps, generator, x.device)):
         inputs = x[batch] if augment is None else augment(x[batch], augment_generator)
         step.run(inputs, y[batch], lrs[k])
+        objective.after_step(model)
+        if (k + 1) % steps_per_epoch == 0 or k + 1 == num_steps:
+            objective.end_epoch()
     return LocalTrainingResult(float(step.loss_sum) / max(num_steps, 1), num_steps, len(y), sum(lrs))
 
 
@@ -136,7 +140,9 @@ class LocalObjective:
 
     Subclasses (clients/objectives/) override :meth:`backward`, which must leave the
     batch gradient in ``.grad`` (zeroed before the call) and return the detached loss, and
-    :meth:`finish`, called once after the round (to keep client state, undo model changes).
+    :meth:`finish`, called once after the round (to keep client state, undo model changes);
+    :meth:`after_step` and :meth:`end_epoch` run after each step and each epoch, and
+    :meth:`reply_tensors` names what the reply carries besides the model.
     ``capturable``: whether :meth:`backward` may be captured in a CUDA graph (static
     shapes, no host work per step, no per-round Python state it reads); a subclass is not
     unless it says so.
@@ -153,8 +159,18 @@ class LocalObjective:
         loss.backward()
         return loss.detach()
 
+    def after_step(self, model: nn.Module) -> None:
+        """Called after each optimizer step (FedFA calibrates its classifier here)."""
+
+    def end_epoch(self) -> None:
+        """Called after each pass over the local data (FedFA updates its anchors here)."""
+
     def finish(self, model: nn.Module) -> None:
         """Nothing to keep after a round of plain cross-entropy."""
+
+    def reply_tensors(self) -> dict[str, torch.Tensor]:
+        """Tensors the client sends back besides its model (one ArrayRecord named after the objective)."""
+        return {}
 
 
 def proximal_hook(model: nn.Module, mu: float) -> GradientTerm:

@@ -24,7 +24,7 @@ from strategies.schedules import EXPLORATIONS
 # Server-side methods, then methods that only change the clients' local objective.
 STRATEGY_NAMES = (
     "fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold", "fednova", "feddyn", "fedgma",
-    "fedswa", "fedmoswa", "fedcm", "fedacg", "mofedsam", "fedlesam", "adabest", "mime", "mimelite",
+    "fedswa", "fedmoswa", "fedcm", "fedacg", "mofedsam", "fedlesam", "adabest", "mime", "mimelite", "fedfa",
     "moon", "fedsam", "fedasam", "fedalign", "mixup", "stochastic-depth", "gradaug",
 )
 # Methods that need a residual network with width-slimmable stages.
@@ -35,6 +35,7 @@ FEDACG_VARIANTS = ("code", "half")
 FEDLESAM_VARIANTS = ("paper", "official-code")
 ADABEST_VARIANTS = ("paper", "official-code")
 MIME_VARIANTS = ("heavy-ball", "dampened")
+FEDFA_VARIANTS = ("paper", "fedfa-ima")
 AVERAGING_NAMES = ("none", "ima", "wima", "swa")
 DEVICES = ("auto", "cpu", "cuda")
 # Local data augmentation: none, or random crop (padding 4) + horizontal flip (clients/augmentation.py).
@@ -111,6 +112,9 @@ SCHEMA: dict[str, Option] = {
     "fedacg-beta": Option(float, "a number >= 0 (FedACG's proximal weight β of β·‖y − θ̃‖²)", lambda v: v >= 0),
     "fedacg-variant": _one_of(*FEDACG_VARIANTS),
     "fedlesam-variant": _one_of(*FEDLESAM_VARIANTS),
+    "fedfa-lambda": Option(float, "a number >= 0 (FedFA's anchor-loss weight λ)", lambda v: v >= 0),
+    "fedfa-rho": Option(float, "a number in [0, 1] (FedFA's anchor EMA ρ: ā ← ρ·ā + (1 − ρ)·class mean)", lambda v: 0 <= v <= 1),
+    "fedfa-variant": _one_of(*FEDFA_VARIANTS),
     "mime-momentum": Option(float, "a number in [0, 1) (MIME/MimeLite's base optimizer momentum β; 0 = plain SGD)", lambda v: 0 <= v < 1),
     "mime-variant": _one_of(*MIME_VARIANTS),
     "adabest-mu": Option(float, "a number >= 0 (AdaBest's μ: the bias estimate's step)", lambda v: v >= 0),

@@ -21,6 +21,7 @@ from strategies.fedavg import FedAvg
 from strategies.fedacg import FedAcg
 from strategies.fedavgm import FedAvgM
 from strategies.fedcm import FedCm
+from strategies.fedfa import FedFa
 from strategies.feddyn import FedDyn
 from strategies.fedgma import FedGMA
 from strategies.fedlesam import FEDLESAM_DEFAULT_RHO, FedLesam
@@ -77,6 +78,9 @@ def build_base_strategy(config: Mapping[str, Any]) -> Strategy:
                         variant=config["fedcm-variant"], server_learning_rate=server_lr)
     if name == "fedlesam":
         return FedLesam(**common, rho=config["sam-rho"] or FEDLESAM_DEFAULT_RHO, variant=config["fedlesam-variant"])
+    if name == "fedfa":
+        return FedFa(**common, lam=config["fedfa-lambda"], rho=config["fedfa-rho"], variant=config["fedfa-variant"],
+                     num_rounds=config["num-rounds"], seed=config["seed"])
     if name in ("mime", "mimelite"):
         return Mime(**common, lite=name == "mimelite", beta=config["mime-momentum"], server_learning_rate=server_lr,
                     variant=config["mime-variant"], timeout=config["round-timeout"])

@@ -36,6 +36,7 @@ METHOD_RUNS = {
     "mofedsam": {"strategy": "mofedsam", "num-rounds": 2, "grad-clip": 10.0},
     "fedlesam": {"strategy": "fedlesam", "participation": 1.0, "num-rounds": 2},
     "mime": {"strategy": "mime", "server-lr": 1.0},
+    "fedfa": {"strategy": "fedfa"},
     "mimelite": {"strategy": "mimelite", "num-rounds": 2},
     "adabest+wima": {"strategy": "adabest", "participation": 1.0, "averaging": "wima", "window": 2},
     "moon": {"strategy": "moon", "num-rounds": 2},

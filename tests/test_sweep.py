@@ -261,7 +261,8 @@ def test_ima_methods_sweeps_cover_ima_table_1_with_the_papers_settings():
     for name in ("ima-fmnist-methods", "ima-cifar10"):
         sweep = load_sweep(SWEEPS_DIR / f"{name}.toml")
         strategies = {run.config["strategy"] for run in sweep.runs}
-        assert strategies == {"fedavg", "fedprox", "fedasam", "fednova", "fedadam", "fedyogi", "fedgma"}
+        assert strategies == {"fedavg", "fedprox", "fedasam", "fednova", "fedadam", "fedyogi", "fedgma", "fedfa"}
+        assert {run.config["fedfa-variant"] for run in sweep.runs} == {"fedfa-ima"}  # as IMA ran FedFA
         assert {run.config["averaging"] for run in sweep.runs} == {"none", "ima"}
         assert {run.config["prox-mu"] for run in sweep.runs} == {0.01}
         assert {run.config["server-lr"] for run in sweep.runs} == {0.0}  # FedGMA η_s = 1, FedAdam/Yogi 0.01

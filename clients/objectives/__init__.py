@@ -15,6 +15,7 @@ from flwr.app import RecordDict
 from torch import nn
 
 from clients.objectives.fedalign import FedAlign
+from clients.objectives.fedfa import FeatureAnchors
 from clients.objectives.fedlesam import LocallyEstimatedSam
 from clients.objectives.gradaug import GradAug
 from clients.objectives.mixup import Mixup
@@ -22,7 +23,7 @@ from clients.objectives.moon import Moon
 from clients.objectives.sam import SharpnessAware
 from clients.objectives.stochastic_depth import StochasticDepth
 from clients.mime import MimeObjective
-from clients.protocol import FEDLESAM_UPDATE, MIME_CORRECTION
+from clients.protocol import FEDFA_ANCHOR_LOSS, FEDFA_ANCHORS, FEDFA_CALIBRATE, FEDLESAM_UPDATE, MIME_CORRECTION
 from clients.training import LocalObjective
 
 # Objective name → the round-config keys of its settings.
@@ -34,6 +35,7 @@ OBJECTIVE_SETTINGS: dict[str, tuple[str, ...]] = {
     "mofedsam": ("sam-rho",),
     "fedlesam": ("sam-rho",),
     "mime": (),
+    "fedfa": ("fedfa-lambda", "fedfa-rho"),
     "fedalign": ("fedalign-mu", "fedalign-width"),
     "mixup": ("mixup-gamma",),
     "stochastic-depth": ("stochdepth-survival",),
@@ -55,6 +57,12 @@ def build_objective(
         return SharpnessAware(float(settings["sam-rho"]))
     if name == "mofedsam":  # ESAM's norm guard (strategies/mofedsam.py)
         return SharpnessAware(float(settings["sam-rho"]), norm_guard=1e-7)
+    if name == "fedfa":  # the anchors come beside the model; the IMA schedule switches parts per round
+        return FeatureAnchors(
+            model, records[FEDFA_ANCHORS].to_torch_state_dict()["anchors"], float(settings["fedfa-lambda"]),
+            float(settings["fedfa-rho"]),
+            anchor_loss=bool(settings[FEDFA_ANCHOR_LOSS]), calibrate=bool(settings[FEDFA_CALIBRATE]),
+        )
     if name == "mime":  # MIME's corrected gradient needs c, sent beside the model
         return MimeObjective(model, records[MIME_CORRECTION].to_torch_state_dict())
     if name == "fedlesam":

@@ -1,0 +1,87 @@
+"""FedFA, client side (Zhou, Zhang, Tsang, "FedFA: Federated Learning with Feature Anchors to
+Align Features and Classifiers for Heterogeneous Data", IEEE TMC 2023, arXiv 2211.09299; the
+authors' code TailinZhou/FedFA @ e4aa421 utils/AnchorLoss.py L38–55, utils/optimizer.py
+``fedfa_cl_optimizer`` L376–490; strategies/fedfa.py has the server).
+
+The model must expose its features h (``model.represent``) and a linear classifier
+(``model.classifier``: logits = W·h + b), as every Basin model does. The anchors A (C × d,
+one per class, frozen for the round) come from the server. Per local step:
+
+1. h, logits of the batch; loss CE + L_A with L_A = λ·(1/C)·Σ_j ‖h_j − a_{y_j}‖²/n_{y_j}
+   (n_c: the batch's samples of class c; divided by C, not by the classes present);
+2. the SGD step on it (with the run's momentum and weight decay);
+3. calibration (:meth:`FeatureAnchors.after_step`): one Adam step (PyTorch's defaults, a
+   fresh Adam each round) on (W, b) alone with CE(W·A + b, [0, …, C − 1]), all C anchors,
+   detached;
+4. s_c += the batch's mean h of class c (the features of step 1, before the update).
+
+At each epoch's end (:meth:`FeatureAnchors.end_epoch`), for each class c seen in the epoch:
+m_c = s_c/(batches in the epoch) (all batches, as the code: rare classes shrink), and
+ā_c ← ρ·ā_c + (1 − ρ)·m_c; ā starts as A. The client sends ā. IMA's variant turns the
+anchor loss and the calibration off per round (strategies/fedfa.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from clients.training import LocalObjective
+
+
+class FeatureAnchors(LocalObjective):
+    """FedFA's local objective, calibration and anchor EMA for one round."""
+
+    def __init__(self, model: nn.Module, anchors: torch.Tensor, lam: float, rho: float, anchor_loss: bool = True,
+                 calibrate: bool = True):
+        if not hasattr(model, "represent") or not isinstance(getattr(model, "classifier", None), nn.Linear):
+            raise ValueError(f"FedFA needs a model with features (represent) and a linear classifier; "
+                             f"{type(model).__name__} has not")
+        device = next(model.parameters()).device
+        self.anchors = anchors.to(device)
+        self.updated_anchors = self.anchors.clone()
+        self.num_classes = self.anchors.shape[0]
+        self.lam, self.rho, self.anchor_loss = lam, rho, anchor_loss
+        self.calibration = torch.optim.Adam(model.classifier.parameters()) if calibrate else None
+        self.class_sums = torch.zeros_like(self.anchors)
+        self.seen = torch.zeros(self.num_classes, dtype=torch.bool, device=device)
+        self.epoch_batches = 0
+
+    def backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        features = model.represent(x)
+        loss = F.cross_entropy(model.classifier(features), y)
+        counts = torch.bincount(y, minlength=self.num_classes).to(features.dtype)
+        if self.anchor_loss:
+            distances = ((features - self.anchors[y]) ** 2).sum(dim=1) / counts[y]
+            loss = loss + self.lam * distances.sum() / self.num_classes
+        loss.backward()
+        with torch.no_grad():
+            sums = torch.zeros_like(self.class_sums).index_add_(0, y, features.detach())
+            present = counts > 0
+            self.class_sums[present] += sums[present] / counts[present, None]
+            self.seen |= present
+            self.epoch_batches += 1
+        return loss.detach()
+
+    def after_step(self, model: nn.Module) -> None:
+        """Calibrate the classifier on the anchors: one Adam step on CE(W·A + b, classes)."""
+        if self.calibration is None:
+            return
+        self.calibration.zero_grad(set_to_none=True)
+        classes = torch.arange(self.num_classes, device=self.anchors.device)
+        F.cross_entropy(model.classifier(self.anchors), classes).backward()
+        self.calibration.step()
+
+    @torch.no_grad()
+    def end_epoch(self) -> None:
+        """ā_c ← ρ·ā_c + (1 − ρ)·s_c/(batches), for the classes seen this epoch."""
+        if self.epoch_batches:
+            means = self.class_sums / self.epoch_batches
+            self.updated_anchors[self.seen] = self.rho * self.updated_anchors[self.seen] + (1 - self.rho) * means[self.seen]
+        self.class_sums.zero_()
+        self.seen.zero_()
+        self.epoch_batches = 0
+
+    def reply_tensors(self) -> dict[str, torch.Tensor]:
+        return {"anchors": self.updated_anchors.cpu()}
