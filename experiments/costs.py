@@ -51,7 +51,8 @@ Columns (one row per method):
   tensors, lists, tuples, dicts and ``nn.Module`` parameters/buffers; each tensor storage
   is counted once. This is what the implementation holds in a client's first round (e.g.
   FedProx keeps w^t: 2×; SCAFFOLD keeps c, c_i, c − c_i and w^t: 5×; FedCM the server's
-  direction D: 2×; FedACG the look-ahead θ̃ its proximal term anchors to: 2×; MOON two frozen
+  direction D: 2×; FedACG the look-ahead θ̃ its proximal term anchors to: 2×; MIME θ, m and c
+  (the extra full-batch pass of its exchange is not in the per-step columns); MOON two frozen
   model copies: 3×; FedAlign and GradAug only the model: 1×). Not counted, because every
   method has them or they live only inside a step: gradients, the SGD momentum buffer,
   activations, SAM's ε (all part of the peak memory), and the host copies of
@@ -85,7 +86,10 @@ from typing import Any
 
 from experiments.cli import UsageError, guarded, nonempty_path
 
-DEFAULT_METHODS = "fedavg,fedavg+crop-flip,fedprox,scaffold,fedcm,fedacg,moon,fedsam,gradaug-n1,gradaug-n2,fedalign"
+DEFAULT_METHODS = (
+    "fedavg,fedavg+crop-flip,fedprox,scaffold,fedcm,fedacg,adabest,mime,mimelite,fedfa,moon,fedsam,mofedsam,fedlesam,"
+    "gradaug-n1,gradaug-n2,fedalign"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -106,7 +106,11 @@ class Mime(ServerUpdate, FlowerFedAvg):
         if not self.lite:
             config[OBJECTIVE] = "mime"
         messages = with_record(super().configure_train(server_round, arrays, config, grid), MIME_STATE, self.momentum)
-        return messages if self.lite else with_record(messages, MIME_CORRECTION, self.full_gradient)
+        if self.lite:
+            return messages
+        # c from prepare_round; zeros where no exchange ran (a caller of configure_train alone, e.g. the cost table).
+        correction = self.full_gradient or {k: np.zeros_like(v) for k, v in self.momentum.items()}
+        return with_record(messages, MIME_CORRECTION, correction)
 
     def server_update(self, models, metrics, replies):
         gradient = self.full_gradient if self.full_gradient is not None else {k: np.zeros_like(v) for k, v in self.momentum.items()}
