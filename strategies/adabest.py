@@ -26,7 +26,7 @@ import numpy as np
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from clients.protocol import ADABEST_MEAN_EXAMPLES_PER_STEP, ADABEST_MU, ADABEST_OFFICIAL_CODE
-from strategies.averaging import is_float, to_numpy
+from strategies.averaging import counter_mean, is_float, to_numpy
 from strategies.config import ADABEST_VARIANTS
 from strategies.sampling import ServerUpdate
 
@@ -38,11 +38,10 @@ def adabest_server_update(
     total = sum(weights)
     new_theta, average = {}, {}
     for key, previous in previous_average.items():
-        mean = sum(w * cw[key].astype(np.float64) for w, cw in zip(weights, client_ws)) / total
         if not is_float(previous):
-            new_theta[key] = average[key] = np.rint(mean).astype(previous.dtype)
+            new_theta[key] = average[key] = counter_mean(client_ws, key, previous.dtype, weights)
             continue
-        average[key] = mean.astype(previous.dtype)
+        average[key] = (sum(w * cw[key].astype(np.float64) for w, cw in zip(weights, client_ws)) / total).astype(previous.dtype)
         new_theta[key] = (average[key] - beta * (previous - average[key])).astype(previous.dtype)
     return new_theta, average
 

@@ -42,6 +42,15 @@ def is_float(array: np.ndarray) -> bool:
     return np.issubdtype(array.dtype, np.floating)
 
 
+def counter_mean(client_ws: list[dict[str, np.ndarray]], key: str, dtype, weights: list[float] | None = None) -> np.ndarray:
+    """The clients' mean of a non-float array (a counter such as ``num_batches_tracked``),
+    weighted by ``weights`` when given, rounded back to its dtype: methods whose update
+    rule is for trained values apply it to floats only."""
+    weights = weights or [1.0] * len(client_ws)
+    mean = sum(w * cw[key].astype(np.float64) for w, cw in zip(weights, client_ws)) / sum(weights)
+    return np.rint(mean).astype(dtype)
+
+
 def to_numpy(arrays: ArrayRecord) -> dict[str, np.ndarray]:
     return {key: array.numpy() for key, array in arrays.items()}
 

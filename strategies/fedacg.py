@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
-from strategies.averaging import is_float, to_arrays, to_numpy
+from strategies.averaging import counter_mean, is_float, to_arrays, to_numpy
 from strategies.config import FEDACG_VARIANTS
 from strategies.sampling import ServerUpdate
 
@@ -47,9 +47,8 @@ def fedacg_server_update(
     m⁺ = λ·m + Δ̄, θ⁺ = θ̃ + Δ̄."""
     new_momentum, new_theta = {}, {}
     for key, value in sent.items():
-        mean = sum(cw[key].astype(np.float64) for cw in client_ws) / len(client_ws)
         if not is_float(value):
-            new_theta[key] = np.rint(mean).astype(value.dtype)
+            new_theta[key] = counter_mean(client_ws, key, value.dtype)
             continue
         update = sum(cw[key] - value for cw in client_ws) / len(client_ws)
         new_momentum[key] = (lam * momentum[key] + update).astype(value.dtype)

@@ -31,7 +31,7 @@ import numpy as np
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from clients.protocol import FEDCM_ALPHA, FEDCM_DIRECTION, FEDCM_SCALE
-from strategies.averaging import is_float, to_numpy, with_record
+from strategies.averaging import counter_mean, is_float, to_numpy, with_record
 from strategies.config import FEDCM_VARIANTS
 from strategies.sampling import ServerUpdate
 
@@ -45,7 +45,7 @@ def fedcm_server_update(
     new_theta, direction = {}, {}
     for key, value in sent.items():
         if not is_float(value):
-            new_theta[key] = np.rint(sum(cw[key].astype(np.float64) for cw in client_ws) / len(client_ws)).astype(value.dtype)
+            new_theta[key] = counter_mean(client_ws, key, value.dtype)
             continue
         update = sum(cw[key] - value for cw in client_ws) / len(client_ws)
         new_theta[key] = (value + server_lr * update).astype(value.dtype)

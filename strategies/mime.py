@@ -32,7 +32,7 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from clients.protocol import (
     FULL_GRADIENT_ACTION, MIME_CORRECTION, MIME_DAMPENED, MIME_MOMENTUM, MIME_STATE, OBJECTIVE,
 )
-from strategies.averaging import is_float, to_numpy, with_record
+from strategies.averaging import counter_mean, is_float, to_numpy, with_record
 from strategies.config import MIME_VARIANTS
 from strategies.exchange import send_and_receive
 from strategies.sampling import ServerUpdate
@@ -47,7 +47,7 @@ def mime_server_update(
     new_theta = {}
     for key, value in sent.items():
         if not is_float(value):
-            new_theta[key] = np.rint(sum(cw[key].astype(np.float64) for cw in client_ws) / len(client_ws)).astype(value.dtype)
+            new_theta[key] = counter_mean(client_ws, key, value.dtype)
             continue
         delta = sum(value - cw[key] for cw in client_ws) / len(client_ws)
         new_theta[key] = (value - server_lr * delta).astype(value.dtype)
