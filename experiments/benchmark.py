@@ -92,9 +92,11 @@ from clients.local_round import LocalRound, round_randomness
 from clients.models import build_run_model, resolve_model_name
 from clients.training import evaluate, select_device
 from experiments.launch import (
-    RunFailed, check_machine, client_resources, default_run_config, launch, load_preset, parse_overrides, resolve_config,
+    RunFailed, check_machine, client_resources, default_run_config, launch, load_preset, machine_cpus, parse_overrides,
+    resolve_config,
 )
 from experiments.mps import MpsDaemon, check_mps
+from experiments.ray_cluster import LocalRayCluster
 from experiments.output_dir import OutputLock, create_output_dir, unique_output_dir
 from partitions import load_dataset
 from strategies.config import ConfigError, cohort_size
@@ -297,8 +299,11 @@ def sweep_command(args) -> int:
         with MpsDaemon(args.mps):
             for label, at_once in (("one-at-a-time", 1), (f"parallel-{parallel}", parallel)):
                 started = time.perf_counter()
-                table = run_sweep(dataclasses.replace(sweep, resources=resources), out_dir / label,
-                                  progress=sys.stderr.isatty(), parallel=at_once)
+                # As experiments.sweep runs them: one after another on one Ray cluster (its start
+                # timed with the pass), at once each with its own Ray.
+                with LocalRayCluster(at_once == 1, machine_cpus()) as job_ray:
+                    table = run_sweep(dataclasses.replace(sweep, resources=resources), out_dir / label,
+                                      progress=sys.stderr.isatty(), ray_address=job_ray, parallel=at_once)
                 seconds = time.perf_counter() - started
                 completed = int(table["status"].eq("completed").sum())
                 figures[label] = {"seconds": seconds, "completed": completed, "runs-per-hour": completed / seconds * 3600}

@@ -67,14 +67,15 @@ def test_the_sweep_mode_runs_the_small_grid_one_at_a_time_then_in_parallel(tmp_p
 
     passes = []
 
-    def fake_run_sweep(sweep, out_dir, progress=True, parallel=1, **_):
-        passes.append((out_dir.name, parallel, sweep))
+    def fake_run_sweep(sweep, out_dir, progress=True, ray_address=None, parallel=1, **_):
+        passes.append((out_dir.name, parallel, sweep, ray_address))
         return pd.DataFrame({"run": [r.run_id for r in sweep.runs], "status": ["completed"] * len(sweep.runs)})
 
     monkeypatch.setattr(experiments.sweep, "run_sweep", fake_run_sweep)
     code = benchmark.main([*SMALL_DIGITS, "--sweep", "--out", str(tmp_path)])
     assert code == 0, capsys.readouterr().err
-    assert [(name, parallel) for name, parallel, _ in passes] == [("one-at-a-time", 1), ("parallel-2", 2)]
+    assert [(name, parallel) for name, parallel, *_ in passes] == [("one-at-a-time", 1), ("parallel-2", 2)]
+    assert passes[0][3] is not None and passes[1][3] is None  # one after another: one Ray cluster, as the sweep
     configs = {run.run_id: run.config for run in passes[0][2].runs}
     assert sorted((c["partition"], c["averaging"]) for c in configs.values()) == [
         ("dirichlet", "ima"), ("dirichlet", "none"), ("shards", "ima"), ("shards", "none")]
