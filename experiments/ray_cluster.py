@@ -25,6 +25,7 @@ stdin or dies; Ray's processes end with it.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -81,10 +82,12 @@ class LocalRayCluster:
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         )
-        address = self.holder.stdout.readline().strip()
+        ready, _, _ = select.select([self.holder.stdout], [], [], self.timeout)
+        address = self.holder.stdout.readline().strip() if ready else ""
         if not address:
             self.__exit__()
-            raise RayClusterUnreachable("the job's Ray cluster did not start (python -m experiments.ray_cluster)")
+            raise RayClusterUnreachable(f"the job's Ray cluster did not start within {self.timeout:g} s "
+                                        "(python -m experiments.ray_cluster)")
         return address
 
     def __exit__(self, *exc_info) -> None:

@@ -19,7 +19,7 @@ import pytest
 from experiments import launch as launch_module
 from experiments import run, sweep
 from experiments.launch import RunFailed, _free_port, launch, resolve_config, stop_process_tree
-from experiments.ray_cluster import RayClusterUnreachable, check_ray_address
+from experiments.ray_cluster import LocalRayCluster, RayClusterUnreachable, check_ray_address
 
 RAY = Path(sys.executable).parent / "ray"
 SMALL = {"num-clients": 4, "participation": 0.5, "num-rounds": 2, "local-epochs": 1, "device": "cpu"}
@@ -213,3 +213,10 @@ def test_runs_on_the_jobs_ray_cluster_equal_runs_with_their_own_ray(tmp_path):
     assert shared_rows.to_csv() == alone_rows.to_csv()
     stages = json.loads((tmp_path / "job" / "none" / "summary.json").read_text())["startup-stages"]
     assert "training round 1" in stages
+
+
+def test_a_job_cluster_that_does_not_start_in_time_is_refused_and_its_holder_stopped():
+    cluster = LocalRayCluster(True, 1, timeout=0.01)
+    with pytest.raises(RayClusterUnreachable, match="did not start within"):
+        cluster.__enter__()
+    assert cluster.holder is None
