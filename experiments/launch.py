@@ -187,17 +187,24 @@ def client_resources(
     """Each client process's Ray resources. ``gpus_per_client`` None ("auto"): on CUDA a
     GPU share that trains a round's whole cohort at once (one process per client of the
     largest cohort), as far as this machine's cores and free GPU memory allow for
-    ``parallel`` runs at once, printed; without CUDA (or on a Ray cluster) 0."""
+    ``parallel`` runs at once; without CUDA 0, the cores deciding how many train at once.
+    What was chosen is printed (not on a Ray cluster, whose resources are its own)."""
     configs = list(configs)
     if gpus_per_client is not None:
         return ClientResources(cpus_per_client, gpus_per_client)
+    ClientResources(cpus_per_client, 0.0)  # a bad --cpus-per-client is refused here, before it is divided by
     import torch
 
     on_cuda = torch.cuda.is_available() and any(c["device"] in ("cuda", "auto") for c in configs)
-    if ray_address is not None or not on_cuda:
+    if ray_address is not None:
         return ClientResources(cpus_per_client, 0.0)
     cohort = max(cohort_size(c) for c in configs)
     by_cores = max(1, machine_cpus() // (int(cpus_per_client) * parallel))
+    if not on_cuda:
+        print(f"[basin] {min(cohort, by_cores)} client processes train at once per run: cohort {cohort}, at most "
+              f"{by_cores} by CPU cores (--cpus-per-client {cpus_per_client:g} each)"
+              + (f" for {parallel} runs at once" if parallel > 1 else ""), file=sys.stderr, flush=True)
+        return ClientResources(cpus_per_client, 0.0)
     free_bytes, _ = torch.cuda.mem_get_info()
     by_memory = max(1, free_bytes // (CLIENT_PROCESS_GPU_BYTES * parallel))
     processes = min(cohort, by_cores, by_memory)

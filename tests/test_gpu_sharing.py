@@ -87,7 +87,9 @@ def test_auto_gpu_share_trains_a_whole_cohort_at_once_within_cores_and_memory(mo
     assert client_resources([cohort_of_10], 1, 0.125).num_gpus == 0.125  # given: as given
     assert client_resources([config(device="cpu")], 1, None).num_gpus == 0.0
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert client_resources([cohort_of_10], 1, None).num_gpus == 0.0
+    capsys.readouterr()
+    assert client_resources([cohort_of_10], 2, None).num_gpus == 0.0
+    assert "8 client processes train at once per run: cohort 10, at most 8 by CPU cores" in capsys.readouterr().err
 
 
 def test_parallel_auto(monkeypatch):
