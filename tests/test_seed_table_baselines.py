@@ -1,6 +1,7 @@
-"""FedCM and FedACG (strategies/fedcm.py, strategies/fedacg.py, clients/fedcm.py): the
-arithmetic by hand on tiny tensors, two rounds through Flower Messages with their state
-checkpointed, and the clients' gradient terms inside the local step."""
+"""The baselines of the seed papers' comparison tables (issue 13): FedCM, FedACG, MoFedSAM,
+FedLESAM, AdaBest, MIME/MimeLite and FedFA. Each method's arithmetic by hand on tiny
+tensors, rounds through Flower Messages with their state checkpointed, and the clients'
+terms inside the local step."""
 
 from __future__ import annotations
 
