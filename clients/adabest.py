@@ -21,6 +21,7 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from clients.client_step import GradientTerm
+from clients.state_store import stored_or_zeros
 from clients.protocol import ADABEST_CLIENT_BIAS, ADABEST_LAST_ROUND
 
 
@@ -42,7 +43,6 @@ class AdaBestClient:
 
     def __init__(self, model: nn.Module, state: RecordDict, mu: float, server_round: int, official_code: bool,
                  mean_examples_per_step: float, local_epochs: int):
-        device = next(model.parameters()).device
         self.state = state
         self.mu = mu
         self.server_round = server_round
@@ -50,11 +50,7 @@ class AdaBestClient:
         self.mean_examples_per_step = mean_examples_per_step
         self.local_epochs = local_epochs
         self.global_weights = {n: p.detach().clone() for n, p in model.named_parameters()}
-        stored = state.get(ADABEST_CLIENT_BIAS)
-        self.bias = (
-            {k: v.to(device) for k, v in stored.to_torch_state_dict().items()}
-            if stored is not None else {n: torch.zeros_like(p) for n, p in self.global_weights.items()}
-        )
+        self.bias = stored_or_zeros(state, ADABEST_CLIENT_BIAS, self.global_weights)
         last = state.get(ADABEST_LAST_ROUND)
         self.last_round = int(last.to_torch_state_dict()["round"]) if last is not None else 0
 

@@ -45,6 +45,20 @@ def _partition(context: Context) -> tuple[int, int]:
     return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
 
 
+def _received_model_and_data(msg: Message, context: Context) -> tuple[torch.device, torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """(device, the process's model holding the message's weights, this partition's x, y on the device)."""
+    run_config = context.run_config
+    partition_id, num_partitions = _partition(context)
+    device = select_device(str(run_config["device"]))
+    x, y = client_tensors(tuple(sorted(run_config.items())), partition_id, num_partitions, str(device))
+    data = load_dataset(str(run_config["dataset"]), str(run_config["data-dir"]), bool(run_config["normalize"]))
+    model_name = resolve_model_name(str(run_config["model"]), str(run_config["dataset"]))
+    projection_head = uses_projection_head(model_name, str(run_config["strategy"]))
+    model = _process_model(model_name, data.input_shape, data.num_classes, projection_head, str(device))
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    return device, model, x, y
+
+
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Tell the server which partition this node holds."""
@@ -57,15 +71,7 @@ def query(msg: Message, context: Context) -> Message:
 def full_gradient_query(msg: Message, context: Context) -> Message:
     """MIME's extra exchange: this client's mean gradient over all of its examples at the
     received model, with no update (clients/mime.py)."""
-    partition_id, num_partitions = _partition(context)
-    run_config = context.run_config
-    device = select_device(str(run_config["device"]))
-    x, y = client_tensors(tuple(sorted(run_config.items())), partition_id, num_partitions, str(device))
-    data = load_dataset(str(run_config["dataset"]), str(run_config["data-dir"]), bool(run_config["normalize"]))
-    model_name = resolve_model_name(str(run_config["model"]), str(run_config["dataset"]))
-    model = _process_model(model_name, data.input_shape, data.num_classes,
-                           uses_projection_head(model_name, str(run_config["strategy"])), str(device))
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    _, model, x, y = _received_model_and_data(msg, context)
     gradient = full_gradient(model, x, y)
     reply = RecordDict({"gradient": ArrayRecord({k: v.cpu() for k, v in gradient.items()}),
                         "metrics": MetricRecord({"num-examples": len(y)})})
@@ -77,16 +83,9 @@ def train(msg: Message, context: Context) -> Message:
     """Load the global model, run local SGD with the round's config, reply with the result."""
     started = time.time()
     run_config = context.run_config
-    partition_id, num_partitions = _partition(context)
+    partition_id, _ = _partition(context)
     round_config = msg.content["config"]
-    device = select_device(str(run_config["device"]))
-    x, y = client_tensors(tuple(sorted(run_config.items())), partition_id, num_partitions, str(device))
-
-    data = load_dataset(str(run_config["dataset"]), str(run_config["data-dir"]), bool(run_config["normalize"]))
-    model_name = resolve_model_name(str(run_config["model"]), str(run_config["dataset"]))
-    projection_head = uses_projection_head(model_name, str(run_config["strategy"]))
-    model = _process_model(model_name, data.input_shape, data.num_classes, projection_head, str(device))
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    device, model, x, y = _received_model_and_data(msg, context)
 
     server_round = int(round_config["server-round"])
     snapshots = ClientStateStore.for_round(round_config, context.node_config, partition_id)

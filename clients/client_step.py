@@ -129,19 +129,16 @@ class ClientStep:
 
     def _eager(self, x: torch.Tensor, y: torch.Tensor) -> None:
         if self.mode != "graph":
-            self._zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=True)
             self._body(x, y)
         else:  # warm-up and short batches: on a side stream, as CUDA-graph capture asks
             self.side_stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self.side_stream):
                 # After capture the gradients are the graph's own tensors: zeroed, not replaced.
-                self._zero_grad(set_to_none=self.graph is None)
+                self.optimizer.zero_grad(set_to_none=self.graph is None)
                 self._body(x, y)
             torch.cuda.current_stream(self.device).wait_stream(self.side_stream)
         self.eager_steps += 1
-
-    def _zero_grad(self, set_to_none: bool) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def _body(self, x: torch.Tensor, y: torch.Tensor) -> None:
         loss = self.objective.backward(self.model, x, y)
@@ -156,7 +153,7 @@ class ClientStep:
 
     def _capture(self) -> None:
         torch.cuda.synchronize(self.device)
-        self._zero_grad(set_to_none=True)  # the graph's backward allocates its own gradients
+        self.optimizer.zero_grad(set_to_none=True)  # the graph's backward allocates its own gradients
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self._body(self.static_x, self.static_y)

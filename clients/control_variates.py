@@ -24,6 +24,7 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from clients.client_step import GradientTerm
+from clients.state_store import stored_or_zeros
 
 
 def client_control_update(
@@ -75,12 +76,7 @@ class ControlVariateClient:
         self.names = [name for name, _ in model.named_parameters()]
         device = next(model.parameters()).device
         self.server_control = {k: v.to(device) for k, v in server_control.to_torch_state_dict().items()}
-        stored = state.get(state_key)
-        self.client_control = (
-            {k: v.to(device) for k, v in stored.to_torch_state_dict().items()}
-            if stored is not None
-            else {k: torch.zeros_like(v) for k, v in self.server_control.items()}
-        )
+        self.client_control = stored_or_zeros(state, state_key, self.server_control)
         self.global_weights = {n: p.detach().clone() for n, p in model.named_parameters()}
         self.correction = [self.server_control[n] - self.client_control[n] for n in self.names]
         self.hook = GradientTerm("control variate", add_correction, self.correction)

@@ -14,6 +14,7 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from clients.client_step import GradientTerm
+from clients.state_store import stored_or_zeros
 from clients.protocol import FEDDYN_CLIENT_GRADIENT
 
 
@@ -29,16 +30,10 @@ class FedDynClient:
     """One round of FedDyn on a client."""
 
     def __init__(self, model: nn.Module, alpha: float, state: RecordDict):
-        device = next(model.parameters()).device
         self.alpha = alpha
         self.state = state
         self.global_weights = {n: p.detach().clone() for n, p in model.named_parameters()}
-        stored = state.get(FEDDYN_CLIENT_GRADIENT)
-        self.linear_term = (
-            {k: v.to(device) for k, v in stored.to_torch_state_dict().items()}
-            if stored is not None
-            else {n: torch.zeros_like(p) for n, p in self.global_weights.items()}
-        )
+        self.linear_term = stored_or_zeros(state, FEDDYN_CLIENT_GRADIENT, self.global_weights)
         self.names = list(self.global_weights)
         self.hook = GradientTerm(
             f"feddyn alpha={alpha!r}", lambda params, inputs: add_feddyn_gradient(params, inputs, alpha),

@@ -33,6 +33,16 @@ CLIENT_STATE_DIR = "client-state"  # in the server's output-dir
 SNAPSHOT = re.compile(r"round-(\d+)\.pt")
 
 
+def stored_or_zeros(state: RecordDict, key: str, like: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The client-state ArrayRecord ``key`` as tensors on ``like``'s device, or zeros shaped
+    like ``like`` before the client's first round (SCAFFOLD's c_i, FedDyn's gradient, AdaBest's h_i)."""
+    stored = state.get(key)
+    if stored is None:
+        return {name: torch.zeros_like(value) for name, value in like.items()}
+    device = next(iter(like.values())).device
+    return {name: value.to(device) for name, value in stored.to_torch_state_dict().items()}
+
+
 def atomic_save(obj: Any, path: Path) -> None:
     """``torch.save`` to a temporary file, flushed to disk, then renamed over ``path``: a
     reader sees the old file or the new one, never a torn one (also after ``kill -9``)."""
