@@ -129,6 +129,14 @@ def benchmark_config(preset: str, overrides: dict[str, Any], rounds: int) -> dic
     return config
 
 
+def config_of(args) -> dict[str, Any]:
+    """The validated run config of the command line (``--preset``, ``--set``, ``--device``, ``--rounds``)."""
+    if args.rounds < 1:
+        raise UsageError(f"--rounds: {args.rounds} is not allowed; allowed: an integer >= 1")
+    overrides = parse_overrides(args.set + ([f"device={args.device}"] if args.device else []))
+    return benchmark_config(args.preset, overrides, args.rounds)
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -277,10 +285,7 @@ def sweep_command(args) -> int:
     folder (nothing resumed); writes ``benchmark-sweep.json``."""
     from experiments.sweep import auto_parallel, load_sweep, run_sweep
 
-    if args.rounds < 1:
-        raise UsageError(f"--rounds: {args.rounds} is not allowed; allowed: an integer >= 1")
-    overrides = parse_overrides(args.set + ([f"device={args.device}"] if args.device else []))
-    config = benchmark_config(args.preset, overrides, args.rounds)  # validates the base setup
+    config = config_of(args)  # validates the base setup
     out_dir = create_output_dir(args.out) if args.out else unique_output_dir(Path("runs"), "benchmark-sweep")
     with OutputLock(out_dir):
         spec = out_dir / "sweep.toml"
@@ -325,10 +330,7 @@ def _toml_list(values: list) -> str:
 
 def run_command(args) -> int:
     """Validate, measure the bare loop, then the Flower run (see the module docstring)."""
-    if args.rounds < 1:
-        raise UsageError(f"--rounds: {args.rounds} is not allowed; allowed: an integer >= 1")
-    overrides = parse_overrides(args.set + ([f"device={args.device}"] if args.device else []))
-    config = benchmark_config(args.preset, overrides, args.rounds)
+    config = config_of(args)
     resources = client_resources([config], args.cpus_per_client, args.gpus_per_client)
     check_machine([config], resources)
     check_mps(args.mps)

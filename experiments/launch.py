@@ -192,12 +192,12 @@ def client_resources(
     configs = list(configs)
     if gpus_per_client is not None:
         return ClientResources(cpus_per_client, gpus_per_client)
+    if ray_address is not None:
+        return ClientResources(cpus_per_client, 0.0)
     ClientResources(cpus_per_client, 0.0)  # a bad --cpus-per-client is refused here, before it is divided by
     import torch
 
     on_cuda = torch.cuda.is_available() and any(c["device"] in ("cuda", "auto") for c in configs)
-    if ray_address is not None:
-        return ClientResources(cpus_per_client, 0.0)
     cohort = max(cohort_size(c) for c in configs)
     by_cores = max(1, machine_cpus() // (int(cpus_per_client) * parallel))
     if not on_cuda:
