@@ -36,7 +36,10 @@ CHECKPOINT_FILE = "checkpoint.pt"
 CHECKPOINT_FORMAT = 2
 CHECKPOINT_ENTRIES = {"format", "config", "round", "arrays", "strategy", "rng", "rows", "client-state-run"}
 # Run-config keys that do not change a run's numbers: resuming may change them.
-RESUMABLE_CHANGES = ("output-dir", "checkpoint-every", "resume", "round-timeout", "node-timeout")
+RESUMABLE_CHANGES = (
+    "output-dir", "checkpoint-every", "resume", "round-timeout", "node-timeout",
+    "save-models-every", "save-models-last", "save-client-models",
+)
 # Methods whose clients keep state across rounds (in context.state, snapshot by the clients).
 CLIENT_STATE_METHODS = ("scaffold", "fedmoswa", "feddyn", "moon", "fedlesam", "adabest")
 

@@ -149,6 +149,10 @@ SCHEMA: dict[str, Option] = {
     "node-timeout": Option(float, f"a number of seconds >= {MIN_NODE_TIMEOUT_S:g} (wait this long for num-clients nodes to connect and report their partition, then fail; client processes take seconds to start)", lambda v: v >= MIN_NODE_TIMEOUT_S),
     "min-replies": Option(int, "an integer >= 1, at most the cohort size (a round with fewer accepted replies is skipped)", lambda v: v >= 1),
     "checkpoint-every": Option(int, "an integer >= 0 (write output-dir/checkpoint.pt every k rounds and after the last; 0 = never)", lambda v: v >= 0),
+    "save-models-every": Option(int, "an integer >= 0 (save the base, averaged and client models to output-dir/models every k rounds, after the last save-models-last rounds and at the end; 0 = never)", lambda v: v >= 0),
+    "save-models-last": Option(int, "an integer >= 0 (with save-models-every > 0: also save each of the last this-many rounds)", lambda v: v >= 0),
+    "save-client-models": Option(int, "an integer >= 0 (client models kept per saved round, the first in partition order)", lambda v: v >= 0),
+    "round-indicators": Option(bool, "true or false (add IMA's locality and client-model CKA to results.csv every round)"),
     "resume": Option(bool, "true or false (continue from output-dir/checkpoint.pt when there is one)"),
     "fault-injection": Option(str, f"'' or {FAULT_FORMAT}", _parses_as_faults),
 }

@@ -28,12 +28,15 @@ from typing import Any
 # test); client-steps: local steps of the whole cohort; client-seconds: time some client of the cohort was computing; client-gpu-mb:
 # largest peak CUDA memory of a client process (empty on CPU); round-status: "aggregated" or
 # why the round was skipped (too few accepted replies: the global model stays as it was);
-# failures: each failed client of the round, "partition P (node N): reason", ";"-separated.
+# failures: each failed client of the round, "partition P (node N): reason", ";"-separated;
+# locality, locality-mean, client-cka: IMA's indicators of the cohort's models
+# (strategies/indicators.py), with round-indicators = true (else empty).
 ROUND_COLUMNS = (
     "round", "lr", "local-epochs", "test-accuracy", "test-loss",
     "base-accuracy", "base-loss", "averaged-accuracy", "averaged-loss", "sent-model",
     "train-loss", "clients-ok", "clients-failed", "local-steps", "client-state-norm", "round-seconds",
     "client-steps", "train-seconds", "eval-seconds", "client-seconds", "client-gpu-mb", "round-status", "failures",
+    "locality", "locality-mean", "client-cka",
 )
 
 

@@ -127,6 +127,7 @@ class CohortSampling:
         self.sent_layout: Layout | None = None
         self.round_clients: dict[str, float] = {}
         self.round_failures: list[ClientFailure] = []
+        self.round_replies: list[Message] = []
         self.round_status = ""
 
     def follow_rejoined_nodes(self, grid: Grid, timeout: float) -> None:
@@ -168,6 +169,7 @@ class CohortSampling:
             replies, self.sent_to, self.partition_of_node, self.arrayrecord_key, self.sent_layout
         )
         self.round_clients = {"clients-ok": len(accepted), "clients-failed": len(self.round_failures), **client_usage(accepted)}
+        self.round_replies = accepted
         if len(accepted) < self.min_replies:
             self.round_status = f"skipped: {len(accepted)} accepted replies, fewer than min-replies = {self.min_replies}"
             return None, None
@@ -183,6 +185,18 @@ class CohortSampling:
         replies = list(replies)
         models = [{k: a.numpy() for k, a in r.content[self.arrayrecord_key].items()} for r in replies]
         return models, [next(iter(r.content.metric_records.values())) for r in replies]
+
+
+    def round_client_models(self, limit: int | None = None) -> dict[int, tuple[dict[str, np.ndarray], float]]:
+        """The last round's accepted client models (at most ``limit``, partition order):
+        {partition id: (state dict, sample count n_k)}."""
+        replies = self.round_replies[:limit]
+        partition = {**self.partition_of_node, **self.sent_to}
+        models, metrics = self.client_models(replies)
+        return {
+            partition[reply.metadata.src_node_id]: (model, float(reported["num-examples"]))
+            for reply, model, reported in zip(replies, models, metrics)
+        }
 
 
 def client_usage(replies: Iterable[Message]) -> dict[str, float]:

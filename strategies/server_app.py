@@ -30,10 +30,12 @@ from clients.data import partition_indices
 from partitions import class_count_table, load_dataset, plot_class_counts
 from partitions.feasibility import partition_settings
 from partitions.stats import partition_notation
-from strategies.averaging import ModelAveraging
+from strategies.averaging import ModelAveraging, to_numpy
 from strategies.checkpoint import CHECKPOINT_FILE, CLIENT_STATE_METHODS, read_checkpoint, restore_checkpoint, write_checkpoint
 from strategies.exchange import send_and_receive
 from strategies.faults import NothingTrained, nothing_trained_reason
+from strategies.indicators import CKA_SAMPLES, round_indicators
+from strategies.model_store import discard_rounds_after, save_round_models, saves_round
 from strategies.config import cohort_size, summary_horizon, validate_run_config
 from strategies.registry import build_client_schedule, build_strategy
 from strategies.schedules import ClientSchedule
@@ -122,6 +124,7 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
         print(f"[basin] resuming after round {first_round - 1} from {recorder.directory / CHECKPOINT_FILE}", flush=True)
         if snapshots:
             discard_snapshots_after(run_snapshots, first_round - 1)
+        discard_rounds_after(recorder.directory, first_round - 1)
     for server_round in range(first_round, config["num-rounds"] + 1):
         started = time.perf_counter()
         strategy.follow_rejoined_nodes(grid, config["round-timeout"])
@@ -159,7 +162,10 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
             **strategy.round_clients,
             "round-status": strategy.round_status,
             "failures": "; ".join(map(str, strategy.round_failures)),
+            **(indicators_of_round(strategy, model, x_test) if config["round-indicators"] else {}),
         })
+        if saves_round(config, server_round) and aggregated is not None:
+            save_models_of_round(config, recorder.directory, server_round, strategy, arrays)
         if config["checkpoint-every"] and (
             server_round % config["checkpoint-every"] == 0 or server_round == config["num-rounds"]
         ):
@@ -176,6 +182,26 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
     torch.save(final.to_torch_state_dict(), recorder.directory / "final_model.pt")
     if snapshots:  # the run is complete: no resume will need them
         remove_run_snapshots(run_snapshots)
+
+
+def indicators_of_round(strategy, model, x_test) -> dict[str, float]:
+    """IMA's locality and client-model CKA of the round's accepted client models."""
+    clients = strategy.round_client_models()
+    states = [state for state, _ in clients.values()]
+    weights = [n for _, n in clients.values()]
+    return round_indicators(model, states, weights, x_test[:CKA_SAMPLES])
+
+
+def save_models_of_round(config: dict[str, Any], directory: Path, server_round: int, strategy, sent: ArrayRecord) -> None:
+    """models/round-RRRR.pt: the base model, the average (if any) and capped client models."""
+    averaging = strategy if isinstance(strategy, ModelAveraging) else None
+    base = averaging.base_arrays if averaging and averaging.base_arrays is not None else sent
+    averaged = averaging.averaged_arrays if averaging else None
+    clients = strategy.round_client_models(config["save-client-models"])
+    save_round_models(
+        directory, server_round, to_numpy(base), None if averaged is None else to_numpy(averaged),
+        {pid: state for pid, (state, _) in clients.items()}, {pid: n for pid, (_, n) in clients.items()},
+    )
 
 
 def client_state_snapshots(config: dict[str, Any], directory: Path, run_token: str) -> dict[str, Any]:

@@ -1,0 +1,30 @@
+"""``python -m experiments.analysis TOOL ARGS…``: run one analysis tool (see the package docstring)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from experiments.cli import guarded
+
+TOOLS = {
+    "landscape": "experiments.analysis.landscape",
+    "interpolate": "experiments.analysis.interpolation",
+    "decompose": "experiments.analysis.decomposition",
+    "hessian": "experiments.analysis.hessian",
+    "stability": "experiments.analysis.stability",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in TOOLS:
+        given = f"{argv[0]!r} is not a tool; " if argv and argv[0] not in ("-h", "--help") else ""
+        print(f"usage: python -m experiments.analysis TOOL [--help]\n{given}tools: {', '.join(TOOLS)}", file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    tool = importlib.import_module(TOOLS[argv[0]])
+    return guarded(lambda: tool.main(argv[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
