@@ -57,6 +57,9 @@ RUNS = {
     # SCAFFOLD end to end, its c_i carried across rounds and across a resume:
     # tests/test_resilience.py (scaffold+ima).
     **METHOD_RUNS,
+    # What the analysis tools read: every 2 rounds and the last 3, all 4 clients each round.
+    "fedavg+ima-saved": {"participation": 1.0, "num-rounds": 6, "averaging": "ima", "window": 2, "avg-start": 4,
+                         "save-models-every": 2, "save-models-last": 3, "round-indicators": True},
 }
 # One run alone leaves about a third of CI's 2 cores idle (Flower's polling and process
 # start-up), two at once keep both busy: measured here, 4 runs took 57 s instead of 78 s,
@@ -204,3 +207,50 @@ def test_every_method_runs_end_to_end(flower_runs, method):
         assert rows["local-steps"].tolist() == pytest.approx([50, 50])  # the authors' code: K = 50 steps
         # cosine round lr over 2 rounds: lr, then lr·(1 + cos(π/2))/2
         assert rows["lr"].tolist() == pytest.approx([0.05, 0.025])
+
+
+ANALYSIS_OUTPUTS = {
+    "landscape": ["landscape.csv", "landscape.png"],
+    "interpolate": ["interpolation.csv", "interpolation.png"],
+    "decompose": ["decomposition.csv", "error-vs-models.csv", "decomposition.png"],
+    "hessian": ["hessian.csv", "hessian-block-traces.csv", "hn-hd.csv", "hn-hd-{run}.png", "eigen-surface-{run}.png"],
+    "stability": ["stability.csv", "stability.png"],
+}
+
+
+@pytest.mark.flower_runs("fedavg+ima-saved")
+def test_a_run_saves_models_and_indicators_and_every_analysis_tool_reads_them(flower_runs):
+    from experiments.analysis.__main__ import main as analysis
+    from strategies.model_store import load_round_models, saved_rounds
+
+    run = flower_runs["fedavg+ima-saved"]
+    rows, out = run.rows(), run.out
+    assert saved_rounds(out) == [2, 4, 5, 6]
+    saved = load_round_models(out, 6)
+    assert list(saved["clients"]) == [0, 1, 2, 3] and saved["averaged"] is not None
+    assert load_round_models(out, 2)["averaged"] is None  # IMA's average exists from t_s = 4
+    final = torch.load(out / "final_model.pt", weights_only=True)
+    assert all(torch.equal(final[k], saved["averaged"][k]) for k in final)
+    assert np.isfinite(rows[["locality", "locality-mean", "client-cka"]].to_numpy()).all()
+    assert (rows["locality"] >= rows["locality-mean"]).all() and rows["client-cka"].between(0, 1).all()
+
+    arguments = {
+        "landscape": [str(out), "--points", "7"],
+        "interpolate": [str(out), "--alphas=-0.5,1.5,9"],
+        "decompose": [str(out), "--repeats", "2"],
+        "hessian": [str(out), "--clients", "--surface", "--surface-points", "5", "--max-iter", "15", "--batches", "2"],
+        "stability": [str(out), "--last", "3", "--window", "2"],
+    }
+    for tool, extra in arguments.items():
+        assert analysis([tool, *extra, "--device", "cpu"] if tool != "stability" else [tool, *extra]) == 0, tool
+        for name in ANALYSIS_OUTPUTS[tool]:
+            assert (out / "analysis" / name.format(run=out.name)).stat().st_size > 0, name
+    for table in ("landscape", "interpolation", "decomposition", "error-vs-models", "hessian", "hn-hd", "stability"):
+        numbers = pd.read_csv(out / "analysis" / f"{table}.csv").select_dtypes("number")
+        assert len(numbers) and np.isfinite(numbers.to_numpy()).all(), table
+    decomposition = pd.read_csv(out / "analysis" / "decomposition.csv").set_index("round")
+    per_round = rows.set_index("round").loc[decomposition.index]
+    np.testing.assert_allclose(decomposition["locality"], per_round["locality"], rtol=1e-5)  # one computation, two places
+    landscape = pd.read_csv(out / "analysis" / "landscape.csv")
+    assert landscape["panel"].nunique() == 4 and (landscape["model"] == "grid").sum() == 4 * 7 * 7
+    assert analysis(["landscape", str(out), "--stages", "2,4"]) == 2  # three stages are needed: one line, no traceback

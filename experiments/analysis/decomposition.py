@@ -13,7 +13,8 @@ Basin's (ANALYSIS.md's suggestion), per saved round t with the cohort's client m
   HB(t) = the same with 𝟙[(x,y)∈D∖D_k]  (HeterBias), and the bias term
   (1/n)·Σ_D ‖Σ_k p_k·(y − f_k(x))‖² (their sum inside the square: the indicators partition D);
 - per client: mean_{D_k} ‖y − f_k‖² and mean_{D∖D_k} ‖y − f_k‖²;
-- the ensemble gap (1/n)·Σ_D ‖f_WENS(x) − f_{w_FMA}(x)‖² (Lemma 1, probabilities);
+- the ensemble gap ‖f_WENS(x) − f_{w_FMA}(x)‖² of the logits, averaged over the first
+  test samples (Lemma 1: zero to first order in Δ);
 - locality Δ (max, the paper's "maximum distance") and the mean distance;
 - client covariance as the mean linear CKA of the client models' logits on the global test
   set (Fig 4 right; strategies/indicators.py);
@@ -71,13 +72,13 @@ def bias_terms(
 
 
 def ensemble_gap(space: ThetaSpace, client_thetas: torch.Tensor, weights: Sequence[float], x: torch.Tensor) -> float:
-    """Lemma 1's gap: mean over x of ‖Σ_k p_k f_{w_k}(x) − f_{w_FMA}(x)‖², f = softmax of
-    the model's outputs; w_FMA = Σ_k p_k w_k."""
+    """Lemma 1's gap: mean over x of ‖Σ_k p_k f_{w_k}(x) − f_{w_FMA}(x)‖², f the network's
+    outputs (logits); w_FMA = Σ_k p_k w_k. Zero for a model linear in w; O(Δ²) otherwise."""
     p = torch.as_tensor(weights, dtype=torch.float64)
     p = p / p.sum()
-    fma = (p @ client_thetas.double()).float()
-    ensemble = sum(pk * F.softmax(space.outputs(theta, x).double(), dim=1) for pk, theta in zip(p, client_thetas))
-    return float((ensemble - F.softmax(space.outputs(fma, x).double(), dim=1)).pow(2).sum(dim=1).mean())
+    fma = p @ client_thetas.double()
+    ensemble = sum(pk * space.outputs(theta, x).double() for pk, theta in zip(p, client_thetas))
+    return float((ensemble - space.outputs(fma, x).double()).pow(2).sum(dim=1).mean())
 
 
 def error_vs_count(

@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="run directories or sweep folders with saved models")
     parser.add_argument("--a", type=parse_model_spec, default="base", help="the model at α = 0 (default: base)")
     parser.add_argument("--b", type=parse_model_spec, default="averaged", help="the model at α = 1 (default: averaged)")
-    parser.add_argument("--alphas", default="-0.5,1.5,41", help="START,STOP,POINTS (default -0.5,1.5,41)")
+    parser.add_argument("--alphas", default="-0.5,1.5,41", help="START,STOP,POINTS, written --alphas=-1,2,61 (default -0.5,1.5,41)")
     parser.add_argument("--out", type=Path, default=None, help="folder for the figure and table (default: the first run's analysis/)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--batch-size", type=int, default=1024)

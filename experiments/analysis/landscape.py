@@ -110,8 +110,8 @@ def landscape(
     space: ThetaSpace, thetas: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, points: int = 21,
     batch_size: int = 1024, models_per_pass: int = 64,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The grid (x, y, loss, error) and the models' coordinates (model, x, y, incl. "mean")
-    of the plane through three θ."""
+    """The grid (x, y, loss, error) and the three models and their mean with their
+    coordinates and scores (model, x, y, loss, error) on the plane through three θ."""
     plane = plane_through(*thetas)
     coordinates = [plane.coordinates(theta.to(torch.float64)) for theta in thetas]
     xs, ys = grid_axes(coordinates, points)
@@ -124,6 +124,8 @@ def landscape(
         [(f"w{i + 1}", cx, cy) for i, (cx, cy) in enumerate(coordinates)] + [("mean", mean[0], mean[1])],
         columns=["model", "x", "y"],
     )
+    models = torch.stack([*thetas, torch.stack(list(thetas)).mean(dim=0)])
+    marks["loss"], marks["error"] = space.evaluate(models, x, y, batch_size, models_per_pass)
     return grid, marks
 
 
