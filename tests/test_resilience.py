@@ -18,6 +18,7 @@ import torch
 from clients.state_store import CLIENT_STATE_DIR
 from experiments.launch import APP_DIR, _process_table, launch, process_tree, resolve_config, stop_process_tree
 from strategies.checkpoint import CHECKPOINT_FILE
+from strategies.model_store import load_round_models, saved_rounds
 
 # Wall-clock columns differ between any two runs; everything else must match exactly.
 TIMING_COLUMNS = ["round-seconds", "train-seconds", "eval-seconds", "client-seconds"]
@@ -77,7 +78,8 @@ RESUMED_METHODS = {
 def test_a_run_killed_with_sigkill_resumes_from_its_checkpoint_bitwise_identically(tmp_path, method):
     config = resolve_config({
         "num-clients": 4, "participation": 0.5, "num-rounds": 6, "local-epochs": 1, "device": "cpu",
-        "averaging": "ima", "window": 2, "avg-start": 3, "checkpoint-every": 2, **RESUMED_METHODS[method],
+        "averaging": "ima", "window": 2, "avg-start": 3, "checkpoint-every": 2, "save-models-every": 2,
+        **RESUMED_METHODS[method],
     })
     killed = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(APP_DIR)}
@@ -124,6 +126,16 @@ def test_a_run_killed_with_sigkill_resumes_from_its_checkpoint_bitwise_identical
     expected = torch.load(tmp_path / "uninterrupted" / "final_model.pt", weights_only=True)
     assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in final)
     assert not (killed / CLIENT_STATE_DIR).exists()  # a completed run leaves no snapshots
+    # Saved models follow the checkpoint: the rounds after it were saved again, identically.
+    assert saved_rounds(killed) == saved_rounds(tmp_path / "uninterrupted") == [2, 4, 5, 6]
+    for server_round in (2, 4, 5, 6):
+        ours, theirs = (load_round_models(d, server_round) for d in (killed, tmp_path / "uninterrupted"))
+        assert list(ours["clients"]) == list(theirs["clients"]) and ours["client-weights"] == theirs["client-weights"]
+        for part in ("base", "averaged"):
+            assert (ours[part] is None) == (theirs[part] is None)
+            assert ours[part] is None or all(torch.equal(ours[part][k], theirs[part][k]) for k in ours[part])
+        for pid in ours["clients"]:
+            assert all(torch.equal(ours["clients"][pid][k], theirs["clients"][pid][k]) for k in ours["clients"][pid])
 
     # IMA on either base: the window fills from round 2 (t_s − P + 1), the average is sent from t_s = 3 on.
     assert rows["sent-model"].tolist() == ["base", "base"] + ["averaged"] * 4
