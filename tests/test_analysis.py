@@ -95,11 +95,13 @@ def test_interpolation_on_a_quadratic_is_the_parabola_with_the_closed_form_minim
     np.testing.assert_allclose(thetas[0].numpy(), ((1 + 3) * wa - 3 * wb).numpy())
 
 
-def test_batched_evaluation_matches_the_training_loops_evaluate():
+@pytest.mark.parametrize("models_per_pass", [1, 2])
+def test_batched_evaluation_matches_the_training_loops_evaluate(models_per_pass):
     space, model = tiny_space(3)
+    space.models_per_pass = models_per_pass
     x, y = torch.randn(70, 4), torch.randint(0, 3, (70,))
     other = space.theta(model.state_dict()) * 0.5
-    loss, error = space.evaluate(torch.stack([space.theta(model.state_dict()), other]), x, y, batch_size=16, models_per_pass=1)
+    loss, error = space.evaluate(torch.stack([space.theta(model.state_dict()), other]), x, y, batch_size=16)
     reference_loss, reference_accuracy = evaluate(model, x, y)
     assert loss[0] == pytest.approx(reference_loss, rel=1e-5) and error[0] == pytest.approx(100 * (1 - reference_accuracy))
     with torch.no_grad():

@@ -292,8 +292,8 @@ def surface_of(run: AnalysisRun, state, eigenvectors: list[Vectors], args, out: 
     flat = [torch.cat([t.reshape(-1) for t in e]).to(space.device, torch.float64) for e in eigenvectors[:2]]
     plane = Plane(space.theta(state).double(), flat[0], flat[1])
     axis = torch.linspace(-1, 1, args.surface_points, dtype=torch.float64)
-    score = model_scorer(space, run.data.x_train, run.data.y_train, 1024, 64)
-    z = evaluate_plane(score, plane, axis, axis, max(1, 64 // args.surface_points))["loss"]
+    score = model_scorer(space, run.data.x_train, run.data.y_train, 1024)
+    z = evaluate_plane(score, plane, axis, axis, max(1, space.models_per_pass // args.surface_points))["loss"]
     grid_b, grid_a = np.meshgrid(axis.numpy(), axis.numpy(), indexing="ij")
     save_table(pd.DataFrame({"a": grid_a.ravel(), "b": grid_b.ravel(), "loss": z.ravel()}),
                out / f"eigen-surface-{run.directory.name}.csv")

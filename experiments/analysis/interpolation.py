@@ -37,10 +37,10 @@ def interpolation_thetas(theta_a: torch.Tensor, theta_b: torch.Tensor, alphas: S
 
 def interpolation_curve(
     space: ThetaSpace, theta_a: torch.Tensor, theta_b: torch.Tensor, alphas: Sequence[float],
-    x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024, models_per_pass: int = 64,
+    x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024,
 ) -> pd.DataFrame:
     """Test loss and error along the line (columns alpha, loss, error)."""
-    loss, error = space.evaluate(interpolation_thetas(theta_a, theta_b, alphas), x, y, batch_size, models_per_pass)
+    loss, error = space.evaluate(interpolation_thetas(theta_a, theta_b, alphas), x, y, batch_size)
     return pd.DataFrame({"alpha": np.asarray(alphas, dtype=np.float64), "loss": loss, "error": error})
 
 

@@ -97,10 +97,10 @@ def evaluate_plane(
     return {name: np.concatenate(parts).reshape(len(ys), len(xs)) for name, parts in values.items()}
 
 
-def model_scorer(space: ThetaSpace, x: torch.Tensor, y: torch.Tensor, batch_size: int, models_per_pass: int):
+def model_scorer(space: ThetaSpace, x: torch.Tensor, y: torch.Tensor, batch_size: int):
     """A ``score`` for :func:`evaluate_plane`: test loss and error of each θ."""
     def score(thetas: torch.Tensor) -> dict[str, np.ndarray]:
-        loss, error = space.evaluate(thetas, x, y, batch_size, models_per_pass)
+        loss, error = space.evaluate(thetas, x, y, batch_size)
         return {"loss": loss, "error": error}
 
     return score
@@ -108,15 +108,15 @@ def model_scorer(space: ThetaSpace, x: torch.Tensor, y: torch.Tensor, batch_size
 
 def landscape(
     space: ThetaSpace, thetas: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor, points: int = 21,
-    batch_size: int = 1024, models_per_pass: int = 64,
+    batch_size: int = 1024,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The grid (x, y, loss, error) and the three models and their mean with their
     coordinates and scores (model, x, y, loss, error) on the plane through three θ."""
     plane = plane_through(*thetas)
     coordinates = [plane.coordinates(theta.to(torch.float64)) for theta in thetas]
     xs, ys = grid_axes(coordinates, points)
-    rows_per_call = max(1, models_per_pass // points)
-    values = evaluate_plane(model_scorer(space, x, y, batch_size, models_per_pass), plane, xs, ys, rows_per_call)
+    rows_per_call = max(1, space.models_per_pass // points)
+    values = evaluate_plane(model_scorer(space, x, y, batch_size), plane, xs, ys, rows_per_call)
     grid_y, grid_x = np.meshgrid(ys.numpy(), xs.numpy(), indexing="ij")
     grid = pd.DataFrame({"x": grid_x.ravel(), "y": grid_y.ravel(), **{k: v.ravel() for k, v in values.items()}})
     mean = np.mean(coordinates, axis=0)
@@ -125,7 +125,7 @@ def landscape(
         columns=["model", "x", "y"],
     )
     models = torch.stack([*thetas, torch.stack(list(thetas)).mean(dim=0)])
-    marks["loss"], marks["error"] = space.evaluate(models, x, y, batch_size, models_per_pass)
+    marks["loss"], marks["error"] = space.evaluate(models, x, y, batch_size)
     return grid, marks
 
 
@@ -178,7 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="which three client models a panel draws")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--models-per-pass", type=int, default=64, help="grid points evaluated together")
+    parser.add_argument("--models-per-pass", type=int, default=None,
+                        help="grid points evaluated in one vmapped pass (default: 1 on CPU, 32 on CUDA)")
     args = parser.parse_args(argv)
     if args.points < 3:
         raise ValueError(f"--points {args.points}: allowed: an integer >= 3")
@@ -199,9 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = run.data
     panels, tables = [], []
     for name, states in tqdm(sets, desc="landscape panels", unit="panel"):
-        space = theta_space(run, args.device, reference=states[0])
-        grid, marks = landscape(space, [space.theta(s) for s in states], data.x_test, data.y_test, args.points,
-                                args.batch_size, args.models_per_pass)
+        space = theta_space(run, args.device, states[0], args.models_per_pass)
+        grid, marks = landscape(space, [space.theta(s) for s in states], data.x_test, data.y_test, args.points, args.batch_size)
         panels.append((name, grid, marks))
         tables.append(pd.concat([grid.assign(panel=name, model="grid"), marks.assign(panel=name)], ignore_index=True))
     out = run.output_dir

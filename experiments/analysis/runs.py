@@ -36,6 +36,11 @@ from strategies.indicators import trainable_names
 from strategies.model_store import load_round_models, saved_rounds
 
 ANALYSIS_DIR = "analysis"
+# Grid models per vmapped pass of ThetaSpace.evaluate, by device. On 2 CPU cores one at a
+# time is fastest (experiments/analysis/benchmark.py, FMNIST CNN: chunks of 4 and 16 ran at
+# 0.76× and 0.72× the speed of chunks of 1); the CUDA value is not measured yet: measure
+# it with the benchmark on your GPU.
+MODELS_PER_PASS = {"cpu": 1, "cuda": 32}
 
 
 @dataclass
@@ -123,8 +128,12 @@ def resolve_round(run: AnalysisRun, requested: int | None) -> int:
 class ThetaSpace:
     """A model seen as a function of θ (its flattened trainable parameters)."""
 
-    def __init__(self, model: nn.Module, device: str | torch.device = "cpu", reference: Mapping[str, Any] | None = None):
+    def __init__(
+        self, model: nn.Module, device: str | torch.device = "cpu", reference: Mapping[str, Any] | None = None,
+        models_per_pass: int | None = None,
+    ):
         self.device = torch.device(device)
+        self.models_per_pass = models_per_pass or MODELS_PER_PASS.get(self.device.type, 1)
         self.model = model.to(self.device).eval()
         if reference is not None:  # buffers (BN statistics) and frozen parameters of this model
             self.model.load_state_dict({k: torch.as_tensor(v) for k, v in reference.items()})
@@ -163,16 +172,16 @@ class ThetaSpace:
 
     @torch.no_grad()
     def evaluate(
-        self, thetas: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024, models_per_pass: int = 32,
-        progress: str | None = None,
+        self, thetas: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024, progress: str | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Mean cross-entropy and top-1 error (%) of each θ (rows of ``thetas``) on (x, y):
-        eval mode, no gradients, CE summed then divided by N (FedIMA's global_test)."""
+        eval mode, no gradients, CE summed then divided by N (FedIMA's global_test);
+        ``models_per_pass`` models at a time."""
         x, y = x.to(self.device), y.to(self.device)
         losses, errors = [], []
-        chunks = range(0, len(thetas), models_per_pass)
+        chunks = range(0, len(thetas), self.models_per_pass)
         for start in tqdm(chunks, desc=progress, unit="chunk", disable=progress is None, leave=False):
-            chunk = thetas[start : start + models_per_pass]
+            chunk = thetas[start : start + self.models_per_pass]
             loss = torch.zeros(len(chunk), dtype=torch.float64, device=self.device)
             wrong = torch.zeros(len(chunk), dtype=torch.float64, device=self.device)
             for i in range(0, len(y), batch_size):
@@ -185,10 +194,12 @@ class ThetaSpace:
         return torch.cat(losses).numpy(), torch.cat(errors).numpy()
 
 
-def theta_space(run: AnalysisRun, device: str, reference: Mapping[str, Any] | None = None) -> ThetaSpace:
+def theta_space(
+    run: AnalysisRun, device: str, reference: Mapping[str, Any] | None = None, models_per_pass: int | None = None,
+) -> ThetaSpace:
     """The run's model as a :class:`ThetaSpace` on ``device`` ('auto': CUDA when there is one)."""
     torch.manual_seed(0)
-    return ThetaSpace(run.build_model(), select_device(device), reference)
+    return ThetaSpace(run.build_model(), select_device(device), reference, models_per_pass)
 
 
 def pyplot():
