@@ -7,7 +7,10 @@ arrays is left out and counted) and aggregated in partition order; the new globa
 is evaluated on the central test set; one row is appended to ``results.csv``. Every
 ``checkpoint-every`` rounds a checkpoint is written, and a run started again on the same
 output directory continues from it (strategies/checkpoint.py); stateful clients snapshot
-their state for it (clients/state_store.py).
+their state for it (clients/state_store.py). With ``save-models-every`` the round's base,
+averaged and client models go to ``models/`` for the analysis tools
+(strategies/model_store.py); ``round-indicators`` adds IMA's locality and client CKA to
+each row (strategies/indicators.py).
 """
 
 from __future__ import annotations

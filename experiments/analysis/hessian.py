@@ -179,12 +179,18 @@ def model_with(run: AnalysisRun, state, device: torch.device) -> nn.Module:
 
 
 def curvature_of(run: AnalysisRun, state, args, top_n: int) -> tuple[list[float], list[Vectors], dict[str, object]]:
-    device = select_device(args.device)
-    operator = HessianOperator(model_with(run, state, device), run.data.x_train, run.data.y_train, args.batch_size,
-                               args.batches, args.seed, args.fixed_batches)
-    eigenvalues, eigenvectors = power_iteration(operator, operator.like(), top_n, args.max_iter, args.tol, args.seed)
-    trace = hutchinson(operator, operator.like(), args.max_iter, args.tol, args.seed, args.diagonal)
-    return eigenvalues, eigenvectors, trace
+    """λ's, eigenvectors and Hutchinson's estimates of one model; each estimate draws its
+    batches from its own seeded stream, so the trace does not depend on ``top_n``."""
+    model = model_with(run, state, select_device(args.device))
+
+    def operator() -> HessianOperator:
+        return HessianOperator(model, run.data.x_train, run.data.y_train, args.batch_size, args.batches, args.seed,
+                               args.fixed_batches)
+
+    eigen = operator()
+    eigenvalues, eigenvectors = power_iteration(eigen, eigen.like(), top_n, args.max_iter, args.tol, args.seed)
+    traced = operator()
+    return eigenvalues, eigenvectors, hutchinson(traced, traced.like(), args.max_iter, args.tol, args.seed, args.diagonal)
 
 
 def plot_pairs(indicators: dict[str, object], clients: Sequence[int], title: str):

@@ -9,8 +9,8 @@ over a trailing window of ``--window`` rounds, averaged over the last rounds.
 Curves: every run's reported accuracy (``test-accuracy``), dashed when the run averages;
 for a run whose average is a shadow model (WIMA, server SWA: ``sent-model`` stays
 ``base``), the base method's own curve in the same run (``base-accuracy``) is that method
-without averaging, drawn solid in the same colour. Runs that differ only in their seed are
-summarised together (mean ± std over seeds)::
+without averaging, drawn solid (once: a run of that method with the same seed is the same
+curve). Runs that differ only in their seed are summarised together (mean ± std over seeds)::
 
     python -m experiments.analysis stability RUN_OR_SWEEP_DIR... [--last 100] [--window 10]
 """
@@ -60,8 +60,7 @@ def plot_stability(curves: list[dict[str, object]], window: int, title: str):
     figure, (top, bottom) = pyplot().subplots(2, 1, figsize=(9, 7), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     colours: dict[str, str] = {}
     for curve in curves:
-        method = str(curve["label"]).split("+")[0]
-        colour = colours.setdefault(method, f"C{len(colours) % 10}")
+        colour = colours.setdefault(str(curve["label"]), f"C{len(colours) % 10}")
         style = "--" if curve["averaged"] else "-"
         label = f"{curve['label']} (seed {curve['seed']})" if curve.get("many-seeds") else str(curve["label"])
         top.plot(curve["rounds"], 100 * np.asarray(curve["accuracy"]), style, color=colour, label=label, linewidth=1.2)
@@ -88,9 +87,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = find_runs(args.runs)
     curves, rows = [], []
     seeds_per_label: dict[str, set[int]] = {}
+    seen: set[tuple[str, int]] = set()
     for run in runs:
         for curve in curves_of(run):
             curve["seed"] = run.config["seed"]
+            if (str(curve["label"]), curve["seed"]) in seen:  # a shadow run's base = the run without averaging
+                continue
+            seen.add((str(curve["label"]), curve["seed"]))
             seeds_per_label.setdefault(str(curve["label"]), set()).add(run.config["seed"])
             curves.append(curve)
             rows.append({"run": run.directory.name, "curve": curve["label"], "seed": curve["seed"],
