@@ -14,7 +14,9 @@ from partitions.feasibility import partition_settings
 
 # The modules whose code decides which sample goes to which client: part of a cached
 # partition's key, so changed partitioning code never reads an old entry.
-PARTITIONER_SOURCES = ("base.py", "dirichlet.py", "iid.py", "shards.py", "stats.py")
+PARTITIONER_SOURCES = (
+    "base.py", "dirichlet.py", "iid.py", "shards.py", "pachinko.py", "domains.py", "natural.py", "stats.py",
+)
 
 
 @lru_cache(maxsize=8)
@@ -28,7 +30,7 @@ def partition_indices(dataset: str, data_dir: str, normalize: bool, settings: tu
     def build() -> dict[str, np.ndarray]:
         from partitions.stats import build_partitioner  # flwr-datasets: only when building
 
-        indices = build_partitioner(*settings).assign(data.y_train.numpy())
+        indices = build_partitioner(*settings).assign(partition_labels_of(data), data.columns)
         return {f"client-{client}": index for client, index in enumerate(indices)}
 
     if not data.fingerprint:  # content unknown: nothing to key a disk entry by
@@ -37,6 +39,20 @@ def partition_indices(dataset: str, data_dir: str, normalize: bool, settings: tu
     key = digest([data.fingerprint, repr(settings), *((code / name).read_bytes() for name in PARTITIONER_SOURCES)])
     arrays = cached_arrays("partitions", key, build)
     return tuple(arrays[f"client-{client}"] for client in range(len(arrays)))
+
+
+def partition_labels_of(data) -> np.ndarray:
+    """The label per training sample that label schemes split by: the class, or for a
+    next-character set the snippet's last target (its next character)."""
+    labels = data.y_train.numpy()
+    return labels if labels.ndim == 1 else last_targets(labels)
+
+
+def last_targets(targets: np.ndarray) -> np.ndarray:
+    """Each row's last scored target (padding is IGNORE_INDEX, below every id)."""
+    scored = targets >= 0
+    last = scored.shape[1] - 1 - np.argmax(scored[:, ::-1], axis=1)
+    return targets[np.arange(len(targets)), last]
 
 
 @lru_cache(maxsize=256)

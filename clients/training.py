@@ -33,6 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from clients.client_step import GradientTerm, client_step
+from partitions.datasets import IGNORE_INDEX
 
 
 @dataclass(frozen=True)
@@ -188,16 +189,22 @@ def add_proximal_gradient(params, anchors: list[torch.Tensor], mu: float) -> Non
 
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 2048) -> tuple[float, float]:
-    """Mean cross-entropy and top-1 accuracy of ``model`` on (x, y)."""
+    """Mean cross-entropy and top-1 accuracy of ``model`` on (x, y), over the scored
+    targets: every label of a classification set; every position but padding
+    (IGNORE_INDEX) of a next-character set, whose outputs are (N, classes, positions)."""
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=x.device)
     correct = torch.zeros((), dtype=torch.int64, device=x.device)
+    scored = torch.zeros((), dtype=torch.int64, device=x.device)
     for start in range(0, len(y), batch_size):
         logits = model(x[start : start + batch_size])
         target = y[start : start + batch_size]
-        loss_sum += F.cross_entropy(logits, target, reduction="sum").double()
-        correct += (logits.argmax(dim=1) == target).sum()
-    return float(loss_sum) / len(y), float(correct) / len(y)
+        valid = target != IGNORE_INDEX
+        loss_sum += F.cross_entropy(logits, target, reduction="sum", ignore_index=IGNORE_INDEX).double()
+        correct += ((logits.argmax(dim=1) == target) & valid).sum()
+        scored += valid.sum()
+    count = max(int(scored), 1)
+    return float(loss_sum) / count, float(correct) / count
 
 
 def select_device(preference: str) -> torch.device:

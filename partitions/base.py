@@ -2,13 +2,16 @@
 
 Each scheme is a flwr-datasets ``Partitioner`` (so it plugs into
 ``flwr_datasets.FederatedDataset`` for hub datasets) whose arithmetic lives in one
-method, :meth:`LabelPartitioner.assign`, that maps a label vector to per-client index
-arrays. Basin's own loaders hold data as tensors and call ``assign`` directly.
+method, :meth:`LabelPartitioner.assign`, that maps a label vector (and, for schemes that
+need them, other per-sample columns: Pachinko's coarse labels, a domain, a writer id) to
+per-client index arrays. Basin's own loaders hold data as tensors and call ``assign``
+directly.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Mapping
 
 import numpy as np
 from flwr_datasets.partitioner import Partitioner
@@ -27,6 +30,9 @@ class LabelPartitioner(Partitioner):
         Name of the label column when used through flwr-datasets.
     """
 
+    # The other columns ``assign`` reads: {name in ``columns``: dataset column (flwr-datasets)}.
+    side_columns: dict[str, str] = {}
+
     def __init__(self, num_partitions: int, seed: int = 0, partition_by: str = "label"):
         super().__init__()
         if not isinstance(num_partitions, int) or num_partitions < 1:
@@ -41,12 +47,20 @@ class LabelPartitioner(Partitioner):
         return self._num_partitions
 
     @abstractmethod
-    def assign(self, labels: np.ndarray) -> list[np.ndarray]:
-        """Return, for each client, the sorted indices of its samples."""
+    def assign(self, labels: np.ndarray, columns: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
+        """Return, for each client, the sorted indices of its samples (``columns``: the
+        :attr:`side_columns` the scheme needs, by name)."""
+
+    def required_column(self, columns: Mapping[str, np.ndarray] | None, name: str) -> np.ndarray:
+        """``columns[name]``, or a ValueError saying that this scheme needs it."""
+        if not columns or name not in columns:
+            raise ValueError(f"{type(self).__name__} needs the data set's {name!r} column, which it does not have")
+        return np.asarray(columns[name])
 
     def load_partition(self, partition_id: int):
         if self._indices is None:
             labels = np.asarray(self.dataset[self._partition_by])
-            self._indices = self.assign(labels)
+            columns = {name: np.asarray(self.dataset[column]) for name, column in self.side_columns.items()}
+            self._indices = self.assign(labels, columns)
         return self.dataset.select(self._indices[partition_id].tolist())
 

@@ -6,8 +6,10 @@ otherwise fail inside every client process after Flower and Ray have started. Th
 launcher and the sweep validation build it here first, on the data set's real labels
 where they are on this machine (digits; Fashion-MNIST's label file), and otherwise on
 synthetic labels with the data set's class counts (CIFAR-10: 10 × 5 000; CIFAR-100:
-100 × 500; Fashion-MNIST without its files: 10 × 6 000). Hub sets of other names are
-not checked (their class counts are not known before loading them).
+100 × 500, 5 fine labels per coarse one; Fashion-MNIST without its files: 10 × 6 000).
+Hub sets of other names are not checked (their class counts are not known before loading
+them). Schemes that need other columns (Pachinko's coarse labels, natural ids, domains)
+are refused at once on a built-in set that lacks them.
 """
 
 from __future__ import annotations
@@ -43,10 +45,12 @@ def partition_labels(dataset: str, data_dir: str) -> np.ndarray | None:
 
 def partition_settings(config: Mapping[str, Any]) -> tuple:
     """The run-config values a partition depends on, in :func:`build_partitioner`'s argument
-    order: (scheme, K, seed, alpha, classes-per-client, min size, balance)."""
+    order: (scheme, K, seed, alpha, classes-per-client, min size, balance, Pachinko α, β,
+    clients per domain)."""
     return (
         str(config["partition"]), int(config["num-clients"]), int(config["seed"]), float(config["alpha"]),
         int(config["classes-per-client"]), int(config["min-partition-size"]), bool(config["dirichlet-balance"]),
+        float(config["pachinko-alpha"]), float(config["pachinko-beta"]), int(config["clients-per-domain"]),
     )
 
 
@@ -60,7 +64,15 @@ def _check(dataset: str, data_dir: str, settings: tuple) -> None:
     labels = partition_labels(dataset, data_dir)
     if labels is None:
         return
-    scheme, num_clients, seed, alpha, classes_per_client, min_size, balance = settings
+    scheme, num_clients, seed, alpha, classes_per_client, min_size, balance, _, _, clients_per_domain = settings
+    needs = "coarse labels" if scheme == "pachinko" else "natural ids (writer, role)" if scheme == "natural" else \
+        "a domain column" if clients_per_domain else None
+    columns = {"coarse": labels // 5} if dataset == "cifar100" else {}  # CIFAR-100: 5 fine labels per coarse one
+    if needs and not (scheme == "pachinko" and columns):
+        raise ValueError(
+            f"partition = {scheme!r}{' with clients-per-domain > 0' if clients_per_domain else ''} needs {needs}; "
+            f"{dataset} has none; allowed: a data set that has them (cifar100 or an hf: set with such a column)"
+        )
     classes = len(np.unique(labels))
     if scheme == "shards" and classes_per_client > classes:
         raise ValueError(
@@ -70,10 +82,10 @@ def _check(dataset: str, data_dir: str, settings: tuple) -> None:
     from partitions.stats import build_partitioner  # flwr-datasets: not for the clients' partition_settings
 
     try:
-        build_partitioner(*settings).assign(labels)
+        build_partitioner(*settings).assign(labels, columns)
     except ValueError as error:
         what = {"dirichlet": f"Dirichlet(alpha={alpha}){' with balance' if balance else ''}",
-                "shards": f"#C = {classes_per_client} shards", "iid": "IID"}[scheme]
+                "shards": f"#C = {classes_per_client} shards", "iid": "IID", "pachinko": "Pachinko allocation"}[scheme]
         raise ValueError(
             f"{what} over num-clients = {num_clients} with min-partition-size = {min_size} cannot be built "
             f"on {dataset} ({len(labels)} training samples): {error}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from partitions.base import LabelPartitioner
@@ -14,7 +16,7 @@ class IidPartitioner(LabelPartitioner):
     shuffling, which is not IID when a dataset is stored sorted by label; hence this one.
     """
 
-    def assign(self, labels: np.ndarray) -> list[np.ndarray]:
+    def assign(self, labels: np.ndarray, columns: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
         if len(labels) < self.num_partitions:
             raise ValueError(
                 f"cannot split {len(labels)} samples into {self.num_partitions} non-empty partitions"

@@ -8,6 +8,8 @@ of, so its indices do not refer to the caller's tensors; hence this one.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from partitions.base import LabelPartitioner
@@ -22,7 +24,7 @@ class ShardPartitioner(LabelPartitioner):
             raise ValueError(f"shards_per_client must be an integer >= 1, got {shards_per_client!r}")
         self.shards_per_client = shards_per_client
 
-    def assign(self, labels: np.ndarray) -> list[np.ndarray]:
+    def assign(self, labels: np.ndarray, columns: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
         rng = np.random.default_rng(self._seed)
         num_shards = self.num_partitions * self.shards_per_client
         shard_size = len(labels) // num_shards

@@ -12,7 +12,9 @@ import pandas as pd
 if TYPE_CHECKING:
     from partitions.base import LabelPartitioner
 
-PARTITION_SCHEMES = ("iid", "dirichlet", "shards")
+PARTITION_SCHEMES = ("iid", "dirichlet", "shards", "pachinko", "natural")
+# Schemes that can run inside each domain of a multi-domain data set (clients-per-domain > 0).
+LABEL_SCHEMES = ("iid", "dirichlet", "shards")
 
 
 def build_partitioner(
@@ -23,43 +25,84 @@ def build_partitioner(
     classes_per_client: int = 2,
     min_partition_size: int = 10,
     balance: bool = False,
+    pachinko_alpha: float = 0.1,
+    pachinko_beta: float = 10.0,
+    clients_per_domain: int = 0,
 ) -> LabelPartitioner:
-    """The partitioner of a scheme named in the run config (``partition`` key)."""
+    """The partitioner of a scheme named in the run config (``partition`` key); with
+    ``clients_per_domain`` > 0 the label scheme runs inside each domain."""
     # Imported here: the partitioners are flwr-datasets Partitioners (seconds of import),
     # and a process that reads a cached partition (clients/data.py) never needs them.
     from partitions.dirichlet import DirichletPartitioner
+    from partitions.domains import DomainPartitioner
     from partitions.iid import IidPartitioner
+    from partitions.natural import NaturalPartitioner
+    from partitions.pachinko import PachinkoPartitioner
     from partitions.shards import ShardPartitioner
 
-    if scheme == "iid":
-        return IidPartitioner(num_partitions, seed=seed)
-    if scheme == "dirichlet":
-        return DirichletPartitioner(num_partitions, alpha, min_partition_size, balance, seed=seed)
-    if scheme == "shards":
-        return ShardPartitioner(num_partitions, classes_per_client, seed=seed)
+    def label_scheme(clients: int, scheme_seed: int) -> LabelPartitioner:
+        if scheme == "iid":
+            return IidPartitioner(clients, seed=scheme_seed)
+        if scheme == "dirichlet":
+            return DirichletPartitioner(clients, alpha, min_partition_size, balance, seed=scheme_seed)
+        return ShardPartitioner(clients, classes_per_client, seed=scheme_seed)
+
+    if clients_per_domain > 0:
+        if scheme not in LABEL_SCHEMES:
+            raise ValueError(f"partition = {scheme!r} cannot run inside domains; allowed: {', '.join(LABEL_SCHEMES)}")
+        if num_partitions % clients_per_domain:
+            raise ValueError(f"num-clients = {num_partitions} is not a multiple of clients-per-domain = {clients_per_domain}")
+        return DomainPartitioner(clients_per_domain, label_scheme, num_partitions // clients_per_domain, seed=seed)
+    if scheme in LABEL_SCHEMES:
+        return label_scheme(num_partitions, seed)
+    if scheme == "pachinko":
+        return PachinkoPartitioner(num_partitions, alpha=pachinko_alpha, beta=pachinko_beta, seed=seed)
+    if scheme == "natural":
+        return NaturalPartitioner(num_partitions, seed=seed)
     raise ValueError(f"unknown partition scheme {scheme!r}; allowed: {', '.join(PARTITION_SCHEMES)}")
 
 
 def partition_notation(config: Mapping[str, Any]) -> str:
-    """The partition of a run config in the papers' notation: Dir(0.1), #C=2, IID."""
-    if config["partition"] == "dirichlet":
-        return f"Dir({config['alpha']:g})" + (", balanced" if config.get("dirichlet-balance") else "")
-    if config["partition"] == "shards":
-        return f"#C={config['classes-per-client']}"
-    return "IID"
+    """The partition of a run config in the papers' notation: Dir(0.1), #C=2, IID, PAM."""
+    scheme = config["partition"]
+    if scheme == "pachinko":
+        return f"Pachinko(α={config['pachinko-alpha']:g}, β={config['pachinko-beta']:g})"
+    if scheme == "natural":
+        return "natural ids"
+    if scheme == "dirichlet":
+        notation = f"Dir({config['alpha']:g})" + (", balanced" if config.get("dirichlet-balance") else "")
+    elif scheme == "shards":
+        notation = f"#C={config['classes-per-client']}"
+    else:
+        notation = "IID"
+    if config.get("clients-per-domain", 0):
+        notation += f" within each domain ({config['clients-per-domain']} clients each)"
+    return notation
 
 
 def client_class_counts(labels: np.ndarray, indices: list[np.ndarray], num_classes: int) -> np.ndarray:
-    """Per-client class counts: an array of shape (num_clients, num_classes)."""
-    return np.stack([np.bincount(labels[idx], minlength=num_classes) for idx in indices])
+    """Per-client class counts: an array of shape (num_clients, num_classes). Sequence
+    targets (one row of labels per sample) count every scored position (padding, < 0, not)."""
+    def scored(values: np.ndarray) -> np.ndarray:
+        values = values.ravel()
+        return values[values >= 0]
+
+    return np.stack([np.bincount(scored(labels[idx]), minlength=num_classes) for idx in indices])
 
 
-def class_count_table(labels: np.ndarray, indices: list[np.ndarray], num_classes: int) -> pd.DataFrame:
-    """One row per client, one column per class, plus the client's total."""
+def class_count_table(
+    labels: np.ndarray, indices: list[np.ndarray], num_classes: int, domains: np.ndarray | None = None,
+    domain_names: tuple[str, ...] = (),
+) -> pd.DataFrame:
+    """One row per client, one column per class, plus the client's total and, given the
+    training samples' ``domains``, the domain(s) its samples come from."""
     counts = client_class_counts(np.asarray(labels), indices, num_classes)
     table = pd.DataFrame(counts, columns=[f"class-{c}" for c in range(num_classes)])
     table.index.name = "partition-id"
     table["total"] = counts.sum(axis=1)
+    if domains is not None:
+        names = list(domain_names) or [str(d) for d in range(int(np.max(domains)) + 1)]
+        table["domain"] = ["+".join(names[d] for d in np.unique(domains[idx])) for idx in indices]
     return table
 
 
@@ -105,6 +148,12 @@ def class_counts_figure(table: pd.DataFrame, title: str = ""):
         fig.colorbar(image, ax=ax, label="samples")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("client (partition id)")
+    if "domain" in table:  # feature skew: the clients of each domain between dashed lines
+        for domain, members in table.groupby("domain", sort=False).groups.items():
+            first, last = min(members), max(members)
+            ax.axvline(first - 0.5, color="black", linestyle="--", linewidth=0.8)
+            ax.text((first + last) / 2, 0.98, domain, transform=ax.get_xaxis_transform(), ha="center", va="top",
+                    fontsize="small", bbox={"facecolor": "white", "alpha": 0.8, "linewidth": 0})
     characters = int(width * 9)  # about 9 title characters per inch at the default size
     ax.set_title("\n".join(textwrap.wrap(title or "samples per class and client", characters)))
     return fig

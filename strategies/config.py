@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from clients.faults import FAULT_FORMAT, parse_faults
-from clients.models import MODEL_NAMES, REQUIRED_INPUT, SLIMMABLE_MODELS, resolve_model_name
+from clients.models import MODEL_NAMES, REQUIRED_INPUT, SEQUENCE_MODELS, SLIMMABLE_MODELS, resolve_model_name
 from partitions.datasets import BUILTIN_DATASETS, INPUT_SHAPES, is_known_dataset
-from partitions.stats import PARTITION_SCHEMES
+from partitions.stats import LABEL_SCHEMES, PARTITION_SCHEMES
 from strategies.averaging import AVERAGING_SUBSETS
 from strategies.schedules import EXPLORATIONS
 
@@ -29,6 +29,9 @@ STRATEGY_NAMES = (
 )
 # Methods that need a residual network with width-slimmable stages.
 RESIDUAL_ONLY = ("fedalign", "stochastic-depth", "gradaug")
+# Methods whose objective works on one label per image (a representation per sample, mixed
+# images): not for sequence models (next-character prediction).
+IMAGE_ONLY = ("moon", "fedfa", "mixup", *RESIDUAL_ONLY)
 FEDSWA_VARIANTS = ("paper", "official-code")
 FEDCM_VARIANTS = ("per-client", "server")
 FEDACG_VARIANTS = ("code", "half")
@@ -78,6 +81,9 @@ SCHEMA: dict[str, Option] = {
     "partition": _one_of(*PARTITION_SCHEMES),
     "alpha": Option(float, "a number >= 0 (Dirichlet concentration; 0 = one class per client)", lambda v: v >= 0),
     "classes-per-client": Option(int, "an integer >= 1", lambda v: v >= 1),
+    "pachinko-alpha": Option(float, "a number > 0 (Pachinko: each client's Dirichlet over coarse labels)", lambda v: v > 0),
+    "pachinko-beta": Option(float, "a number > 0 (Pachinko: each client's Dirichlet over a coarse label's fine labels)", lambda v: v > 0),
+    "clients-per-domain": Option(int, "an integer >= 0 (> 0: split each domain of a multi-domain data set into this many clients with the label scheme of 'partition'; num-clients = this × domains)", lambda v: v >= 0),
     "dirichlet-balance": Option(bool, "true or false (NIID-Bench/FedLab rule: a client holding >= N/K samples gets no share of later classes)"),
     "min-partition-size": Option(int, "an integer >= 0", lambda v: v >= 0),
     "num-clients": Option(int, "an integer >= 1", lambda v: v >= 1),
@@ -204,6 +210,22 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"run config key 'model' = {config['model']!r} (resolved to {model!r}) cannot run strategy = "
             f"{config['strategy']!r}, which needs a residual network with width-slimmable stages; "
             f"allowed: {', '.join(SLIMMABLE_MODELS)}"
+        )
+    if model in SEQUENCE_MODELS and (config["strategy"] in IMAGE_ONLY or config["augment"] != "none"):
+        what = f"strategy = {config['strategy']!r}" if config["strategy"] in IMAGE_ONLY else f"augment = {config['augment']!r}"
+        raise ConfigError(
+            f"run config key 'model' = {model!r} (next-character prediction) cannot run {what}, which works on one "
+            f"label per image; allowed: a strategy other than {', '.join(IMAGE_ONLY)}, augment = 'none'"
+        )
+    if config["clients-per-domain"] and config["partition"] not in LABEL_SCHEMES:
+        raise ConfigError(
+            f"run config key 'clients-per-domain' = {config['clients-per-domain']} splits domains with a label scheme, "
+            f"but partition = {config['partition']!r}; allowed: partition one of {', '.join(LABEL_SCHEMES)}, or 0"
+        )
+    if config["clients-per-domain"] and config["num-clients"] % config["clients-per-domain"]:
+        raise ConfigError(
+            f"run config key 'num-clients' = {config['num-clients']} is not a multiple of clients-per-domain = "
+            f"{config['clients-per-domain']}; allowed: clients-per-domain × the number of domains"
         )
     if config["nesterov"] and config["momentum"] == 0:
         raise ConfigError(

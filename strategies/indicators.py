@@ -6,7 +6,8 @@
   distance"); :func:`client_distances` also gives every client's distance for the mean.
 - **Linear CKA** (Kornblith et al. 2019; IMA Fig 4 right): with X̃ = HX, H = I − 11ᵀ/N,
   CKA(X, Y) = ‖ỸᵀX̃‖_F² / (‖X̃ᵀX̃‖_F·‖ỸᵀỸ‖_F), where X ∈ ℝ^{N×c} are one model's outputs on
-  N common inputs. The round's value is the mean over client pairs k ≠ k′. Basin's
+  N common inputs (a sequence model's outputs at all positions, concatenated). The
+  round's value is the mean over client pairs k ≠ k′. Basin's
   default (the paper leaves it open): linear kernel, the models' logits, the first
   :data:`CKA_SAMPLES` samples of the global test set.
 
@@ -82,6 +83,6 @@ def round_indicators(
     outputs = []
     for state in client_states:
         model.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()})
-        outputs.append(model(x_common.to(device)).cpu())
+        outputs.append(model(x_common.to(device)).flatten(1).cpu())  # sequence outputs: all positions
     return {"locality": float(distances.max()), "locality-mean": float(distances.mean()),
             "client-cka": mean_pairwise_cka(outputs)}

@@ -30,7 +30,9 @@ from typing import Any
 # why the round was skipped (too few accepted replies: the global model stays as it was);
 # failures: each failed client of the round, "partition P (node N): reason", ";"-separated;
 # locality, locality-mean, client-cka: IMA's indicators of the cohort's models
-# (strategies/indicators.py), with round-indicators = true (else empty).
+# (strategies/indicators.py), with round-indicators = true (else empty). A data set with
+# domains adds domain-mean-accuracy and accuracy-<domain> (the reported model on each
+# domain's test split; IMA's feature-skew number is the mean over domains).
 ROUND_COLUMNS = (
     "round", "lr", "local-epochs", "test-accuracy", "test-loss",
     "base-accuracy", "base-loss", "averaged-accuracy", "averaged-loss", "sent-model",
@@ -91,21 +93,33 @@ class RunRecorder:
         self.last_k, self.target = last_k, target
         self.resumed_after = resumed_after
         self.rows: list[dict[str, Any]] = []
+        self.columns: tuple[str, ...] = ROUND_COLUMNS
         self.started = time.time()
         self.training_started: float | None = None
         write_json_atomic(self.directory / "config.json", dict(config))
         self.results_path = self.directory / "results.csv"
-        with open(self.results_path, "w", newline="") as f:
-            csv.writer(f).writerow(ROUND_COLUMNS)
-        for row in rows:
-            self.append(row)
+        self._given_rows = list(rows)
+        self._write_rows()
         self._write_summary("running")
 
+    def extend_columns(self, extra: tuple[str, ...]) -> None:
+        """Add columns a run knows only once its data is loaded (per-domain accuracies);
+        before its first new round: the file is written again with them."""
+        self.columns = ROUND_COLUMNS + tuple(c for c in extra if c not in ROUND_COLUMNS)
+        self._write_rows()
+
+    def _write_rows(self) -> None:
+        self.rows = []
+        with open(self.results_path, "w", newline="") as f:
+            csv.writer(f).writerow(self.columns)
+        for row in self._given_rows:
+            self.append(row)
+
     def append(self, row: Mapping[str, Any]) -> None:
-        row = {column: row.get(column, math.nan) for column in ROUND_COLUMNS}
+        row = {column: row.get(column, math.nan) for column in self.columns}
         self.rows.append(row)
         with open(self.results_path, "a", newline="") as f:
-            csv.writer(f).writerow([row[c] for c in ROUND_COLUMNS])
+            csv.writer(f).writerow([row[c] for c in self.columns])
             f.flush()
             os.fsync(f.fileno())
 

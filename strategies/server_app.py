@@ -103,6 +103,9 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
     data = load_dataset(config["dataset"], config["data-dir"], config["normalize"])
     write_partition_statistics(config, data, recorder.directory)
     x_test, y_test = data.x_test.to(device), data.y_test.to(device)
+    domains = test_domains(data)
+    if domains:
+        recorder.extend_columns(("domain-mean-accuracy", *domains))
     torch.manual_seed(config["seed"])
     model = build_run_model(config, data.input_shape, data.num_classes)
     arrays = ArrayRecord(model.state_dict())
@@ -148,7 +151,7 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
         else:
             print(f"[basin] round {server_round} {strategy.round_status}; the global model is unchanged", flush=True)
         trained = time.perf_counter()
-        evaluation = evaluate_round(strategy, arrays, model, x_test, y_test)
+        evaluation = evaluate_round(strategy, arrays, model, x_test, y_test, domains)
         test_accuracy = evaluation["test-accuracy"]
         metrics = metrics or {}
         recorder.append({
@@ -221,15 +224,27 @@ def client_state_snapshots(config: dict[str, Any], directory: Path, run_token: s
 def write_partition_statistics(config: dict[str, Any], data, directory: Path) -> None:
     """partition.csv (class counts per client) and partition.png: the heterogeneity to look at."""
     indices = partition_indices(config["dataset"], config["data-dir"], config["normalize"], partition_settings(config))
-    table = class_count_table(data.y_train.numpy(), list(indices), data.num_classes)
+    table = class_count_table(data.y_train.numpy(), list(indices), data.num_classes, data.columns.get("domain"),
+                              data.domain_names)
     table.to_csv(directory / "partition.csv")
     title = (f"{config['dataset']}: {partition_notation(config)} over {config['num-clients']} clients, "
              "samples per class and client")
     plot_class_counts(table, directory / "partition.png", title=title)
 
 
-def evaluate_round(strategy, sent: ArrayRecord, model, x_test, y_test) -> dict[str, Any]:
-    """Central accuracy/loss of the base model and, when there is one, the averaged model.
+def test_domains(data) -> dict[str, torch.Tensor]:
+    """{``accuracy-<domain>`` column: that domain's test-sample indices}; {} without domains."""
+    if data.test_domains is None:
+        return {}
+    domains = torch.as_tensor(data.test_domains)
+    names = data.domain_names or tuple(str(d) for d in range(int(domains.max()) + 1))
+    return {f"accuracy-{name}": torch.nonzero(domains == d).flatten() for d, name in enumerate(names)}
+
+
+def evaluate_round(strategy, sent: ArrayRecord, model, x_test, y_test, domains: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+    """Central accuracy/loss of the base model and, when there is one, the averaged model;
+    with ``domains`` (:func:`test_domains`), the reported model's accuracy on each domain's
+    test samples and their mean.
 
     The reported model is the averaged one when it exists (IMA: it is also the one sent),
     else the base model.
@@ -248,4 +263,9 @@ def evaluate_round(strategy, sent: ArrayRecord, model, x_test, y_test) -> dict[s
         row.update({"averaged-accuracy": averaged_accuracy, "averaged-loss": averaged_loss,
                     "test-accuracy": averaged_accuracy, "test-loss": averaged_loss})
         row["sent-model"] = "averaged" if averaging.sends_average else "base"
+    if domains:  # the model holds the reported weights (scored last)
+        for column, index in domains.items():
+            index = index.to(x_test.device)
+            row[column] = evaluate(model, x_test[index], y_test[index])[1]
+        row["domain-mean-accuracy"] = sum(row[c] for c in domains) / len(domains)
     return row

@@ -1,4 +1,5 @@
-"""Shared fixtures: small label vectors, the location of Fashion-MNIST, a server identity."""
+"""Shared fixtures: small label vectors, the location of Fashion-MNIST, small local hub sets,
+a server identity."""
 
 from __future__ import annotations
 
@@ -28,6 +29,17 @@ def data_cache(tmp_path_factory) -> Path:
         del os.environ["BASIN_CACHE_DIR"]
     else:
         os.environ["BASIN_CACHE_DIR"] = previous
+
+
+@pytest.fixture(scope="session")
+def miniature_hub(tmp_path_factory) -> dict[str, Path]:
+    """Small local copies of hub sets (CIFAR-100 with coarse labels, a Digit-Five-like
+    multi-domain set, FEMNIST-like writers, Shakespeare-like text): tests/miniature.py."""
+    from tests.miniature import build_all
+
+    return build_all(tmp_path_factory.mktemp("miniature-hub"))
+
+
 # Tests (not the project) may use the copy in ../shared; the project reads data-dir.
 FASHION_MNIST_DIRS = [Path("/usr/share/datasets/fashion-mnist"), REPO.parent / "shared" / "data" / "fashion-mnist"]
 

@@ -9,13 +9,20 @@ from typing import Any
 
 from torch import nn
 
-from clients.models.cnn import cifar_cnn, fmnist_cnn
+from clients.models.alexnet import AlexNetGn
+from clients.models.cnn import DigitFiveCnn, FemnistCnn, cifar_cnn, fmnist_cnn
+from clients.models.lstm import CharLstm
 from clients.models.mlp import Mlp
 from clients.models.resnet import resnet18_gn, resnet20_gn, resnet56, resnet56_bn
 from clients.models.slimmable import StagedNet
 from clients.models.vgg import vgg11_gn
 
-MODEL_NAMES = ("mlp", "fmnist-cnn", "cifar-cnn", "resnet20-gn", "resnet56", "resnet56-bn", "resnet18-gn", "vgg11-gn")
+MODEL_NAMES = (
+    "mlp", "fmnist-cnn", "cifar-cnn", "resnet20-gn", "resnet56", "resnet56-bn", "resnet18-gn", "vgg11-gn",
+    "alexnet-gn", "digit5-cnn", "femnist-cnn", "char-lstm",
+)
+# Models of token sequences (next-character prediction): the others take images.
+SEQUENCE_MODELS = ("char-lstm",)
 # Models that are StagedNet instances whose stages can run at a reduced width.
 SLIMMABLE_MODELS = ("resnet20-gn", "resnet56", "resnet56-bn", "resnet18-gn")
 # Models without an MLP head, which MOON gives its two-layer projection head (FedAlign's code).
@@ -23,11 +30,11 @@ PROJECTION_HEAD_MODELS = ("resnet56", "resnet56-bn")
 # The model a data set gets when the run config says model = "auto".
 DEFAULT_MODEL = {"digits": "mlp", "fashion-mnist": "fmnist-cnn", "cifar10": "cifar-cnn", "cifar100": "cifar-cnn"}
 # The input shape each fixed-architecture model needs.
-REQUIRED_INPUT = {"fmnist-cnn": (1, 28, 28), "cifar-cnn": (3, 32, 32)}
+REQUIRED_INPUT = {"fmnist-cnn": (1, 28, 28), "cifar-cnn": (3, 32, 32), "digit5-cnn": (3, 28, 28), "femnist-cnn": (1, 28, 28)}
 # Builders of the models that take any (C, H, W) input with H, W >= MIN_SIDE (adaptive pooling).
 _ANY_SIZE = {
     "resnet20-gn": resnet20_gn, "resnet56": resnet56, "resnet56-bn": resnet56_bn, "resnet18-gn": resnet18_gn,
-    "vgg11-gn": vgg11_gn,
+    "vgg11-gn": vgg11_gn, "alexnet-gn": AlexNetGn,
 }
 # The smallest side the embedded 8×8 digits have; the strided stages need at least that.
 MIN_SIDE = 8
@@ -65,12 +72,22 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, proje
     required = REQUIRED_INPUT.get(name)
     if required is not None and tuple(input_shape) != required:
         raise ValueError(f"model {name!r} needs inputs of shape {required}, the data set has {tuple(input_shape)}")
+    if name not in SEQUENCE_MODELS and len(input_shape) == 1:
+        raise ValueError(f"model {name!r} takes images; the data set holds token sequences; allowed: {', '.join(SEQUENCE_MODELS)}")
     if name == "mlp":
         return Mlp(input_shape, num_classes)
     if name == "fmnist-cnn":
         return fmnist_cnn(num_classes)
     if name == "cifar-cnn":
         return cifar_cnn(num_classes)
+    if name == "digit5-cnn":
+        return DigitFiveCnn(num_classes)
+    if name == "femnist-cnn":
+        return FemnistCnn(num_classes)
+    if name == "char-lstm":
+        if len(input_shape) != 1:
+            raise ValueError(f"model 'char-lstm' needs token sequences (N, T), the data set has inputs {tuple(input_shape)}")
+        return CharLstm(num_classes)
     if name in _ANY_SIZE:
         if len(input_shape) != 3 or min(input_shape[1:]) < MIN_SIDE:
             raise ValueError(

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from clients.data import partition_indices
 from clients.models import build_run_model
 from clients.training import select_device
-from partitions.datasets import TensorDataset, load_dataset
+from partitions.datasets import IGNORE_INDEX, TensorDataset, load_dataset
 from partitions.feasibility import partition_settings
 from strategies.indicators import trainable_names
 from strategies.model_store import load_round_models, saved_rounds
@@ -178,6 +178,7 @@ class ThetaSpace:
         eval mode, no gradients, CE summed then divided by N (FedIMA's global_test);
         ``models_per_pass`` models at a time."""
         x, y = x.to(self.device), y.to(self.device)
+        scored_targets = max(int((y != IGNORE_INDEX).sum()), 1)  # a next-character set: every position but padding
         losses, errors = [], []
         chunks = range(0, len(thetas), self.models_per_pass)
         for start in tqdm(chunks, desc=progress, unit="chunk", disable=progress is None, leave=False):
@@ -185,12 +186,15 @@ class ThetaSpace:
             loss = torch.zeros(len(chunk), dtype=torch.float64, device=self.device)
             wrong = torch.zeros(len(chunk), dtype=torch.float64, device=self.device)
             for i in range(0, len(y), batch_size):
-                logits = self._logits(chunk, x[i : i + batch_size])
-                target = y[i : i + batch_size].expand(len(chunk), -1)
-                loss += F.cross_entropy(logits.transpose(1, 2), target, reduction="none").sum(dim=1).double()
-                wrong += (logits.argmax(dim=2) != target).sum(dim=1).double()
-            losses.append((loss / len(y)).cpu())
-            errors.append((100.0 * wrong / len(y)).cpu())
+                logits = self._logits(chunk, x[i : i + batch_size])  # (B, N, classes, …positions)
+                target = y[i : i + batch_size].expand(len(chunk), *y[i : i + batch_size].shape)  # (B, N, …)
+                per_target = F.cross_entropy(logits.flatten(0, 1), target.flatten(0, 1), reduction="none",
+                                             ignore_index=IGNORE_INDEX).reshape(target.shape)
+                scored = target != IGNORE_INDEX
+                loss += per_target.flatten(1).sum(dim=1).double()
+                wrong += ((logits.argmax(dim=2) != target) & scored).flatten(1).sum(dim=1).double()
+            losses.append((loss / scored_targets).cpu())
+            errors.append((100.0 * wrong / scored_targets).cpu())
         return torch.cat(losses).numpy(), torch.cat(errors).numpy()
 
 
