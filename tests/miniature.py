@@ -83,7 +83,7 @@ def build_all(root: Path) -> dict[str, Path]:
     """Every miniature set under ``root``: {name: folder} (``hf:<folder>`` loads it)."""
     return {
         "cifar100": cifar100_like(root / "cifar100"),
-        "digit-five": digit_five_like(root / "digit-five"),
+        "digit_five": digit_five_like(root / "digit-five"),
         "femnist": femnist_like(root / "femnist"),
         "shakespeare": shakespeare_like(root / "shakespeare"),
     }

@@ -57,6 +57,15 @@ RUNS = {
     # SCAFFOLD end to end, its c_i carried across rounds and across a resume:
     # tests/test_resilience.py (scaffold+ima).
     **METHOD_RUNS,
+    # Heterogeneity beyond label skew, on small local copies of hub sets (tests/miniature.py):
+    # Pachinko over 4 × 100 CIFAR-100-like images; feature + label skew, 3 domains × 2
+    # clients; next-character prediction with the LSTM, one client per speaking role.
+    "pachinko": {"dataset": "hf:{cifar100}", "model": "mlp", "partition": "pachinko"},
+    "feature-skew+ima": {"dataset": "hf:{digit_five}", "model": "mlp", "partition": "dirichlet", "alpha": 1.0,
+                         "min-partition-size": 2, "clients-per-domain": 2, "num-clients": 6,
+                         "averaging": "ima", "window": 2, "avg-start": 2},
+    "char-lstm": {"dataset": "hf:{shakespeare}", "model": "char-lstm", "partition": "natural", "num-rounds": 2,
+                  "batch-size": 8, "lr": 1.0, "momentum": 0.9, "grad-clip": 5.0},
     # What the analysis tools read: every 2 rounds and the last 3, all 4 clients each round.
     "fedavg+ima-saved": {"participation": 1.0, "num-rounds": 6, "averaging": "ima", "window": 2, "avg-start": 4,
                          "save-models-every": 2, "save-models-last": 3, "round-indicators": True},
@@ -90,10 +99,14 @@ def _runs_of(item: pytest.Item) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def flower_runs(request, tmp_path_factory) -> dict[str, Launched]:
-    """Launch the RUNS this module's selected tests need, RUNS_AT_ONCE at a time."""
+def flower_runs(request, tmp_path_factory, miniature_hub) -> dict[str, Launched]:
+    """Launch the RUNS this module's selected tests need, RUNS_AT_ONCE at a time (a data set
+    ``hf:{name}`` is the miniature hub set of that name)."""
     names = [name for name in RUNS if any(name in _runs_of(item) for item in request.session.items if item.module is request.module)]
-    configs = {name: resolve_config(SMALL, RUNS[name]) for name in names}
+    configs = {
+        name: resolve_config(SMALL, {**RUNS[name], "dataset": RUNS[name].get("dataset", "digits").format(**miniature_hub)})
+        for name in names
+    }
     outs = {name: tmp_path_factory.mktemp(name.replace("+", "-")) for name in names}
     with ThreadPoolExecutor(max_workers=RUNS_AT_ONCE) as pool:
         futures = {name: pool.submit(launch, configs[name], outs[name], progress=False) for name in names}
@@ -254,3 +267,35 @@ def test_a_run_saves_models_and_indicators_and_every_analysis_tool_reads_them(fl
     landscape = pd.read_csv(out / "analysis" / "landscape.csv")
     assert landscape["panel"].nunique() == 4 and (landscape["model"] == "grid").sum() == 4 * 7 * 7
     assert analysis(["landscape", str(out), "--stages", "2,4"]) == 2  # three stages are needed: one line, no traceback
+
+
+@pytest.mark.flower_runs("pachinko")
+def test_pachinko_run_gives_every_client_its_share_once(flower_runs):
+    run = flower_runs["pachinko"]
+    rows = run.rows()
+    partition = pd.read_csv(run.out / "partition.csv")
+    assert partition["total"].tolist() == [100] * 4  # 400 training images, 4 clients
+    assert rows["test-loss"].iloc[-1] < rows["test-loss"].iloc[0] and rows["test-accuracy"].iloc[-1] > 0.1  # learning
+
+
+@pytest.mark.flower_runs("feature-skew+ima")
+def test_feature_skew_run_reports_each_domain_and_their_mean(flower_runs):
+    run = flower_runs["feature-skew+ima"]
+    rows = run.rows()
+    partition = pd.read_csv(run.out / "partition.csv")
+    assert partition["domain"].tolist() == ["mnist", "mnist", "svhn", "svhn", "usps", "usps"]
+    domains = rows[["accuracy-mnist", "accuracy-svhn", "accuracy-usps"]]
+    assert domains.notna().all().all() and domains.to_numpy().min() >= 0
+    np.testing.assert_allclose(rows["domain-mean-accuracy"], domains.mean(axis=1))
+    # Equal test splits per domain: the union's accuracy is their mean too.
+    np.testing.assert_allclose(rows["test-accuracy"], rows["domain-mean-accuracy"], atol=1e-12)
+
+
+@pytest.mark.flower_runs("char-lstm")
+def test_next_character_run_trains_the_lstm_on_speaking_roles(flower_runs):
+    run = flower_runs["char-lstm"]
+    rows = run.rows()
+    partition = pd.read_csv(run.out / "partition.csv")
+    assert partition["total"].tolist() == [36 * 80] * 4  # one role each: 36 snippets × 80 scored positions
+    assert np.isfinite(rows[["test-loss", "train-loss"]].to_numpy()).all()
+    assert rows["test-accuracy"].iloc[-1] > 0.15  # above always guessing one character (chance 1/82)

@@ -118,7 +118,7 @@ def test_hub_sets_load_with_their_side_columns(miniature_hub):
     assert cifar.x_train.shape == (400, 3, 8, 8) and cifar.num_classes == 10
     np.testing.assert_array_equal(cifar.columns["coarse"], cifar.y_train.numpy() // 5)
 
-    domains = load_dataset(f"hf:{miniature_hub['digit-five']}")
+    domains = load_dataset(f"hf:{miniature_hub['digit_five']}")
     assert domains.domain_names == ("mnist", "svhn", "usps")
     assert domains.x_train.shape[1:] == (3, 10, 10)  # the first image's size, in colour: one image was
     assert len(domains.x_train) == 3 * 48 and len(domains.x_test) == 3 * 12  # 20 % of each domain held out
