@@ -28,7 +28,6 @@ Command (writes decomposition.csv, error-vs-models.csv and decomposition.png)::
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,7 +37,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from experiments.analysis.runs import AnalysisRun, ThetaSpace, pyplot, resolve_round, save_figure, save_table, theta_space
+from experiments.analysis.runs import (
+    AnalysisRun, ThetaSpace, finished, pyplot, resolve_round, save_figure, save_table, theta_space, tool_parser,
+)
 from strategies.indicators import CKA_SAMPLES, client_distances, mean_pairwise_cka
 
 
@@ -161,13 +162,11 @@ def plot_decomposition(table: pd.DataFrame, counts: pd.DataFrame, results: pd.Da
     cka_ax.legend(fontsize=8)
     for ax in axes.ravel():
         ax.grid(alpha=0.3)
-    figure.suptitle(title)
-    figure.tight_layout()
-    return figure
+    return finished(figure, title)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.analysis decompose", description=__doc__.split("\n\n")[0])
+    parser = tool_parser("decompose", __doc__)
     parser.add_argument("run", type=Path, help="a run directory with saved client models")
     parser.add_argument("--round", type=int, default=None, help="the round of the error-vs-models curve (default: last saved)")
     parser.add_argument("--repeats", type=int, default=3, help="random orders of the error-vs-models curve")

@@ -33,7 +33,6 @@ Command (tables per run, so a sweep gives λ_max and trace per method)::
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -46,7 +45,9 @@ from tqdm import tqdm
 
 from experiments.analysis.interpolation import parse_model_spec, pick_model
 from experiments.analysis.landscape import Plane, evaluate_plane, model_scorer
-from experiments.analysis.runs import AnalysisRun, find_runs, pyplot, save_figure, save_table, theta_space
+from experiments.analysis.runs import (
+    AnalysisRun, find_runs, finished, pyplot, save_figure, save_table, theta_space, tool_parser,
+)
 from clients.training import select_device
 
 Vectors = list[torch.Tensor]
@@ -201,9 +202,7 @@ def plot_pairs(indicators: dict[str, object], clients: Sequence[int], title: str
         ax.set_yticks(range(len(clients)), clients)
         ax.set(xlabel="client (partition)", ylabel="client (partition)", title=name)
         figure.colorbar(image, ax=ax, shrink=0.85)
-    figure.suptitle(title)
-    figure.tight_layout()
-    return figure
+    return finished(figure, title)
 
 
 def plot_surface(a: np.ndarray, b: np.ndarray, z: np.ndarray, title: str):
@@ -217,7 +216,7 @@ def plot_surface(a: np.ndarray, b: np.ndarray, z: np.ndarray, title: str):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.analysis hessian", description=__doc__.split("\n\n")[0])
+    parser = tool_parser("hessian", __doc__)
     parser.add_argument("runs", nargs="+", type=Path, help="run directories or sweep folders with saved models")
     parser.add_argument("--model", type=parse_model_spec, default="base",
                         help="the global model: base or averaged, optionally @ROUND (default: base of the last saved round)")

@@ -26,7 +26,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from experiments.analysis.runs import AnalysisRun, ThetaSpace, find_runs, pyplot, save_figure, save_table, theta_space
+from experiments.analysis.runs import (
+    AnalysisRun, ThetaSpace, find_runs, finished, pyplot, save_figure, save_table, theta_space, tool_parser,
+)
 
 
 def interpolation_thetas(theta_a: torch.Tensor, theta_b: torch.Tensor, alphas: Sequence[float]) -> torch.Tensor:
@@ -83,13 +85,11 @@ def plot_curves(curves: pd.DataFrame, a: str, b: str, title: str):
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8)
-    figure.suptitle(title)
-    figure.tight_layout()
-    return figure
+    return finished(figure, title)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.analysis interpolate", description=__doc__.split("\n\n")[0])
+    parser = tool_parser("interpolate", __doc__)
     parser.add_argument("runs", nargs="+", type=Path, help="run directories or sweep folders with saved models")
     parser.add_argument("--a", type=parse_model_spec, default="base", help="the model at α = 0 (default: base)")
     parser.add_argument("--b", type=parse_model_spec, default="averaged", help="the model at α = 1 (default: averaged)")

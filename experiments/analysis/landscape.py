@@ -22,7 +22,6 @@ as a white cross::
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -31,7 +30,9 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from experiments.analysis.runs import AnalysisRun, ThetaSpace, pyplot, save_figure, save_table, theta_space
+from experiments.analysis.runs import (
+    AnalysisRun, ThetaSpace, finished, pyplot, save_figure, save_table, theta_space, tool_parser,
+)
 
 # Relative margin around the models' coordinates (plane.py: α, β ∈ [−0.2, 1.2]).
 MARGIN = 0.2
@@ -146,9 +147,7 @@ def plot_panels(panels: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]], title:
             ax.scatter(mean["x"], mean["y"], marker="x", s=80, c="white", linewidths=2.5, zorder=4)
             ax.set_title(f"{name}: {label}", fontsize=10)
             ax.set(xlabel="along w2 − w1", ylabel="along w3, orthogonalised")
-    figure.suptitle(title)
-    figure.tight_layout()
-    return figure
+    return finished(figure, title)
 
 
 def client_stages(run: AnalysisRun, requested: Sequence[int] | None) -> list[int]:
@@ -170,7 +169,7 @@ def client_stages(run: AnalysisRun, requested: Sequence[int] | None) -> list[int
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.analysis landscape", description=__doc__.split("\n\n")[0])
+    parser = tool_parser("landscape", __doc__)
     parser.add_argument("run", help="a run directory with saved models")
     parser.add_argument("--points", type=int, default=21, help="grid points per axis (default 21)")
     parser.add_argument("--stages", type=lambda s: [int(v) for v in s.split(",")], default=None,

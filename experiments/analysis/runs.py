@@ -14,8 +14,9 @@ landscape is a few dozen batched passes instead of 441 model loads.
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -30,6 +31,7 @@ from tqdm import tqdm
 from clients.data import partition_indices
 from clients.models import build_run_model
 from clients.training import select_device
+from experiments.launch import default_run_config
 from partitions.datasets import IGNORE_INDEX, TensorDataset, load_dataset
 from partitions.feasibility import partition_settings
 from strategies.indicators import trainable_names
@@ -56,7 +58,8 @@ class AnalysisRun:
         config_file = directory / "config.json"
         if not config_file.is_file():
             raise FileNotFoundError(f"{directory} is not a Basin run directory: it has no config.json")
-        return cls(directory, json.loads(config_file.read_text()))
+        # A run written before a key existed took its default (the keys added since are defaults too).
+        return cls(directory, {**default_run_config(), **json.loads(config_file.read_text())})
 
     @property
     def label(self) -> str:
@@ -214,6 +217,18 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def tool_parser(tool: str, doc: str) -> argparse.ArgumentParser:
+    """The command line of ``python -m experiments.analysis TOOL``, described by the module's first paragraph."""
+    return argparse.ArgumentParser(prog=f"python -m experiments.analysis {tool}", description=doc.split("\n\n")[0])
+
+
+def finished(figure, title: str):
+    """``figure`` with its title, laid out."""
+    figure.suptitle(title)
+    figure.tight_layout()
+    return figure
 
 
 def save_figure(figure, path: Path) -> Path:

@@ -17,14 +17,13 @@ curve). Runs that differ only in their seed are summarised together (mean ± std
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from experiments.analysis.runs import AnalysisRun, find_runs, pyplot, save_figure, save_table
+from experiments.analysis.runs import AnalysisRun, find_runs, finished, pyplot, save_figure, save_table, tool_parser
 
 
 def round_to_round_noise(accuracy: Sequence[float], window: int) -> np.ndarray:
@@ -70,13 +69,11 @@ def plot_stability(curves: list[dict[str, object]], window: int, title: str):
     top.legend(fontsize=8)
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
-    figure.suptitle(title)
-    figure.tight_layout()
-    return figure
+    return finished(figure, title)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.analysis stability", description=__doc__.split("\n\n")[0])
+    parser = tool_parser("stability", __doc__)
     parser.add_argument("runs", nargs="+", type=Path, help="run directories or sweep folders")
     parser.add_argument("--last", type=int, default=100, help="rounds of the final mean (WIMA: 100)")
     parser.add_argument("--window", type=int, default=10, help="trailing window of the round-to-round noise")
