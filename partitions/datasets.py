@@ -239,7 +239,8 @@ def load_hub_dataset(hub_id: str) -> TensorDataset:
                          f"has {dict(features)}")
     id_key = next((k for k in NATURAL_ID_COLUMNS if k in features), None)
     side = [k for k in ("coarse_label", "domain") if k in features] + ([id_key] if id_key else [])
-    fingerprint = digest(["hub", hub_id, str(image_key), str(label_key), *side,
+    # "hub-2": the decoding of side columns, text and held-out splits (older entries lack them).
+    fingerprint = digest(["hub-2", hub_id, str(image_key), str(label_key), *side,
                           *(splits[name]._fingerprint for name in split_names)])
 
     def decode() -> dict[str, np.ndarray]:
@@ -258,17 +259,17 @@ def load_hub_dataset(hub_id: str) -> TensorDataset:
 
 def _arrays_of(train: dict, test: dict | None, text: bool, image_key, label_key, id_key, features) -> dict[str, np.ndarray]:
     """The cache entry of a hub set's decoded columns (test split held out when missing)."""
-    names = ("domain",) if "domain" in train else ()
+    has_domains = "domain" in train
     domain_names: list[str] = []
-    for split in (train, test) if test is not None else (train,):
-        if "domain" in split:  # ids in sorted order of the domains' names (or ClassLabel ids)
-            values = np.asarray(split["domain"])
-            if values.dtype.kind in "US" or values.dtype == object:
-                domain_names = domain_names or sorted(set(np.asarray(train["domain"]).tolist()))
-                split["domain"] = np.array([domain_names.index(v) for v in values.tolist()], dtype=np.int64)
-    if "domain" in train and not domain_names:
+    if has_domains:
         feature = features["domain"]
-        domain_names = list(feature.names) if hasattr(feature, "names") else [str(d) for d in np.unique(train["domain"])]
+        if hasattr(feature, "names"):  # a ClassLabel: its ids and names
+            domain_names = list(feature.names)
+        else:  # strings (flwrlabs/pacs) or integers: ids in sorted order of the values
+            domain_names = [str(v) for v in sorted(set(np.asarray(train["domain"]).tolist()))]
+            for split in (train, test) if test is not None else (train,):
+                split["domain"] = np.array([domain_names.index(str(v)) for v in np.asarray(split["domain"]).tolist()],
+                                           dtype=np.int64)
     if test is None:
         train, test = _hold_out(train, id_key)
     if text:
@@ -285,7 +286,7 @@ def _arrays_of(train: dict, test: dict | None, text: bool, image_key, label_key,
                           *_images_and_labels(test, image_key, label_key, target), features[label_key].num_classes, 255)
     if "coarse_label" in train:
         raw["coarse-train"] = np.asarray(train["coarse_label"], dtype=np.int64)
-    if names:
+    if has_domains:
         raw["domain-train"] = np.asarray(train["domain"], dtype=np.int64)
         raw["domain-test"] = np.asarray(test["domain"], dtype=np.int64)
         raw["domain-names"] = np.array(domain_names)
