@@ -155,15 +155,27 @@ def test_resnet56_bn_keeps_float_running_statistics_of_the_full_width_only():
     assert abs(float(out.mean())) < 1e-5
 
 
+# An input shape each model takes (the others: 3×32×32); char-lstm reads 12 character ids.
+INPUT_SHAPES = {"mlp": (1, 8, 8), "fmnist-cnn": (1, 28, 28), "femnist-cnn": (1, 28, 28), "digit5-cnn": (3, 28, 28),
+                "alexnet-gn": (3, 64, 64), "char-lstm": (12,)}
+
+
+def example_input(name: str) -> torch.Tensor:
+    shape = INPUT_SHAPES.get(name, (3, 32, 32))
+    return torch.randint(0, 10, (2, *shape)) if name == "char-lstm" else torch.randn(2, *shape)
+
+
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_classifier_on_the_representation_is_the_forward(name):
-    shape = {"fmnist-cnn": (1, 28, 28), "mlp": (1, 8, 8)}.get(name, (3, 32, 32))
     torch.manual_seed(0)
-    model = build_model(name, shape, 10)
-    x = torch.randn(2, *shape)
+    x = example_input(name)
+    model = build_model(name, tuple(x.shape[1:]), 10)
+    model.eval()  # FEMNIST's dropout
     representation = model.represent(x)
-    assert representation.shape[1] == model.classifier.in_features
-    torch.testing.assert_close(model.classifier(representation), model(x))
+    assert representation.shape[-1] == model.classifier.in_features
+    logits = model.classifier(representation)
+    # Sequence models score every position: (N, T, classes) → (N, classes, T).
+    torch.testing.assert_close(logits.transpose(1, 2) if logits.dim() == 3 else logits, model(x))
     assert is_slimmable(model) == (name in SLIMMABLE_MODELS)
 
 
@@ -287,7 +299,7 @@ def test_weights_round_trip_through_a_flower_array_record(name):
     # What every round does: state dict → ArrayRecord → state dict → load_state_dict (strict).
     from flwr.app import ArrayRecord
 
-    shape = {"mlp": (1, 8, 8), "fmnist-cnn": (1, 28, 28)}.get(name, (3, 32, 32))
+    shape = tuple(example_input(name).shape[1:])
     torch.manual_seed(0)
     source, target = build_model(name, shape, 10), build_model(name, shape, 10)
     target.load_state_dict(ArrayRecord(source.state_dict()).to_torch_state_dict())
