@@ -21,6 +21,7 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
@@ -102,8 +103,9 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
     print(f"[basin] loading {config['dataset']} and building its partition", flush=True)
     data = load_dataset(config["dataset"], config["data-dir"], config["normalize"])
     write_partition_statistics(config, data, recorder.directory)
-    x_test, y_test = data.x_test.to(device), data.y_test.to(device)
-    domains = test_domains(data)
+    cka_inputs = data.x_test[:CKA_SAMPLES].to(device)  # the first test samples, in the data set's order
+    x_test, y_test, domains = test_split_by_domain(data)
+    x_test, y_test = x_test.to(device), y_test.to(device)
     if domains:
         recorder.extend_columns(("domain-mean-accuracy", *domains))
     torch.manual_seed(config["seed"])
@@ -168,7 +170,7 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
             **strategy.round_clients,
             "round-status": strategy.round_status,
             "failures": "; ".join(map(str, strategy.round_failures)),
-            **(indicators_of_round(strategy, model, x_test) if config["round-indicators"] else {}),
+            **(indicators_of_round(strategy, model, cka_inputs) if config["round-indicators"] else {}),
         })
         if saves_round(config, server_round) and aggregated is not None:
             save_models_of_round(config, recorder.directory, server_round, strategy, arrays)
@@ -190,12 +192,12 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
         remove_run_snapshots(run_snapshots)
 
 
-def indicators_of_round(strategy, model, x_test) -> dict[str, float]:
+def indicators_of_round(strategy, model, cka_inputs) -> dict[str, float]:
     """IMA's locality and client-model CKA of the round's accepted client models."""
     clients = strategy.round_client_models()
     states = [state for state, _ in clients.values()]
     weights = [n for _, n in clients.values()]
-    return round_indicators(model, states, weights, x_test[:CKA_SAMPLES])
+    return round_indicators(model, states, weights, cka_inputs)
 
 
 def save_models_of_round(config: dict[str, Any], directory: Path, server_round: int, strategy, sent: ArrayRecord) -> None:
@@ -232,18 +234,23 @@ def write_partition_statistics(config: dict[str, Any], data, directory: Path) ->
     plot_class_counts(table, directory / "partition.png", title=title)
 
 
-def test_domains(data) -> dict[str, torch.Tensor]:
-    """{``accuracy-<domain>`` column: that domain's test-sample indices}; {} without domains."""
+def test_split_by_domain(data) -> tuple[torch.Tensor, torch.Tensor, dict[str, slice]]:
+    """The test split ordered by domain, and {``accuracy-<domain>`` column: that domain's
+    slice of it} ({} without domains): per-domain scores read views, no copies, every round."""
     if data.test_domains is None:
-        return {}
-    domains = torch.as_tensor(data.test_domains)
-    names = data.domain_names or tuple(str(d) for d in range(int(domains.max()) + 1))
-    return {f"accuracy-{name}": torch.nonzero(domains == d).flatten() for d, name in enumerate(names)}
+        return data.x_test, data.y_test, {}
+    domains = np.asarray(data.test_domains)
+    order = torch.from_numpy(np.argsort(domains, kind="stable"))
+    ends = np.cumsum(np.bincount(domains))
+    names = data.domain_names or tuple(str(d) for d in range(len(ends)))
+    slices = {f"accuracy-{name}": slice(int(end - count), int(end))
+              for name, end, count in zip(names, ends, np.bincount(domains))}
+    return data.x_test[order], data.y_test[order], slices
 
 
-def evaluate_round(strategy, sent: ArrayRecord, model, x_test, y_test, domains: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+def evaluate_round(strategy, sent: ArrayRecord, model, x_test, y_test, domains: dict[str, slice] | None = None) -> dict[str, Any]:
     """Central accuracy/loss of the base model and, when there is one, the averaged model;
-    with ``domains`` (:func:`test_domains`), the reported model's accuracy on each domain's
+    with ``domains`` (:func:`test_split_by_domain`), the reported model's accuracy on each domain's
     test samples and their mean.
 
     The reported model is the averaged one when it exists (IMA: it is also the one sent),
@@ -264,8 +271,7 @@ def evaluate_round(strategy, sent: ArrayRecord, model, x_test, y_test, domains: 
                     "test-accuracy": averaged_accuracy, "test-loss": averaged_loss})
         row["sent-model"] = "averaged" if averaging.sends_average else "base"
     if domains:  # the model holds the reported weights (scored last)
-        for column, index in domains.items():
-            index = index.to(x_test.device)
-            row[column] = evaluate(model, x_test[index], y_test[index])[1]
+        for column, part in domains.items():
+            row[column] = evaluate(model, x_test[part], y_test[part])[1]
         row["domain-mean-accuracy"] = sum(row[c] for c in domains) / len(domains)
     return row
