@@ -4,27 +4,19 @@ Data settings (dataset, partition scheme, seed) come from the run config; the
 partition id and count from the node config (simulation: one per SuperNode;
 deployment: ``--node-config "partition-id=K num-partitions=N"``). Training
 hyperparameters, including the round's learning rate, come with each message.
+
+This module imports no torch (the work is in clients/client_work.py, imported with a
+client's first training message): Flower's simulation process loads it before it starts
+Ray and the client processes, so a light import starts them sooner.
 """
 
 from __future__ import annotations
 
-import time
-from functools import lru_cache
-
-import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients import protocol
-from clients.data import client_tensors
-from clients.faults import inject_faults
 from clients.simulation_engine import install_engine_wakeup
-from clients.models import build_model, resolve_model_name, uses_projection_head
-from clients.local_round import LocalRound, round_randomness
-from clients.mime import full_gradient
-from clients.state_store import ClientStateStore, last_checkpoint_round
-from clients.training import select_device
-from partitions.datasets import load_dataset
 
 app = ClientApp()
 # In the simulation engine's process (which loads this module before it starts handing
@@ -32,38 +24,11 @@ app = ClientApp()
 install_engine_wakeup()
 
 
-@lru_cache(maxsize=4)
-def _process_model(
-    name: str, input_shape: tuple[int, ...], num_classes: int, projection_head: bool, device: str
-) -> torch.nn.Module:
-    """One model per client process, reused every round: each round overwrites all of its
-    weights with the received ones, so only the allocation is saved."""
-    return build_model(name, input_shape, num_classes, projection_head).to(device)
-
-
-def _partition(context: Context) -> tuple[int, int]:
-    return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
-
-
-def _received_model_and_data(msg: Message, context: Context) -> tuple[torch.device, torch.nn.Module, torch.Tensor, torch.Tensor]:
-    """(device, the process's model holding the message's weights, this partition's x, y on the device)."""
-    run_config = context.run_config
-    partition_id, num_partitions = _partition(context)
-    device = select_device(str(run_config["device"]))
-    x, y = client_tensors(tuple(sorted(run_config.items())), partition_id, num_partitions, str(device))
-    data = load_dataset(str(run_config["dataset"]), str(run_config["data-dir"]), bool(run_config["normalize"]))
-    model_name = resolve_model_name(str(run_config["model"]), str(run_config["dataset"]))
-    projection_head = uses_projection_head(model_name, str(run_config["strategy"]))
-    model = _process_model(model_name, data.input_shape, data.num_classes, projection_head, str(device))
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    return device, model, x, y
-
-
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Tell the server which partition this node holds."""
-    partition_id, num_partitions = _partition(context)
-    info = ConfigRecord({"partition-id": partition_id, "num-partitions": num_partitions})
+    info = ConfigRecord({"partition-id": int(context.node_config["partition-id"]),
+                         "num-partitions": int(context.node_config["num-partitions"])})
     return Message(content=RecordDict({"partition": info}), reply_to=msg)
 
 
@@ -71,50 +36,14 @@ def query(msg: Message, context: Context) -> Message:
 def full_gradient_query(msg: Message, context: Context) -> Message:
     """MIME's extra exchange: this client's mean gradient over all of its examples at the
     received model, with no update (clients/mime.py)."""
-    _, model, x, y = _received_model_and_data(msg, context)
-    gradient = full_gradient(model, x, y)
-    reply = RecordDict({"gradient": ArrayRecord({k: v.cpu() for k, v in gradient.items()}),
-                        "metrics": MetricRecord({"num-examples": len(y)})})
-    return Message(content=reply, reply_to=msg)
+    from clients.client_work import full_gradient_reply
+
+    return full_gradient_reply(msg, context)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Load the global model, run local SGD with the round's config, reply with the result."""
-    started = time.time()
-    run_config = context.run_config
-    partition_id, _ = _partition(context)
-    round_config = msg.content["config"]
-    device, model, x, y = _received_model_and_data(msg, context)
+    from clients.client_work import train_reply
 
-    server_round = int(round_config["server-round"])
-    snapshots = ClientStateStore.for_round(round_config, context.node_config, partition_id)
-    resumed_after = int(round_config.get(protocol.RESUMED_AFTER_ROUND, 0))
-    if snapshots and resumed_after and not context.state:  # this node's first round of a resumed run
-        snapshots.restore(context.state, resumed_after)
-
-    generator, rng = round_randomness(int(round_config["seed"]), server_round, partition_id)
-    local_round = LocalRound(model, msg.content, context.state, rng)
-    result = local_round.train(model, x, y, generator)
-    metrics, records = local_round.finish(model, result)
-    if snapshots:
-        every = int(round_config[protocol.CHECKPOINT_EVERY])
-        snapshots.save(context.state, server_round, last_checkpoint_round(server_round, every, resumed_after))
-    metrics.update(process_usage(started, device))
-    state = model.state_dict()
-    if run_config["fault-injection"]:
-        state = inject_faults(
-            str(run_config["fault-injection"]), partition_id, server_round, state,
-            float(run_config["round-timeout"]),
-        )
-    reply = RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics), **records})
-    return Message(content=reply, reply_to=msg)
-
-
-def process_usage(started: float, device: torch.device) -> dict[str, float]:
-    """When this client worked (wall clock, so the server can tell its own overhead apart)
-    and, on CUDA, the peak memory its process has allocated (data, model and activations)."""
-    usage = {protocol.TRAIN_START: started, protocol.TRAIN_END: time.time()}
-    if device.type == "cuda":
-        usage[protocol.GPU_PEAK_MB] = torch.cuda.max_memory_allocated(device) / 2**20
-    return usage
+    return train_reply(msg, context)

@@ -3,42 +3,31 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from partitions.cache import cached_arrays, digest
+from partitions.cache import cached_partition
 from partitions.datasets import load_dataset
 from partitions.feasibility import partition_settings
-
-# The modules whose code decides which sample goes to which client: part of a cached
-# partition's key, so changed partitioning code never reads an old entry.
-PARTITIONER_SOURCES = (
-    "base.py", "dirichlet.py", "iid.py", "shards.py", "pachinko.py", "domains.py", "natural.py", "stats.py",
-)
 
 
 @lru_cache(maxsize=8)
 def partition_indices(dataset: str, data_dir: str, normalize: bool, settings: tuple) -> tuple[np.ndarray, ...]:
     """All clients' index arrays for a partition, ``settings`` as
     :func:`partitions.feasibility.partition_settings` gives them; cached in the process and
-    on disk (partitions/cache.py: the first process of a run builds it, the others load
-    it). The labels come from the process's one cached copy of the data set."""
+    on disk (partitions/cache.py: the launcher's check or the first process of a run builds
+    it, the others load it). The labels come from the process's one cached copy of the data set."""
     data = load_dataset(dataset, data_dir, normalize)
 
-    def build() -> dict[str, np.ndarray]:
+    def build() -> list[np.ndarray]:
         from partitions.stats import build_partitioner  # flwr-datasets: only when building
 
-        indices = build_partitioner(*settings).assign(partition_labels_of(data), data.columns)
-        return {f"client-{client}": index for client, index in enumerate(indices)}
+        return build_partitioner(*settings).assign(partition_labels_of(data), data.columns)
 
     if not data.fingerprint:  # content unknown: nothing to key a disk entry by
-        return tuple(build().values())
-    code = Path(__file__).resolve().parent.parent / "partitions"
-    key = digest([data.fingerprint, repr(settings), *((code / name).read_bytes() for name in PARTITIONER_SOURCES)])
-    arrays = cached_arrays("partitions", key, build)
-    return tuple(arrays[f"client-{client}"] for client in range(len(arrays)))
+        return tuple(build())
+    return tuple(cached_partition(data.fingerprint, settings, build))
 
 
 def partition_labels_of(data) -> np.ndarray:

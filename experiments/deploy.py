@@ -89,6 +89,7 @@ from experiments.launch import (
     parse_overrides,
     resolve_config,
     run_failure,
+    stage_app,
     stop_process_tree,
 )
 from experiments.output_dir import OutputLock, create_output_dir, unique_output_dir
@@ -333,7 +334,10 @@ class LocalFederation:
         (out_dir / "summary.json").unlink(missing_ok=True)
         run_config_path = out_dir / "run-config.toml"
         run_config_path.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in config.items()))
-        command = [str(self._bin_dir / "flwr"), "run", str(APP_DIR), self.name, "--stream", "--run-config", str(run_config_path)]
+        app = self._home("cli") / "app"
+        if not app.is_dir():
+            stage_app(app)
+        command = [str(self._bin_dir / "flwr"), "run", str(app), self.name, "--stream", "--run-config", str(run_config_path)]
         log_path = out_dir / "flwr.log"
         with open(log_path, "w") as log:
             process = subprocess.Popen(command, env=self._env("cli"), stdout=log, stderr=subprocess.STDOUT, cwd=APP_DIR)

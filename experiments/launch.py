@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,6 +36,9 @@ from strategies.config import ConfigError, cohort_size, summary_horizon, validat
 from strategies.results import summarize, write_json_atomic
 
 APP_DIR = Path(__file__).resolve().parents[1]
+# What a run executes: the ServerApp's and ClientApp's packages and the app's pyproject.toml.
+APP_PACKAGES = ("clients", "strategies", "partitions", "experiments")
+APP_FILES = ("pyproject.toml", "README.md")
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 
 
@@ -237,6 +241,22 @@ def _toml_value(value: Any) -> str:
     return repr(value)
 
 
+def stage_app(destination: Path) -> Path:
+    """Copy the app's files (APP_PACKAGES and APP_FILES, without ``__pycache__``) into
+    ``destination`` and return it: the folder to give ``flwr run``.
+
+    ``flwr run APP`` packs APP into a FAB after walking *every* file below it and resolving
+    each path, a ``.venv`` (~50,000 files) and ``runs/`` included, to keep only the app's
+    sources: 3.1 s of every launch on 2 CPU cores, more with each saved run. Flower then
+    filters the staged copy with its own rules, so the FAB holds the same app.
+    """
+    for package in APP_PACKAGES:
+        shutil.copytree(APP_DIR / package, destination / package, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in APP_FILES:
+        shutil.copy2(APP_DIR / name, destination / name)
+    return destination
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -407,7 +427,7 @@ def _launch_locked(
         if ray_address is not None:
             env["RAY_ADDRESS"] = ray_address
         command = [
-            str(bin_dir / "flwr"), "run", str(APP_DIR), "--stream",
+            str(bin_dir / "flwr"), "run", str(stage_app(Path(flwr_home) / "app")), "--stream",
             "--run-config", str(run_config_path),
             "--federation-config", resources.federation_config(config["num-clients"]),
         ]

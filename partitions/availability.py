@@ -7,7 +7,8 @@ and once per run of a sweep. :func:`data_problem` answers in about a second:
 - ``digits``: bundled with scikit-learn, always there.
 - ``fashion-mnist``: the directory exists and its four IDX files (raw or ``.gz``) are
   readable and complete (the header's dimensions match the payload; a truncated ``.gz``
-  is named).
+  is named). Files whose exact contents are in the decoded-data cache
+  (partitions/cache.py) decoded completely before and are not read again.
 - ``cifar10``, ``cifar100``, ``hf:<id>``: a local path, or a copy in the Hugging Face
   datasets cache, or the hub answering for the id within a few seconds (offline, the
   message says so and how to use a local copy).
@@ -21,7 +22,8 @@ import struct
 from functools import lru_cache
 from pathlib import Path
 
-from partitions.datasets import FASHION_MNIST_DEFAULT_DIR, HUB_ALIASES, IDX_STEMS
+from partitions.cache import is_cached
+from partitions.datasets import FASHION_MNIST_DEFAULT_DIR, HUB_ALIASES, IDX_STEMS, local_fingerprint
 
 HUB_TIMEOUT_S = 5.0
 
@@ -55,10 +57,15 @@ def _fashion_mnist_problem(directory: str, signature: tuple) -> str | None:
     hint = "install the Debian package dataset-fashion-mnist or set data-dir to a directory holding the IDX files"
     if not root.is_dir():
         return f"Fashion-MNIST directory {root} does not exist; {hint}"
+    paths = []
     for stem in IDX_STEMS:
         path = next((p for p in (root / stem, root / f"{stem}.gz") if p.is_file()), None)
         if path is None:
             return f"Fashion-MNIST file {stem}[.gz] is missing from {root}; {hint}"
+        paths.append(path)
+    if is_cached("datasets", local_fingerprint("fashion-mnist", directory)):
+        return None  # these very contents were decoded completely before
+    for path in paths:
         problem = _idx_problem(path)
         if problem:
             return f"Fashion-MNIST file {path} {problem}"

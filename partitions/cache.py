@@ -63,6 +63,32 @@ def file_digest(paths: Iterable[Path]) -> str:
     return sha.hexdigest()
 
 
+def is_cached(kind: str, key: str) -> bool:
+    """Whether entry ``kind/key`` is in the cache (a data set decoded completely before)."""
+    directory = cache_dir()
+    return directory is not None and (directory / kind / f"{key}.npz").is_file()
+
+
+# The modules whose code decides which sample goes to which client: part of a cached
+# partition's key, so changed partitioning code never reads an old entry.
+PARTITIONER_SOURCES = (
+    "base.py", "dirichlet.py", "iid.py", "shards.py", "pachinko.py", "domains.py", "natural.py", "stats.py",
+)
+
+
+def cached_partition(fingerprint: str, settings: tuple, build: Callable[[], list[np.ndarray]]) -> list[np.ndarray]:
+    """Every client's index array of the partition ``settings`` (as
+    partitions.feasibility.partition_settings gives them) of the data set whose content
+    is ``fingerprint``: loaded when cached, else ``build()`` and stored. The launcher's
+    feasibility check, the ServerApp and the client processes share the entry."""
+    code = Path(__file__).resolve().parent
+    key = digest([fingerprint, repr(settings), *((code / name).read_bytes() for name in PARTITIONER_SOURCES)])
+    arrays = cached_arrays(
+        "partitions", key, lambda: {f"client-{client}": index for client, index in enumerate(build())}
+    )
+    return [arrays[f"client-{client}"] for client in range(len(arrays))]
+
+
 def cached_arrays(kind: str, key: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """The arrays of entry ``kind/key``: loaded when cached, else ``build()`` and stored.
 

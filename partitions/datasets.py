@@ -124,7 +124,7 @@ def _load_scaled(name: str, data_dir: str) -> TensorDataset:
     if name == "digits":
         return _scaled(name, *_load_digits())
     if name == "fashion-mnist":
-        return _scaled(name, *_load_fashion_mnist(Path(data_dir) if data_dir else FASHION_MNIST_DEFAULT_DIR))
+        return _scaled(name, *_load_fashion_mnist(data_dir))
     if name in HUB_ALIASES:
         return load_hub_dataset(HUB_ALIASES[name])
     if name.startswith("hf:"):
@@ -140,7 +140,9 @@ def _scaled(name: str, raw: dict[str, np.ndarray], fingerprint: str) -> TensorDa
     def inputs(split: str) -> torch.Tensor:
         if raw[f"x-{split}"].dtype != np.uint8:  # token ids
             return torch.from_numpy(raw[f"x-{split}"])
-        return torch.from_numpy(raw[f"x-{split}"].astype(np.float32) / scale)
+        # Torch's conversion and in-place division: the values numpy's astype and / give, bit
+        # for bit, in a tenth of the time (Fashion-MNIST: 0.1 s instead of 1.2 s per process).
+        return torch.from_numpy(raw[f"x-{split}"]).to(torch.float32).div_(scale)
 
     columns = {name: raw[f"{name}-train"] for name in ("coarse", "domain", "natural-id") if f"{name}-train" in raw}
     return TensorDataset(
@@ -156,11 +158,29 @@ def _raw_arrays(x_train, y_train, x_test, y_test, num_classes: int, max_value: i
             "num-classes": np.array(num_classes), "max-value": np.array(max_value)}
 
 
-def _load_digits() -> tuple[dict[str, np.ndarray], str]:
+def local_fingerprint(name: str, data_dir: str = "") -> str | None:
+    """The cache fingerprint (partitions/cache.py) of a built-in set read from local files,
+    digits or Fashion-MNIST, from its files' contents without decoding them; None for
+    other sets, or when the files are missing."""
+    try:
+        if name == "digits":
+            return _digits_fingerprint()
+        if name == "fashion-mnist":
+            return _fashion_mnist_fingerprint(_fashion_mnist_files(data_dir))
+    except FileNotFoundError:
+        pass
+    return None
+
+
+def _digits_fingerprint() -> str:
     # The bundled file is found without importing scikit-learn (a second of start-up).
     package = importlib.util.find_spec("sklearn")
     source = Path(next(iter(package.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
-    fingerprint = digest(["digits", file_digest([source])])
+    return digest(["digits", file_digest([source])])
+
+
+def _load_digits() -> tuple[dict[str, np.ndarray], str]:
+    fingerprint = _digits_fingerprint()
     return cached_arrays("datasets", fingerprint, _decode_digits), fingerprint
 
 
@@ -197,9 +217,18 @@ def _find_idx(directory: Path, stem: str) -> Path:
     )
 
 
-def _load_fashion_mnist(directory: Path) -> tuple[dict[str, np.ndarray], str]:
-    files = [_find_idx(directory, stem) for stem in IDX_STEMS]
-    fingerprint = digest(["fashion-mnist", file_digest(files)])
+def _fashion_mnist_files(data_dir: str) -> list[Path]:
+    directory = Path(data_dir) if data_dir else FASHION_MNIST_DEFAULT_DIR
+    return [_find_idx(directory, stem) for stem in IDX_STEMS]
+
+
+def _fashion_mnist_fingerprint(files: list[Path]) -> str:
+    return digest(["fashion-mnist", file_digest(files)])
+
+
+def _load_fashion_mnist(data_dir: str) -> tuple[dict[str, np.ndarray], str]:
+    files = _fashion_mnist_files(data_dir)
+    fingerprint = _fashion_mnist_fingerprint(files)
 
     def decode() -> dict[str, np.ndarray]:
         x_train, y_train, x_test, y_test = (read_idx(path) for path in files)

@@ -8,7 +8,9 @@ where they are on this machine (digits; Fashion-MNIST's label file), and otherwi
 synthetic labels with the data set's class counts (CIFAR-10: 10 × 5 000; CIFAR-100:
 100 × 500, 5 fine labels per coarse one; Fashion-MNIST without its files: 10 × 6 000).
 Hub sets of other names are not checked (their class counts are not known before loading
-them). Schemes that need other columns (Pachinko's coarse labels, natural ids, domains)
+them). A partition built on a set's real labels is the run's own: it is kept in the disk
+cache (partitions/cache.py), where the ServerApp and the client processes find it, and a
+partition found there is feasible without building it again (nor importing flwr-datasets). Schemes that need other columns (Pachinko's coarse labels, natural ids, domains)
 are refused at once on a built-in set that lacks them.
 """
 
@@ -21,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from partitions.datasets import FASHION_MNIST_DEFAULT_DIR, load_dataset, read_idx
+from partitions.cache import cached_partition
+from partitions.datasets import FASHION_MNIST_DEFAULT_DIR, load_dataset, local_fingerprint, read_idx
 
 # Training-split class counts of the built-in sets: (classes, samples per class).
 CLASS_COUNTS = {"fashion-mnist": (10, 6000), "cifar10": (10, 5000), "cifar100": (100, 500)}
@@ -79,10 +82,15 @@ def _check(dataset: str, data_dir: str, settings: tuple) -> None:
             f"partition = 'shards' with classes-per-client = {classes_per_client} on {dataset}, which has "
             f"{classes} classes; allowed: classes-per-client <= {classes}"
         )
-    from partitions.stats import build_partitioner  # flwr-datasets: not for the clients' partition_settings
 
+    def build() -> list[np.ndarray]:
+        from partitions.stats import build_partitioner  # flwr-datasets: not for the clients' partition_settings
+
+        return build_partitioner(*settings).assign(labels, columns)
+
+    fingerprint = local_fingerprint(dataset, data_dir)  # None: synthetic labels, nothing to keep
     try:
-        build_partitioner(*settings).assign(labels, columns)
+        cached_partition(fingerprint, settings, build) if fingerprint else build()
     except ValueError as error:
         what = {"dirichlet": f"Dirichlet(alpha={alpha}){' with balance' if balance else ''}",
                 "shards": f"#C = {classes_per_client} shards", "iid": "IID", "pachinko": "Pachinko allocation"}[scheme]

@@ -1,8 +1,9 @@
 """Seeded client sampling through partition ids, and order-independent aggregation.
 
 Node ids are random per start of a federation, so a seed alone cannot make Flower's
-``random.sample`` over node ids reproducible. Basin asks every node once for its
-partition id (a ``query`` message), samples *partition ids* with a generator seeded by
+``random.sample`` over node ids reproducible. Basin learns every node's partition id
+once (in simulation from the engine in the ServerApp's own process, in a deployment by a
+``query`` message to every node), samples *partition ids* with a generator seeded by
 (seed, round), and sorts replies by partition id before aggregating, so floating-point
 sums happen in the same order in every run and in every engine.
 """
@@ -17,6 +18,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.serverapp import Grid
 
 from clients import protocol
+from clients.simulation_engine import simulated_partitions
 from strategies.exchange import send_and_receive
 from strategies.faults import ClientFailure, Layout, layout_of, screen_replies
 
@@ -26,12 +28,22 @@ class NodeDiscoveryError(RuntimeError):
 
 
 def discover_partitions(grid: Grid, num_clients: int, timeout: float) -> dict[int, int]:
-    """Wait for ``num_clients`` nodes, ask each for its partition id, return {node id: partition id}.
+    """Wait for ``num_clients`` nodes, learn each one's partition id, return {node id: partition id}.
+
+    In a simulation the engine's own map is read (clients/simulation_engine.py): the same
+    ids the nodes' ``node_config`` holds, without a message through every client process.
+    Otherwise each node is asked (a ``query`` message).
 
     Raises :class:`NodeDiscoveryError` when fewer nodes connect or answer within
     ``timeout`` seconds (run-config key ``node-timeout``), or when their partitions do not
     form the federation the run config describes.
     """
+    print(f"[basin] discovering clients: the partition of each of {num_clients} nodes", flush=True)
+    simulated = simulated_partitions(timeout)
+    if simulated is not None:
+        print("[basin] partitions read from the simulation engine (no query round)", flush=True)
+        return checked_federation(simulated, {}, num_clients)
+    print(f"[basin] asking {num_clients} nodes for their partition", flush=True)
     deadline = time.monotonic() + timeout
     while len(node_ids := sorted(grid.get_node_ids())) < num_clients:
         if time.monotonic() > deadline:
@@ -41,12 +53,21 @@ def discover_partitions(grid: Grid, num_clients: int, timeout: float) -> dict[in
                 f"deployment start {num_clients} SuperNodes (or raise node-timeout)"
             )
         time.sleep(0.5)
-    partition_of_node, problems = query_partitions(grid, node_ids, num_clients, timeout)
+    return checked_federation(*query_partitions(grid, node_ids, num_clients, timeout), num_clients)
+
+
+def checked_federation(partition_of_node: dict[int, int], problems: dict[int, str], num_clients: int) -> dict[int, int]:
+    """``partition_of_node`` when no node had a problem and the partitions are each of
+    0..num_clients − 1 once; else NodeDiscoveryError saying what is wrong."""
     if problems:
         raise NodeDiscoveryError("; ".join(f"node {node}: {reason}" for node, reason in sorted(problems.items())[:10]))
     found = sorted(partition_of_node.values())
     if found != list(range(num_clients)):
-        raise NodeDiscoveryError(f"nodes report partition ids {found[:20]}…, expected each of 0..{num_clients - 1} once")
+        raise NodeDiscoveryError(
+            f"nodes hold partition ids {found[:20]}{'…' if len(found) > 20 else ''}, expected each of "
+            f"0..{num_clients - 1} once (num-clients = {num_clients}; in simulation pass --federation-config "
+            f"'num-supernodes={num_clients}')"
+        )
     return partition_of_node
 
 

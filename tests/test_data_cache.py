@@ -130,14 +130,17 @@ def test_a_hub_set_is_cached_as_its_decoded_pixels(tmp_path, cache):
 
 
 def test_a_client_process_starts_without_the_heavy_libraries(cache):
-    """With the cache warm (as the ServerApp leaves it), the ClientApp module and a
-    client's partition load without flwr-datasets, scikit-learn, torchvision, pandas or
-    matplotlib (seconds of start-up per client process)."""
+    """With the cache warm (as the ServerApp leaves it), the ClientApp module loads without
+    torch (Flower's simulation process loads it before starting Ray), and a client's work
+    and partition without flwr-datasets, scikit-learn, torchvision, pandas or matplotlib
+    (seconds of start-up per client process)."""
     partition_indices.__wrapped__("digits", "", True, SETTINGS)
     load_dataset.__wrapped__("digits")
     code = (
         "import sys\n"
         "from clients.client_app import app\n"
+        "assert 'torch' not in sys.modules, 'the ClientApp module imported torch'\n"
+        "import clients.client_work\n"
         "from clients.data import client_tensors\n"
         "config = {'dataset': 'digits', 'data-dir': '', 'normalize': True, 'partition': 'dirichlet', 'alpha': 0.3,\n"
         "          'classes-per-client': 2, 'min-partition-size': 10, 'dirichlet-balance': False, 'seed': 0,\n"
@@ -151,3 +154,45 @@ def test_a_client_process_starts_without_the_heavy_libraries(cache):
                             env={**os.environ, "BASIN_CACHE_DIR": str(cache)})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_images_are_scaled_as_numpys_float32_division_bit_for_bit():
+    raw = np.random.default_rng(3).integers(0, 256, (64, 1, 28, 28), dtype=np.uint8)
+    arrays = {"x-train": raw, "y-train": np.zeros(64, np.int64), "x-test": raw[:8], "y-test": np.zeros(8, np.int64),
+              "num-classes": np.array(10), "max-value": np.array(255)}
+    scaled = datasets._scaled("fashion-mnist", arrays, "")
+    assert torch.equal(scaled.x_train, torch.from_numpy(raw.astype(np.float32) / 255.0))
+
+
+def test_the_launchers_check_builds_the_partition_the_run_then_reads(tmp_path, cache, monkeypatch):
+    """The feasibility check (before Flower starts) keeps the partition it built on the real
+    labels; the ServerApp's and clients' partition_indices read that entry, and a second
+    check finds it without building (so without importing flwr-datasets)."""
+    import partitions.stats
+    from partitions.feasibility import _check
+
+    source = str(write_fashion_mnist(tmp_path / "fmnist"))
+    settings = ("iid", 5, 0, 0.3, 2, 1, False, 0.1, 10.0, 0)
+    _check.__wrapped__("fashion-mnist", source, settings)
+    assert len(entries(cache, "partitions")) == 1
+    monkeypatch.setattr(partitions.stats, "build_partitioner", lambda *a: pytest.fail("built again"))
+    _check.__wrapped__("fashion-mnist", source, settings)
+    indices = partition_indices.__wrapped__("fashion-mnist", source, True, settings)
+    assert sorted(np.concatenate(indices).tolist()) == list(range(50)) and len(indices) == 5
+
+
+def test_files_decoded_before_are_not_read_again_by_the_data_check(tmp_path, cache, monkeypatch):
+    import partitions.availability as availability
+
+    source = write_fashion_mnist(tmp_path / "fmnist")
+    read = []
+    monkeypatch.setattr(availability, "_idx_problem", lambda path: read.append(path))
+    monkeypatch.setattr(availability, "_fashion_mnist_problem", availability._fashion_mnist_problem.__wrapped__)
+    assert availability.data_problem("fashion-mnist", str(source)) is None and len(read) == 4
+    load_dataset.__wrapped__("fashion-mnist", str(source))  # decoded completely: now in the cache
+    write_idx(source / "t10k-labels-idx1-ubyte.gz", np.arange(20) % 10)  # new contents: read again
+    read.clear()
+    assert availability.data_problem("fashion-mnist", str(source)) is None and len(read) == 4
+    load_dataset.__wrapped__("fashion-mnist", str(source))
+    read.clear()
+    assert availability.data_problem("fashion-mnist", str(source)) is None and read == []

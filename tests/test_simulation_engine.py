@@ -90,3 +90,43 @@ def test_installed_only_in_the_engine_process_and_only_when_switched_on(monkeypa
     assert vce_api.add_messages_to_queue is not add_messages_to_queue_on_store
     assert install_engine_wakeup() and install_engine_wakeup()  # idempotent
     assert vce_api.add_messages_to_queue is add_messages_to_queue_on_store
+
+
+def test_the_serverapp_reads_the_engines_partitions_while_it_runs_and_nothing_otherwise(monkeypatch):
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", vce_api.add_messages_to_queue)  # restored after the test
+    assert engine.simulated_partitions(timeout=0.05) is None  # no engine running in this process
+    state, stop = FakeLinkState(), threading.Event()
+    scan = threading.Thread(target=add_messages_to_queue_on_store, args=(state, Queue(), {907: 1, 31: 0}, stop))
+    scan.start()
+    try:
+        assert engine.simulated_partitions(timeout=5) == {907: 1, 31: 0}
+        monkeypatch.setenv("BASIN_ENGINE_WAKEUP", "off")  # Flower's engine: the nodes must be asked
+        assert engine.simulated_partitions(timeout=5) is None
+    finally:
+        stop.set()
+        scan.join(timeout=5)
+    monkeypatch.delenv("BASIN_ENGINE_WAKEUP")
+    assert engine.simulated_partitions(timeout=0.05) is None  # that engine has stopped
+
+
+def test_discovery_in_a_simulation_sends_no_message_and_checks_the_federation(monkeypatch):
+    """The engine's map is the answer: no query reaches a client process; a map that is
+    not the run's federation (another num-supernodes) is refused as the query round would."""
+    from strategies.sampling import NodeDiscoveryError, discover_partitions
+
+    class NoMessagesGrid:
+        def get_node_ids(self):
+            return [31, 907]
+
+        def send_and_receive(self, *args, **kwargs):
+            raise AssertionError("discovery sent messages in a simulation")
+
+        push_messages = pull_messages = send_and_receive
+
+    monkeypatch.setattr(engine, "simulated_partitions", lambda timeout: {907: 1, 31: 0})
+    monkeypatch.setattr("strategies.sampling.simulated_partitions", engine.simulated_partitions)
+    assert discover_partitions(NoMessagesGrid(), num_clients=2, timeout=1) == {907: 1, 31: 0}
+    with pytest.raises(NodeDiscoveryError, match=r"partition ids \[0, 1\], expected each of 0\.\.2 once.*num-supernodes=3"):
+        discover_partitions(NoMessagesGrid(), num_clients=3, timeout=1)

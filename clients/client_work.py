@@ -1,0 +1,104 @@
+"""What a client does with a training or MIME gradient message: the ClientApp's work.
+
+Kept apart from clients/client_app.py so that loading the ClientApp imports no torch:
+Flower's simulation process loads the ClientApp before it starts Ray, and that import
+(~2 s on 2 CPU cores) delayed every run's client processes. A client process imports
+this module with its first message.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+
+from clients import protocol
+from clients.data import client_tensors
+from clients.faults import inject_faults
+from clients.local_round import LocalRound, round_randomness
+from clients.mime import full_gradient
+from clients.models import build_model, resolve_model_name, uses_projection_head
+from clients.state_store import ClientStateStore, last_checkpoint_round
+from clients.training import select_device
+from partitions.datasets import load_dataset
+
+
+def partition_of(context: Context) -> tuple[int, int]:
+    """(partition id, number of partitions) of this node (its node config)."""
+    return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+
+
+@lru_cache(maxsize=4)
+def _process_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, projection_head: bool, device: str
+) -> torch.nn.Module:
+    """One model per client process, reused every round: each round overwrites all of its
+    weights with the received ones, so only the allocation is saved."""
+    return build_model(name, input_shape, num_classes, projection_head).to(device)
+
+
+def _received_model_and_data(msg: Message, context: Context) -> tuple[torch.device, torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """(device, the process's model holding the message's weights, this partition's x, y on the device)."""
+    run_config = context.run_config
+    partition_id, num_partitions = partition_of(context)
+    device = select_device(str(run_config["device"]))
+    x, y = client_tensors(tuple(sorted(run_config.items())), partition_id, num_partitions, str(device))
+    data = load_dataset(str(run_config["dataset"]), str(run_config["data-dir"]), bool(run_config["normalize"]))
+    model_name = resolve_model_name(str(run_config["model"]), str(run_config["dataset"]))
+    projection_head = uses_projection_head(model_name, str(run_config["strategy"]))
+    model = _process_model(model_name, data.input_shape, data.num_classes, projection_head, str(device))
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    return device, model, x, y
+
+
+def full_gradient_reply(msg: Message, context: Context) -> Message:
+    """MIME's extra exchange: this client's mean gradient over all of its examples at the
+    received model, with no update (clients/mime.py)."""
+    _, model, x, y = _received_model_and_data(msg, context)
+    gradient = full_gradient(model, x, y)
+    reply = RecordDict({"gradient": ArrayRecord({k: v.cpu() for k, v in gradient.items()}),
+                        "metrics": MetricRecord({"num-examples": len(y)})})
+    return Message(content=reply, reply_to=msg)
+
+
+def train_reply(msg: Message, context: Context) -> Message:
+    """Load the global model, run local SGD with the round's config, reply with the result."""
+    started = time.time()
+    run_config = context.run_config
+    partition_id, _ = partition_of(context)
+    round_config = msg.content["config"]
+    device, model, x, y = _received_model_and_data(msg, context)
+
+    server_round = int(round_config["server-round"])
+    snapshots = ClientStateStore.for_round(round_config, context.node_config, partition_id)
+    resumed_after = int(round_config.get(protocol.RESUMED_AFTER_ROUND, 0))
+    if snapshots and resumed_after and not context.state:  # this node's first round of a resumed run
+        snapshots.restore(context.state, resumed_after)
+
+    generator, rng = round_randomness(int(round_config["seed"]), server_round, partition_id)
+    local_round = LocalRound(model, msg.content, context.state, rng)
+    result = local_round.train(model, x, y, generator)
+    metrics, records = local_round.finish(model, result)
+    if snapshots:
+        every = int(round_config[protocol.CHECKPOINT_EVERY])
+        snapshots.save(context.state, server_round, last_checkpoint_round(server_round, every, resumed_after))
+    metrics.update(process_usage(started, device))
+    state = model.state_dict()
+    if run_config["fault-injection"]:
+        state = inject_faults(
+            str(run_config["fault-injection"]), partition_id, server_round, state,
+            float(run_config["round-timeout"]),
+        )
+    reply = RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics), **records})
+    return Message(content=reply, reply_to=msg)
+
+
+def process_usage(started: float, device: torch.device) -> dict[str, float]:
+    """When this client worked (wall clock, so the server can tell its own overhead apart)
+    and, on CUDA, the peak memory its process has allocated (data, model and activations)."""
+    usage = {protocol.TRAIN_START: started, protocol.TRAIN_END: time.time()}
+    if device.type == "cuda":
+        usage[protocol.GPU_PEAK_MB] = torch.cuda.max_memory_allocated(device) / 2**20
+    return usage
