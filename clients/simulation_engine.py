@@ -1,6 +1,7 @@
 """The one place Basin changes how Flower's simulation engine behaves: messages reach the
-client actors as soon as the ServerApp stores them, not up to 0.1 s later, and the
-ServerApp learns each simulated node's partition without a message round.
+client actors as soon as the ServerApp stores them, not up to 0.1 s later; the ServerApp
+learns that a reply is stored when it is (:func:`wait_for_reply`), not at its next poll;
+and it learns each simulated node's partition without a message round.
 
 Flower 1.41's simulation engine hands messages to its actors from a thread that scans
 every node's inbox, then sleeps 0.1 s (``add_messages_to_queue`` in
@@ -16,6 +17,11 @@ process before it starts that thread (``start_vce`` loads the ClientApp, then ca
 starts. Where the engine module is not loaded (deployed SuperNodes, a ServerApp of a
 deployment) nothing changes; in Ray's client processes, which load it but never run it,
 the replacement is installed and unused.
+
+The same function wraps the state's ``store_message_res``, through which the engine's
+``put_message_into_state`` thread stores every client's reply: :func:`wait_for_reply`
+(strategies/exchange.py's wait between pulls) returns as soon as one is stored. Where no
+engine runs in the process it is a plain sleep.
 
 The same function receives the engine's {node id: partition id} map (the partition each
 simulated SuperNode's ``node_config`` holds) and publishes it in the process:
@@ -57,6 +63,8 @@ class EngineMismatch(RuntimeError):
 # The running engine's {node id: partition id}, published when its scan thread starts.
 _engine_nodes: dict[int, int] = {}
 _engine_nodes_published = threading.Event()
+# Set whenever the running engine stores a client's reply in the link state.
+_reply_stored = threading.Event()
 
 
 def add_messages_to_queue_on_store(state, queue: Queue, nodes_mapping: dict[int, int], f_stop: threading.Event) -> None:
@@ -71,6 +79,14 @@ def add_messages_to_queue_on_store(state, queue: Queue, nodes_mapping: dict[int,
         return message_id
 
     state.store_message_ins = store_and_wake
+    store_reply = state.store_message_res
+
+    def store_reply_and_signal(message):
+        result = store_reply(message)
+        _reply_stored.set()
+        return result
+
+    state.store_message_res = store_reply_and_signal
     _engine_nodes.update(nodes_mapping)
     _engine_nodes_published.set()
     print("[basin] simulation engine: messages reach the client processes when stored (clients/simulation_engine.py)",
@@ -104,6 +120,18 @@ def install_engine_wakeup() -> bool:
     check_engine(version("flwr"), inspect.getsource(engine.add_messages_to_queue))
     engine.add_messages_to_queue = add_messages_to_queue_on_store
     return True
+
+
+def wait_for_reply(seconds: float) -> None:
+    """Wait up to ``seconds``, returning early once the engine stores a reply (after
+    :func:`expect_replies`); a plain sleep where no engine runs in this process."""
+    _reply_stored.wait(seconds)
+
+
+def expect_replies() -> None:
+    """Forget earlier replies' signal: call before pulling, so that a reply stored during
+    or after the pull ends the next :func:`wait_for_reply`."""
+    _reply_stored.clear()
 
 
 def simulated_partitions(timeout: float) -> dict[int, int] | None:

@@ -5,7 +5,9 @@ simulation's in-memory Grid, 3 s over HTTP). A round of a small model can take l
 that, so the fixed sleep became most of Basin's per-round overhead. This loop uses the
 Grid's own ``push_messages``/``pull_messages`` and backs off from 1 ms to ``max_poll``
 seconds: short rounds end within a millisecond or two of the last reply, long rounds
-cost one cheap pull every ``max_poll`` seconds.
+cost one cheap pull every ``max_poll`` seconds. In a simulation the wait between pulls
+ends as soon as the engine stores a reply (clients/simulation_engine.py), so the last
+reply is pulled when it is stored, not up to ``max_poll`` later.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections.abc import Iterable
 from flwr.app import Message
 from flwr.serverapp import Grid
 
+from clients.simulation_engine import expect_replies, wait_for_reply
+
 
 def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float, max_poll: float = 0.02) -> list[Message]:
     """Push ``messages``; return the replies that arrive within ``timeout`` seconds."""
@@ -25,12 +29,13 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float, ma
     replies: list[Message] = []
     poll = 0.001
     while pending:
+        expect_replies()
         pulled = list(grid.pull_messages(pending))
         replies.extend(pulled)
         pending.difference_update(reply.metadata.reply_to_message_id for reply in pulled)
         remaining = deadline - time.monotonic()
         if not pending or remaining <= 0:
             break
-        time.sleep(min(poll, remaining))
+        wait_for_reply(min(poll, remaining))  # in a simulation: until the engine stores a reply
         poll = min(2 * poll, max_poll)
     return replies

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
+import time
 from collections import defaultdict
 from importlib.metadata import version
 from queue import Queue
@@ -17,11 +18,16 @@ from clients.simulation_engine import EngineMismatch, add_messages_to_queue_on_s
 
 
 class FakeLinkState:
-    """The two methods of Flower's LinkState the engine's scan uses."""
+    """The methods of Flower's LinkState the engine's threads use."""
 
     def __init__(self):
         self.inbox = defaultdict(list)
+        self.replies = []
         self.lock = threading.Lock()
+
+    def store_message_res(self, reply):
+        with self.lock:
+            self.replies.append(reply)
 
     def store_message_ins(self, message):
         node_id, text = message
@@ -130,3 +136,39 @@ def test_discovery_in_a_simulation_sends_no_message_and_checks_the_federation(mo
     assert discover_partitions(NoMessagesGrid(), num_clients=2, timeout=1) == {907: 1, 31: 0}
     with pytest.raises(NodeDiscoveryError, match=r"partition ids \[0, 1\], expected each of 0\.\.2 once.*num-supernodes=3"):
         discover_partitions(NoMessagesGrid(), num_clients=3, timeout=1)
+
+
+def test_a_stored_reply_ends_the_servers_wait_at_once(monkeypatch):
+    """The round exchange's wait between pulls ends when the engine stores a reply, not at
+    the next poll: a reply stored 1.1 s after the push is pulled well before the 2.05 s at
+    which a poll backing off from 1 ms (to max_poll = 30 s) would look again."""
+    from types import SimpleNamespace
+
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    from strategies.exchange import send_and_receive
+
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", vce_api.add_messages_to_queue)  # restored after the test
+    state, stop = FakeLinkState(), threading.Event()
+    scan = threading.Thread(target=add_messages_to_queue_on_store, args=(state, Queue(), {1: 0}, stop))
+    scan.start()
+
+    class EngineGrid:
+        def push_messages(self, messages):
+            threading.Timer(1.1, lambda: state.store_message_res("reply to m0")).start()  # the engine's injector
+            return ["m0"]
+
+        def pull_messages(self, message_ids):
+            with state.lock:
+                return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id="m0")) for _ in state.replies]
+
+    try:
+        while state.store_message_res.__name__ == "store_message_res":  # the scan wraps the store first
+            threading.Event().wait(0.01)
+        started = time.monotonic()
+        replies = send_and_receive(EngineGrid(), [object()], timeout=10, max_poll=30)
+        waited = time.monotonic() - started
+    finally:
+        stop.set()
+        scan.join(timeout=5)
+    assert len(replies) == 1 and 1.1 <= waited < 1.5
