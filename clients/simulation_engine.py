@@ -71,22 +71,8 @@ def add_messages_to_queue_on_store(state, queue: Queue, nodes_mapping: dict[int,
     """Put messages from the link state into the engine's queue, as Flower's function does
     (one per node per scan), scanning again as soon as a message is stored."""
     stored = threading.Event()
-    store = state.store_message_ins
-
-    def store_and_wake(message):
-        message_id = store(message)
-        stored.set()
-        return message_id
-
-    state.store_message_ins = store_and_wake
-    store_reply = state.store_message_res
-
-    def store_reply_and_signal(message):
-        result = store_reply(message)
-        _reply_stored.set()
-        return result
-
-    state.store_message_res = store_reply_and_signal
+    state.store_message_ins = signalling(state.store_message_ins, stored)
+    state.store_message_res = signalling(state.store_message_res, _reply_stored)
     _engine_nodes.update(nodes_mapping)
     _engine_nodes_published.set()
     print("[basin] simulation engine: messages reach the client processes when stored (clients/simulation_engine.py)",
@@ -107,6 +93,17 @@ def add_messages_to_queue_on_store(state, queue: Queue, nodes_mapping: dict[int,
 
 
 add_messages_to_queue_on_store.installed_by_basin = True
+
+
+def signalling(store, event: threading.Event):
+    """``store`` (a link-state method), setting ``event`` after every call."""
+
+    def store_and_signal(message):
+        result = store(message)
+        event.set()
+        return result
+
+    return store_and_signal
 
 
 def install_engine_wakeup() -> bool:
