@@ -36,7 +36,7 @@ from strategies.config import ConfigError, cohort_size, summary_horizon, validat
 from strategies.results import summarize, write_json_atomic
 
 APP_DIR = Path(__file__).resolve().parents[1]
-# What a run executes: the ServerApp's and ClientApp's packages and the app's pyproject.toml.
+# What `flwr run` packs: the ServerApp's and ClientApp's packages, the app's pyproject.toml and README.
 APP_PACKAGES = ("clients", "strategies", "partitions", "experiments")
 APP_FILES = ("pyproject.toml", "README.md")
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"

@@ -8,10 +8,12 @@ where they are on this machine (digits; Fashion-MNIST's label file), and otherwi
 synthetic labels with the data set's class counts (CIFAR-10: 10 × 5 000; CIFAR-100:
 100 × 500, 5 fine labels per coarse one; Fashion-MNIST without its files: 10 × 6 000).
 Hub sets of other names are not checked (their class counts are not known before loading
-them). A partition built on a set's real labels is the run's own: it is kept in the disk
-cache (partitions/cache.py), where the ServerApp and the client processes find it, and a
-partition found there is feasible without building it again (nor importing flwr-datasets). Schemes that need other columns (Pachinko's coarse labels, natural ids, domains)
+them). Schemes that need other columns (Pachinko's coarse labels, natural ids, domains)
 are refused at once on a built-in set that lacks them.
+
+A partition built on a set's real labels is the run's own: it is kept in the disk cache
+(partitions/cache.py), where the ServerApp and the client processes find it, and a
+partition found there is feasible without building it again (nor importing flwr-datasets).
 """
 
 from __future__ import annotations

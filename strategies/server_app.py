@@ -105,94 +105,101 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
     data = load_dataset(config["dataset"], config["data-dir"], config["normalize"])
     drawing = write_partition_statistics(config, data, recorder.directory)
     try:
-        cka_inputs = data.x_test[:CKA_SAMPLES].to(device)  # the first test samples, in the data set's order
-        x_test, y_test, domains = test_split_by_domain(data)
-        x_test, y_test = x_test.to(device), y_test.to(device)
-        if domains:
-            recorder.extend_columns(("domain-mean-accuracy", *domains))
-        torch.manual_seed(config["seed"])
-        model = build_run_model(config, data.input_shape, data.num_classes)
-        arrays = ArrayRecord(model.state_dict())
-        model.to(device)
-
-        strategy = build_strategy(config)
-        schedule = build_client_schedule(config)
-        strategy.bind_partitions(
-            discover_partitions(grid, config["num-clients"], config["node-timeout"]), cohort_size(config), config["seed"],
-            config["min-replies"],
-        )
-        print("[basin] training round 1", flush=True)
-        recorder.training_starts()
-        first_round = 1
-        # A fresh token per fresh run: a resume never reads client snapshots of another run.
-        client_state_run = checkpoint["client-state-run"] if checkpoint else secrets.token_hex(8)
-        snapshots = client_state_snapshots(config, recorder.directory, client_state_run)
-        run_snapshots = recorder.directory / CLIENT_STATE_DIR / client_state_run
-        if checkpoint:
-            arrays, first_round = restore_checkpoint(checkpoint, strategy)
-            print(f"[basin] resuming after round {first_round - 1} from {recorder.directory / CHECKPOINT_FILE}", flush=True)
-            if snapshots:
-                discard_snapshots_after(run_snapshots, first_round - 1)
-            discard_rounds_after(recorder.directory, first_round - 1)
-        for server_round in range(first_round, config["num-rounds"] + 1):
-            started = time.perf_counter()
-            strategy.follow_rejoined_nodes(grid, config["round-timeout"])
-            train_config = round_train_config(config, schedule, server_round, data.black)
-            if snapshots:
-                train_config.update({**snapshots, protocol.RESUMED_AFTER_ROUND: first_round - 1})
-            prepare_round = getattr(strategy, "prepare_round", None)
-            if prepare_round is not None:  # a method's exchange before training (MIME's full-batch gradients)
-                prepare_round(server_round, arrays, grid)
-            replies = send_and_receive(
-                grid, strategy.configure_train(server_round, arrays, train_config, grid), config["round-timeout"]
-            )
-            aggregated, metrics = strategy.aggregate_train(server_round, replies)
-            for failure in strategy.round_failures:
-                print(f"[basin] round {server_round}: client failed: {failure}", flush=True)
-            if aggregated is not None:
-                arrays = aggregated
-            else:
-                print(f"[basin] round {server_round} {strategy.round_status}; the global model is unchanged", flush=True)
-            trained = time.perf_counter()
-            evaluation = evaluate_round(strategy, arrays, model, x_test, y_test, domains)
-            test_accuracy = evaluation["test-accuracy"]
-            metrics = metrics or {}
-            recorder.append({
-                "round": server_round,
-                "lr": train_config["lr"],
-                "local-epochs": train_config["local-epochs"],
-                **evaluation,
-                "train-loss": metrics.get("train-loss", float("nan")),
-                "local-steps": metrics.get("local-steps", float("nan")),
-                "client-state-norm": metrics.get("client-state-norm", float("nan")),
-                "round-seconds": time.perf_counter() - started,
-                "train-seconds": trained - started,
-                "eval-seconds": time.perf_counter() - trained,
-                **strategy.round_clients,
-                "round-status": strategy.round_status,
-                "failures": "; ".join(map(str, strategy.round_failures)),
-                **(indicators_of_round(strategy, model, cka_inputs) if config["round-indicators"] else {}),
-            })
-            if saves_round(config, server_round) and aggregated is not None:
-                save_models_of_round(config, recorder.directory, server_round, strategy, arrays)
-            if config["checkpoint-every"] and (
-                server_round % config["checkpoint-every"] == 0 or server_round == config["num-rounds"]
-            ):
-                write_checkpoint(recorder.directory, config, server_round, arrays, strategy, recorder.rows, client_state_run)
-            print(
-                f"[basin] round {server_round}/{config['num-rounds']} accuracy {test_accuracy:.4f} "
-                f"({time.perf_counter() - started:.2f} s)",
-                flush=True,
-            )
-        never = nothing_trained_reason(recorder.rows, config)
-        if never:  # the untrained model's accuracy is no result
-            raise NothingTrained(never)
-        final = strategy.averaged_arrays if isinstance(strategy, ModelAveraging) and strategy.averaged_arrays else arrays
-        torch.save(final.to_torch_state_dict(), recorder.directory / "final_model.pt")
-        if snapshots:  # the run is complete: no resume will need them
-            remove_run_snapshots(run_snapshots)
+        train_rounds(grid, config, recorder, checkpoint, data, device)
     finally:  # partition.png is complete when the ServerApp ends, however it ends
         drawing.join()
+
+
+def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: dict[str, Any] | None, data,
+                 device: torch.device) -> None:
+    """Client discovery, then every round from the initial model (or the checkpoint) to the
+    final model."""
+    cka_inputs = data.x_test[:CKA_SAMPLES].to(device)  # the first test samples, in the data set's order
+    x_test, y_test, domains = test_split_by_domain(data)
+    x_test, y_test = x_test.to(device), y_test.to(device)
+    if domains:
+        recorder.extend_columns(("domain-mean-accuracy", *domains))
+    torch.manual_seed(config["seed"])
+    model = build_run_model(config, data.input_shape, data.num_classes)
+    arrays = ArrayRecord(model.state_dict())
+    model.to(device)
+
+    strategy = build_strategy(config)
+    schedule = build_client_schedule(config)
+    strategy.bind_partitions(
+        discover_partitions(grid, config["num-clients"], config["node-timeout"]), cohort_size(config), config["seed"],
+        config["min-replies"],
+    )
+    print("[basin] training round 1", flush=True)
+    recorder.training_starts()
+    first_round = 1
+    # A fresh token per fresh run: a resume never reads client snapshots of another run.
+    client_state_run = checkpoint["client-state-run"] if checkpoint else secrets.token_hex(8)
+    snapshots = client_state_snapshots(config, recorder.directory, client_state_run)
+    run_snapshots = recorder.directory / CLIENT_STATE_DIR / client_state_run
+    if checkpoint:
+        arrays, first_round = restore_checkpoint(checkpoint, strategy)
+        print(f"[basin] resuming after round {first_round - 1} from {recorder.directory / CHECKPOINT_FILE}", flush=True)
+        if snapshots:
+            discard_snapshots_after(run_snapshots, first_round - 1)
+        discard_rounds_after(recorder.directory, first_round - 1)
+    for server_round in range(first_round, config["num-rounds"] + 1):
+        started = time.perf_counter()
+        strategy.follow_rejoined_nodes(grid, config["round-timeout"])
+        train_config = round_train_config(config, schedule, server_round, data.black)
+        if snapshots:
+            train_config.update({**snapshots, protocol.RESUMED_AFTER_ROUND: first_round - 1})
+        prepare_round = getattr(strategy, "prepare_round", None)
+        if prepare_round is not None:  # a method's exchange before training (MIME's full-batch gradients)
+            prepare_round(server_round, arrays, grid)
+        replies = send_and_receive(
+            grid, strategy.configure_train(server_round, arrays, train_config, grid), config["round-timeout"]
+        )
+        aggregated, metrics = strategy.aggregate_train(server_round, replies)
+        for failure in strategy.round_failures:
+            print(f"[basin] round {server_round}: client failed: {failure}", flush=True)
+        if aggregated is not None:
+            arrays = aggregated
+        else:
+            print(f"[basin] round {server_round} {strategy.round_status}; the global model is unchanged", flush=True)
+        trained = time.perf_counter()
+        evaluation = evaluate_round(strategy, arrays, model, x_test, y_test, domains)
+        test_accuracy = evaluation["test-accuracy"]
+        metrics = metrics or {}
+        recorder.append({
+            "round": server_round,
+            "lr": train_config["lr"],
+            "local-epochs": train_config["local-epochs"],
+            **evaluation,
+            "train-loss": metrics.get("train-loss", float("nan")),
+            "local-steps": metrics.get("local-steps", float("nan")),
+            "client-state-norm": metrics.get("client-state-norm", float("nan")),
+            "round-seconds": time.perf_counter() - started,
+            "train-seconds": trained - started,
+            "eval-seconds": time.perf_counter() - trained,
+            **strategy.round_clients,
+            "round-status": strategy.round_status,
+            "failures": "; ".join(map(str, strategy.round_failures)),
+            **(indicators_of_round(strategy, model, cka_inputs) if config["round-indicators"] else {}),
+        })
+        if saves_round(config, server_round) and aggregated is not None:
+            save_models_of_round(config, recorder.directory, server_round, strategy, arrays)
+        if config["checkpoint-every"] and (
+            server_round % config["checkpoint-every"] == 0 or server_round == config["num-rounds"]
+        ):
+            write_checkpoint(recorder.directory, config, server_round, arrays, strategy, recorder.rows, client_state_run)
+        print(
+            f"[basin] round {server_round}/{config['num-rounds']} accuracy {test_accuracy:.4f} "
+            f"({time.perf_counter() - started:.2f} s)",
+            flush=True,
+        )
+    never = nothing_trained_reason(recorder.rows, config)
+    if never:  # the untrained model's accuracy is no result
+        raise NothingTrained(never)
+    final = strategy.averaged_arrays if isinstance(strategy, ModelAveraging) and strategy.averaged_arrays else arrays
+    torch.save(final.to_torch_state_dict(), recorder.directory / "final_model.pt")
+    if snapshots:  # the run is complete: no resume will need them
+        remove_run_snapshots(run_snapshots)
 
 
 def indicators_of_round(strategy, model, cka_inputs) -> dict[str, float]:
