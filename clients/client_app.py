@@ -24,11 +24,16 @@ app = ClientApp()
 install_engine_wakeup()
 
 
+def partition_of(context: Context) -> tuple[int, int]:
+    """(partition id, number of partitions) of this node (its node config)."""
+    return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+
+
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Tell the server which partition this node holds."""
-    info = ConfigRecord({"partition-id": int(context.node_config["partition-id"]),
-                         "num-partitions": int(context.node_config["num-partitions"])})
+    partition_id, num_partitions = partition_of(context)
+    info = ConfigRecord({"partition-id": partition_id, "num-partitions": num_partitions})
     return Message(content=RecordDict({"partition": info}), reply_to=msg)
 
 

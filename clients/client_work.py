@@ -15,6 +15,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from clients import protocol
+from clients.client_app import partition_of
 from clients.data import client_tensors
 from clients.faults import inject_faults
 from clients.local_round import LocalRound, round_randomness
@@ -23,11 +24,6 @@ from clients.models import build_model, resolve_model_name, uses_projection_head
 from clients.state_store import ClientStateStore, last_checkpoint_round
 from clients.training import select_device
 from partitions.datasets import load_dataset
-
-
-def partition_of(context: Context) -> tuple[int, int]:
-    """(partition id, number of partitions) of this node (its node config)."""
-    return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
 
 
 @lru_cache(maxsize=4)
