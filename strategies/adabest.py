@@ -23,12 +23,12 @@ checkpointed state. Client models are summed in partition order.
 from __future__ import annotations
 
 import numpy as np
-from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from clients.protocol import ADABEST_MEAN_EXAMPLES_PER_STEP, ADABEST_MU, ADABEST_OFFICIAL_CODE
 from strategies.averaging import counter_mean, is_float, to_numpy
 from strategies.config import ADABEST_VARIANTS
 from strategies.sampling import ServerUpdate
+from strategies.weighted_mean import InPlaceFedAvg
 
 
 def adabest_server_update(
@@ -46,7 +46,7 @@ def adabest_server_update(
     return new_theta, average
 
 
-class AdaBest(ServerUpdate, FlowerFedAvg):
+class AdaBest(ServerUpdate, InPlaceFedAvg):
     """AdaBest over a seeded cohort; θ̄ (and m̄) are the server state."""
 
     def __init__(self, mu: float = 0.02, beta: float = 0.85, variant: str = "paper", **kwargs):

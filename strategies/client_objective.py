@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
-
 from clients.objectives import OBJECTIVE_SETTINGS
 from clients.protocol import OBJECTIVE
 from strategies.sampling import CohortSampling
+from strategies.weighted_mean import InPlaceFedAvg
 
 
-class ClientObjectiveFedAvg(CohortSampling, FlowerFedAvg):
+class ClientObjectiveFedAvg(CohortSampling, InPlaceFedAvg):
     """FedAvg over a seeded cohort that names the clients' local objective."""
 
     def __init__(self, objective: str, settings: Mapping[str, float | int], **kwargs):

@@ -18,7 +18,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from flwr.app import Message
+from flwr.app import Array, Message
+
+from strategies.weighted_mean import array_view
 
 # The layout of a model: {array name: shape}. Dtypes may legitimately differ (Flower's
 # FedOpt strategies send float64 models; clients reply in their model's float32).
@@ -69,20 +71,11 @@ def reply_problem(reply: Message, model_key: str, expected: Layout | None) -> st
     return None
 
 
-def all_finite(array) -> bool:
-    """Whether a Flower ``Array``'s values are all finite (non-float arrays always are).
-
-    Read in place from the serialised bytes, whose values end them (the .npy layout),
-    without parsing the .npy header as ``Array.numpy()`` does (a Python ``literal_eval``
-    per array: half of a round's aggregation time for a small model); the order of the
-    values (C or Fortran) does not matter to this check.
-    """
-    dtype = np.dtype(array.dtype)
-    if not np.issubdtype(dtype, np.floating):
-        return True
-    count = int(np.prod(array.shape, dtype=np.int64))
-    values = np.frombuffer(array.data, dtype=dtype, count=count, offset=len(array.data) - count * dtype.itemsize)
-    return bool(np.isfinite(values).all())
+def all_finite(array: Array) -> bool:
+    """Whether a Flower ``Array``'s values are all finite (non-float arrays always are),
+    read in place (strategies/weighted_mean.py)."""
+    values = array_view(array)
+    return not np.issubdtype(values.dtype, np.floating) or bool(np.isfinite(values).all())
 
 
 def screen_replies(

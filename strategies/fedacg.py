@@ -26,11 +26,11 @@ partition order.
 from __future__ import annotations
 
 import numpy as np
-from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from strategies.averaging import counter_mean, is_float, to_arrays, to_numpy
 from strategies.config import FEDACG_VARIANTS
 from strategies.sampling import ServerUpdate
+from strategies.weighted_mean import InPlaceFedAvg
 
 
 
@@ -56,7 +56,7 @@ def fedacg_server_update(
     return new_momentum, new_theta
 
 
-class FedAcg(ServerUpdate, FlowerFedAvg):
+class FedAcg(ServerUpdate, InPlaceFedAvg):
     """FedACG over a seeded cohort; the momentum ``m`` is the server state."""
 
     def __init__(self, lam: float = 0.85, beta: float = 1e-3, variant: str = "code", **kwargs):

@@ -3,10 +3,9 @@
 Flower's FedAvg, with Basin's seeded cohort sampling and partition-ordered aggregation.
 """
 
-from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
-
 from strategies.sampling import CohortSampling
+from strategies.weighted_mean import InPlaceFedAvg
 
 
-class FedAvg(CohortSampling, FlowerFedAvg):
+class FedAvg(CohortSampling, InPlaceFedAvg):
     """Federated averaging over a seeded cohort."""

@@ -12,9 +12,10 @@ the copy is refreshed from the arrays sent each round.
 from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
 
 from strategies.sampling import CohortSampling
+from strategies.weighted_mean import InPlaceFedAvg
 
 
-class FedAvgM(CohortSampling, FlowerFedAvgM):
+class FedAvgM(CohortSampling, FlowerFedAvgM, InPlaceFedAvg):
     """Server momentum over a seeded cohort, anchored to the model clients received."""
 
     def configure_train(self, server_round, arrays, config, grid):

@@ -28,12 +28,12 @@ summed in partition order.
 from __future__ import annotations
 
 import numpy as np
-from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from clients.protocol import FEDCM_ALPHA, FEDCM_DIRECTION, FEDCM_SCALE
 from strategies.averaging import counter_mean, is_float, to_numpy, with_record
 from strategies.config import FEDCM_VARIANTS
 from strategies.sampling import ServerUpdate
+from strategies.weighted_mean import InPlaceFedAvg
 
 
 
@@ -53,7 +53,7 @@ def fedcm_server_update(
     return new_theta, direction
 
 
-class FedCm(ServerUpdate, FlowerFedAvg):
+class FedCm(ServerUpdate, InPlaceFedAvg):
     """FedCM over a seeded cohort; the direction ``D`` is the server state."""
 
     def __init__(self, alpha: float = 0.1, variant: str = "per-client", server_learning_rate: float = 1.0, **kwargs):

@@ -20,11 +20,11 @@ order.
 from __future__ import annotations
 
 import numpy as np
-from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from clients.protocol import FEDDYN_ALPHA
 from strategies.averaging import to_numpy
 from strategies.sampling import ServerUpdate
+from strategies.weighted_mean import InPlaceFedAvg
 
 
 def feddyn_server_update(
@@ -46,7 +46,7 @@ def feddyn_server_update(
     return new_h, new_w
 
 
-class FedDyn(ServerUpdate, FlowerFedAvg):
+class FedDyn(ServerUpdate, InPlaceFedAvg):
     """FedDyn over a seeded cohort; ``h`` is the server state, sent α is ``alpha``."""
 
     def __init__(self, alpha: float = 0.01, **kwargs):

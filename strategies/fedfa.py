@@ -20,7 +20,6 @@ t > R/4 (R = ``num-rounds``). A is checkpointed state. Anchors are summed in par
 from __future__ import annotations
 
 import numpy as np
-from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from clients.protocol import FEDFA_ANCHOR_LOSS, FEDFA_ANCHORS, FEDFA_CALIBRATE, OBJECTIVE_RECORD
 from strategies.averaging import with_record

@@ -32,9 +32,9 @@ Updates are summed in partition order.
 from __future__ import annotations
 
 import numpy as np
-from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from strategies.sampling import ServerUpdate
+from strategies.weighted_mean import InPlaceFedAvg
 
 
 def gma_mask(deltas: list[dict[str, np.ndarray]], threshold: float) -> dict[str, np.ndarray]:
@@ -67,7 +67,7 @@ def fedgma_update(
     }
 
 
-class FedGMA(ServerUpdate, FlowerFedAvg):
+class FedGMA(ServerUpdate, InPlaceFedAvg):
     """Gradient masked averaging over a seeded cohort."""
 
     def __init__(self, mask_threshold: float = 0.8, server_learning_rate: float = 1.0, **kwargs):

@@ -23,10 +23,10 @@ partition order.
 from __future__ import annotations
 
 import numpy as np
-from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from clients.protocol import FEDNOVA_A_NORM
 from strategies.sampling import ServerUpdate
+from strategies.weighted_mean import InPlaceFedAvg
 
 
 def fednova_aggregate(
@@ -45,7 +45,7 @@ def fednova_aggregate(
     }
 
 
-class FedNova(ServerUpdate, FlowerFedAvg):
+class FedNova(ServerUpdate, InPlaceFedAvg):
     """Normalized averaging over a seeded cohort; clients report ‖a_i‖₁ in their metrics."""
 
     def server_update(self, models, metrics, replies):

@@ -22,9 +22,10 @@ from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 
 from strategies.sampling import CohortSampling
+from strategies.weighted_mean import InPlaceFedAvg
 
 
-class FedAdam(CohortSampling, FlowerFedAdam):
+class FedAdam(CohortSampling, FlowerFedAdam, InPlaceFedAvg):
     """FedAdam over a seeded cohort: Reddi et al.'s step, or Flower's bias-corrected one."""
 
     def __init__(self, *args, bias_correction: bool = False, **kwargs):
@@ -48,9 +49,9 @@ class FedAdam(CohortSampling, FlowerFedAdam):
         return ArrayRecord({k: Array(np.asarray(v)) for k, v in new_arrays.items()}), metrics
 
 
-class FedYogi(CohortSampling, FlowerFedYogi):
+class FedYogi(CohortSampling, FlowerFedYogi, InPlaceFedAvg):
     """FedYogi over a seeded cohort."""
 
 
-class FedAdagrad(CohortSampling, FlowerFedAdagrad):
+class FedAdagrad(CohortSampling, FlowerFedAdagrad, InPlaceFedAvg):
     """FedAdagrad over a seeded cohort."""

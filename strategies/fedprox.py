@@ -7,7 +7,8 @@ proximal term is added by the client's training loop (clients/training.py).
 from flwr.serverapp.strategy import FedProx as FlowerFedProx
 
 from strategies.sampling import CohortSampling
+from strategies.weighted_mean import InPlaceFedAvg
 
 
-class FedProx(CohortSampling, FlowerFedProx):
+class FedProx(CohortSampling, FlowerFedProx, InPlaceFedAvg):
     """FedProx over a seeded cohort."""

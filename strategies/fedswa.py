@@ -36,7 +36,6 @@ Client models and controls are summed in partition order; m is checkpointed stat
 from __future__ import annotations
 
 import numpy as np
-from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from clients.protocol import (
     CONTROL_AFTER_CLIP,
@@ -49,6 +48,7 @@ from clients.protocol import (
 )
 from strategies.averaging import to_arrays, to_numpy, with_record
 from strategies.sampling import CohortSampling
+from strategies.weighted_mean import InPlaceFedAvg
 
 VARIANTS = ("paper", "official-code")
 OFFICIAL_MOSWA_LOCAL_STEPS = 50
@@ -86,7 +86,7 @@ def official_control_update(
     }
 
 
-class FedSwa(CohortSampling, FlowerFedAvg):
+class FedSwa(CohortSampling, InPlaceFedAvg):
     """FedSWA, or FedMoSWA with ``momentum_control=True``, over a seeded cohort.
 
     Parameters

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from clients.protocol import (
     FULL_GRADIENT_ACTION, MIME_CORRECTION, MIME_DAMPENED, MIME_MOMENTUM, MIME_STATE, OBJECTIVE,
@@ -36,6 +35,7 @@ from strategies.averaging import counter_mean, is_float, to_numpy, with_record
 from strategies.config import MIME_VARIANTS
 from strategies.exchange import send_and_receive
 from strategies.sampling import ServerUpdate
+from strategies.weighted_mean import InPlaceFedAvg
 
 
 def mime_server_update(
@@ -56,7 +56,7 @@ def mime_server_update(
     return new_theta, new_momentum
 
 
-class Mime(ServerUpdate, FlowerFedAvg):
+class Mime(ServerUpdate, InPlaceFedAvg):
     """MIME (``lite=False``) or MimeLite over a seeded cohort; the momentum m is the server state."""
 
     def __init__(self, lite: bool = False, beta: float = 0.9, server_learning_rate: float = 1.0,

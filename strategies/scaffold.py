@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 from flwr.app import ArrayRecord
-from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from clients.protocol import SCAFFOLD_DELTA_CONTROL, SCAFFOLD_SERVER_CONTROL
 from strategies.averaging import to_numpy, with_record
 from strategies.sampling import CohortSampling
+from strategies.weighted_mean import InPlaceFedAvg
 
 
 def server_control_update(
@@ -24,7 +24,7 @@ def server_control_update(
     return {k: control[k] + sum(d[k] for d in deltas) * (len(deltas) / num_clients) / len(deltas) for k in control}
 
 
-class Scaffold(CohortSampling, FlowerFedAvg):
+class Scaffold(CohortSampling, InPlaceFedAvg):
     """SCAFFOLD over a seeded cohort; the control variate ``control`` is checkpointed state."""
 
     def __init__(self, **kwargs):
