@@ -10,6 +10,7 @@ import time
 from collections import defaultdict
 from importlib.metadata import version
 from queue import Queue
+from types import SimpleNamespace
 
 import pytest
 
@@ -23,6 +24,7 @@ class FakeLinkState:
     def __init__(self):
         self.inbox = defaultdict(list)
         self.replies = []
+        self.asked = []  # node ids, in the order get_message_ins was called for them
         self.lock = threading.Lock()
 
     def store_message_res(self, reply):
@@ -30,15 +32,37 @@ class FakeLinkState:
             self.replies.append(reply)
 
     def store_message_ins(self, message):
-        node_id, text = message
         with self.lock:
-            self.inbox[node_id].append(text)
-        return text
+            self.inbox[message.metadata.dst_node_id].append(message.text)
+        return message.text
 
     def get_message_ins(self, node_id, limit):
         with self.lock:
+            self.asked.append(node_id)
             taken, self.inbox[node_id] = self.inbox[node_id][:limit], self.inbox[node_id][limit:]
         return taken
+
+
+def _message(node_id: int, text: str) -> SimpleNamespace:
+    return SimpleNamespace(metadata=SimpleNamespace(dst_node_id=node_id), text=text)
+
+
+def _start_scan(state, queue, nodes_mapping, stop) -> threading.Thread:
+    """The engine's scan thread, returned once it has wrapped the store and gone to sleep."""
+    original_store = state.store_message_ins
+    scan = threading.Thread(target=add_messages_to_queue_on_store, args=(state, queue, nodes_mapping, stop))
+    scan.start()
+    while state.store_message_ins == original_store:  # the scan wraps the store first
+        threading.Event().wait(0.01)
+    threading.Event().wait(0.2)  # the scan is now asleep
+    return scan
+
+
+def _stop_scan(scan, state, stop) -> None:
+    stop.set()
+    state.store_message_ins(_message(next(iter(state.inbox), 0), "wake up to stop"))
+    scan.join(timeout=5)
+    assert not scan.is_alive()
 
 
 def test_the_installed_flower_is_the_release_the_change_was_written_for():
@@ -64,23 +88,41 @@ def test_another_flower_fails_loudly_and_says_what_to_do(flower_version, source)
 def test_a_stored_message_is_handed_out_without_waiting_for_the_scan_interval(monkeypatch):
     monkeypatch.setattr(engine, "MAX_WAIT_S", 60.0)  # only a wake-up can deliver within the test's seconds
     state, queue, stop = FakeLinkState(), Queue(), threading.Event()
-    original_store = state.store_message_ins
-    scan = threading.Thread(target=add_messages_to_queue_on_store, args=(state, queue, {11: 0, 22: 1}, stop))
-    scan.start()
+    scan = _start_scan(state, queue, {11: 0, 22: 1}, stop)
     try:
-        while state.store_message_ins == original_store:  # the scan wraps the store first
-            threading.Event().wait(0.01)
-        threading.Event().wait(0.2)  # the scan is now asleep
-        state.store_message_ins((22, "train 1"))
+        state.store_message_ins(_message(22, "train 1"))
         assert queue.get(timeout=5) == "train 1"
-        state.store_message_ins((11, "query"))
-        state.store_message_ins((11, "train 2"))  # two for one node: both, one per scan
+        state.store_message_ins(_message(11, "query"))
+        state.store_message_ins(_message(11, "train 2"))  # two for one node: both, one per scan
         assert {queue.get(timeout=5), queue.get(timeout=5)} == {"query", "train 2"}
     finally:
-        stop.set()
-        state.store_message_ins((11, "wake up to stop"))
-        scan.join(timeout=5)
-    assert not scan.is_alive()
+        _stop_scan(scan, state, stop)
+
+
+def test_a_woken_scan_asks_only_the_nodes_messages_were_stored_for(monkeypatch):
+    """Each get_message_ins call checks every stored message: asking all 100 nodes on every
+    store was most of a round's hand-out time. Only the 0.1 s scan asks every node."""
+    monkeypatch.setattr(engine, "MAX_WAIT_S", 60.0)
+    nodes = {1000 + 7 * p: p for p in range(100)}
+    state, queue, stop = FakeLinkState(), Queue(), threading.Event()
+    scan = _start_scan(state, queue, nodes, stop)
+    try:
+        assert sorted(state.asked) == sorted(nodes)  # the first scan asks every node, as Flower's
+        state.asked.clear()
+        for node_id in (1007, 1693, 1007):
+            state.store_message_ins(_message(node_id, f"train {node_id}"))
+        assert sorted(queue.get(timeout=5) for _ in range(3)) == ["train 1007", "train 1007", "train 1693"]
+        threading.Event().wait(0.2)
+        assert set(state.asked) == {1007, 1693}
+        assert state.asked.count(1007) >= 3  # two messages, one per scan, then one empty answer
+        state.asked.clear()
+        monkeypatch.setattr(engine, "MAX_WAIT_S", 0.05)
+        state.store_message_ins(_message(1014, "train 1014"))  # wakes the scan, which then waits 0.05 s
+        assert queue.get(timeout=5) == "train 1014"
+        threading.Event().wait(0.5)
+        assert set(state.asked) == set(nodes)  # with no store for 0.05 s: every node, as Flower's
+    finally:
+        _stop_scan(scan, state, stop)
 
 
 def test_installed_only_in_the_engine_process_and_only_when_switched_on(monkeypatch):
@@ -142,8 +184,6 @@ def test_a_stored_reply_ends_the_servers_wait_at_once(monkeypatch):
     """The round exchange's wait between pulls ends when the engine stores a reply, not at
     the next poll: a reply stored 1.1 s after the push is pulled well before the 2.05 s at
     which a poll backing off from 1 ms (to max_poll = 30 s) would look again."""
-    from types import SimpleNamespace
-
     from flwr.server.superlink.fleet.vce import vce_api
 
     from strategies.exchange import send_and_receive
