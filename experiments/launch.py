@@ -400,6 +400,31 @@ def launch(
         return _launch_locked(config, out_dir, resources, progress, label, leave, ray_address, stop)
 
 
+INLINE_LIMIT_VARIABLE = "RAY_max_direct_call_object_size"
+
+
+def flower_environment(
+    bin_dir: Path, flwr_home: str, http_port: int, control_port: int, ray_address: str | None
+) -> dict[str, str]:
+    """The environment of a run's ``flwr run`` (and so of its SuperLink, simulation and Ray)."""
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "FLWR_HOME": flwr_home,
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+        # Messages up to 8 MiB (a round's model, a client's reply) travel inside Ray's task
+        # call instead of through its object store (Ray inlines up to 100 KiB by default):
+        # about 2 ms less each way for the 1.1 MB Fashion-MNIST CNN on 2 cores.
+        INLINE_LIMIT_VARIABLE: os.environ.get(INLINE_LIMIT_VARIABLE, str(8 * 2**20)),
+    }
+    if ray_address is not None:
+        env["RAY_ADDRESS"] = ray_address
+    return env
+
+
 def _launch_locked(
     config: Mapping[str, Any], out_dir: Path, resources: ClientResources, progress: bool, label: str, leave: bool,
     ray_address: str | None, stop: threading.Event | None,
@@ -415,17 +440,7 @@ def _launch_locked(
     bin_dir = Path(sys.executable).parent
     log_path = out_dir / "flwr.log"
     with tempfile.TemporaryDirectory(prefix="basin-flwr-home-") as flwr_home:
-        env = {
-            **os.environ,
-            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-            "FLWR_HOME": flwr_home,
-            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
-            "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
-            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-            "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-        }
-        if ray_address is not None:
-            env["RAY_ADDRESS"] = ray_address
+        env = flower_environment(bin_dir, flwr_home, http_port, control_port, ray_address)
         command = [
             str(bin_dir / "flwr"), "run", str(stage_app(Path(flwr_home) / "app")), "--stream",
             "--run-config", str(run_config_path),

@@ -220,3 +220,15 @@ def test_a_job_cluster_that_does_not_start_in_time_is_refused_and_its_holder_sto
     with pytest.raises(RayClusterUnreachable, match="did not start within"):
         cluster.__enter__()
     assert cluster.holder is None
+
+
+def test_the_flower_environment_inlines_models_in_ray_calls_and_keeps_the_users_choice(monkeypatch, tmp_path):
+    """Ray's default sends arguments over 100 KiB through its object store: every round's
+    model and every reply of the Fashion-MNIST CNN (1.1 MB) did."""
+    monkeypatch.delenv(launch_module.INLINE_LIMIT_VARIABLE, raising=False)
+    env = launch_module.flower_environment(tmp_path, "home", 1, 2, ray_address=None)
+    assert int(env["RAY_max_direct_call_object_size"]) == 8 * 2**20 and "RAY_ADDRESS" not in env
+    monkeypatch.setenv(launch_module.INLINE_LIMIT_VARIABLE, "1000")
+    env = launch_module.flower_environment(tmp_path, "home", 1, 2, ray_address="10.0.0.5:6379")
+    assert env["RAY_max_direct_call_object_size"] == "1000" and env["RAY_ADDRESS"] == "10.0.0.5:6379"
+    assert env["PATH"].startswith(str(tmp_path)) and env["FLWR_HOME"] == "home"
