@@ -33,6 +33,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from strategies.weighted_mean import array_view
+
 AVERAGING_SUBSETS = ("all", "features", "classifier")
 
 
@@ -52,7 +54,8 @@ def counter_mean(client_ws: list[dict[str, np.ndarray]], key: str, dtype, weight
 
 
 def to_numpy(arrays: ArrayRecord) -> dict[str, np.ndarray]:
-    return {key: array.numpy() for key, array in arrays.items()}
+    """The record's arrays as read-only views of its bytes (strategies/weighted_mean.py)."""
+    return {key: array_view(array) for key, array in arrays.items()}
 
 
 def to_arrays(arrays: dict[str, np.ndarray]) -> ArrayRecord:

@@ -21,6 +21,7 @@ from clients import protocol
 from clients.simulation_engine import simulated_partitions
 from strategies.exchange import send_and_receive
 from strategies.faults import ClientFailure, Layout, layout_of, screen_replies
+from strategies.weighted_mean import array_view
 
 
 class NodeDiscoveryError(RuntimeError):
@@ -202,9 +203,9 @@ class CohortSampling:
         return super().aggregate_train(server_round, replies)
 
     def client_models(self, replies: Iterable[Message]) -> tuple[list[dict[str, np.ndarray]], list]:
-        """The replies' models (numpy) and metric records."""
+        """The replies' models (read-only numpy views) and metric records."""
         replies = list(replies)
-        models = [{k: a.numpy() for k, a in r.content[self.arrayrecord_key].items()} for r in replies]
+        models = [{k: array_view(a) for k, a in r.content[self.arrayrecord_key].items()} for r in replies]
         return models, [next(iter(r.content.metric_records.values())) for r in replies]
 
 
@@ -260,7 +261,7 @@ class ServerUpdate(CohortSampling):
 
     def configure_train(self, server_round, arrays, config, grid):
         # Updates are taken against the model the clients received (under IMA: the average).
-        self.sent_weights = {key: array.numpy() for key, array in arrays.items()}
+        self.sent_weights = {key: array_view(array) for key, array in arrays.items()}
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_accepted(self, server_round, replies):
