@@ -33,7 +33,6 @@ from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 
 
-
 def lookahead(theta: dict[str, np.ndarray], momentum: dict[str, np.ndarray], lam: float) -> dict[str, np.ndarray]:
     """θ̃ = θ + λ·m on floating-point arrays (integer buffers as they are)."""
     return {key: (value + lam * momentum[key]).astype(value.dtype) if is_float(value) else value

@@ -1,6 +1,7 @@
 """FedAvg (McMahan et al., AISTATS 2017): w^{t+1} = sum_i (n_i / n) w_i^t (METHODS.md, FMA).
 
-Flower's FedAvg, with Basin's seeded cohort sampling and partition-ordered aggregation.
+Flower's FedAvg (its weighted mean read in place: strategies/weighted_mean.py), with Basin's
+seeded cohort sampling and partition-ordered aggregation.
 """
 
 from strategies.sampling import CohortSampling

@@ -36,7 +36,6 @@ from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 
 
-
 def fedcm_server_update(
     sent: dict[str, np.ndarray], client_ws: list[dict[str, np.ndarray]], server_lr: float, step_scale: float = 1.0,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

@@ -7,7 +7,7 @@ Flower's ``aggregate_arrayrecords`` computes it by decoding every array of every
 with ``Array.numpy()``: ``np.load``, which parses the .npy header with a Python
 ``literal_eval`` and copies the values out of the message. For a small model that was
 most of a round's aggregation time (10 replies × 10 arrays of the Fashion-MNIST CNN:
-11 ms on one CPU core). :func:`weighted_mean_arrays` performs the same arithmetic in the
+8 ms of 11 ms on one CPU core; 3 ms here). :func:`weighted_mean_arrays` performs the same arithmetic in the
 same order (``mean = v_0·f_0``, then ``mean += v_k·f_k`` in reply order, f_k = n_k / n
 as Python floats), so its result is bitwise Flower's; it only reads each array as a view
 of the message's bytes, parsing each distinct .npy header once per process
@@ -76,7 +76,7 @@ def array_view(array: Array) -> np.ndarray:
 
 def weighted_mean_arrays(records: list[RecordDict], weighting_metric_name: str) -> ArrayRecord:
     """Flower 1.41's ``aggregate_arrayrecords``, bitwise, reading arrays in place."""
-    weights = [float(next(iter(record.metric_records.values()))[weighting_metric_name]) for record in records]
+    weights = [next(iter(record.metric_records.values()))[weighting_metric_name] for record in records]
     total_weight = sum(weights)
     factors = [weight / total_weight for weight in weights]
     mean: dict[str, np.ndarray] = {}
