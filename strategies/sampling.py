@@ -250,11 +250,12 @@ def union_length(intervals: Iterable[tuple[float, float]]) -> float:
 
 
 class ServerUpdate(CohortSampling):
-    """Mixin, listed before Flower's FedAvg, for methods whose new global model is their own
+    """Mixin, listed before InPlaceFedAvg (strategies/weighted_mean.py), for methods whose new global model is their own
     function of the model sent and the cohort's models (FedNova, FedDyn, FedGMA).
 
-    Flower's FedAvg still validates the replies and averages their metrics; subclasses
-    implement :meth:`server_update`.
+    Flower's FedAvg still validates the replies and averages their metrics (its weighted
+    mean of the models, unused here, is not computed); subclasses implement
+    :meth:`server_update`.
     """
 
     sent_weights: dict[str, np.ndarray] | None = None
@@ -265,9 +266,10 @@ class ServerUpdate(CohortSampling):
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_accepted(self, server_round, replies):
-        arrays, metrics = super().aggregate_accepted(server_round, replies)
-        if arrays is None:
-            return arrays, metrics
+        contents = self.checked_contents(replies)  # strategies/weighted_mean.InPlaceFedAvg's
+        if not contents:
+            return None, None
+        metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
         models, reported = self.client_models(replies)
         model = self.server_update(models, reported, replies)
         return ArrayRecord({key: Array(np.ascontiguousarray(value)) for key, value in model.items()}), metrics

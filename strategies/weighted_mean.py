@@ -97,8 +97,12 @@ class InPlaceFedAvg(FlowerFedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Flower 1.41's ``FedAvg.aggregate_train``: the same checks, the same mean."""
-        valid_replies, _ = self._check_and_log_replies(replies, is_train=True)
-        if not valid_replies:
+        contents = self.checked_contents(replies)
+        if not contents:
             return None, None
-        contents = [message.content for message in valid_replies]
         return weighted_mean_arrays(contents, self.weighted_by_key), self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+
+    def checked_contents(self, replies: Iterable[Message]) -> list[RecordDict]:
+        """The contents of the replies without an error, after Flower's consistency checks."""
+        valid_replies, _ = self._check_and_log_replies(replies, is_train=True)
+        return [message.content for message in valid_replies]
