@@ -151,7 +151,7 @@ SCHEMA: dict[str, Option] = {
     "summary-last-k": Option(int, "an integer >= 0 (rounds averaged in the summary; 0 = the method's paper horizon)", lambda v: v >= 0),
     "device": _one_of(*DEVICES),
     "output-dir": Option(str, "a directory path, or '' for ~/basin-runs/<run id>"),
-    "round-timeout": Option(float, "a number of seconds > 0 (a client without a reply by then counts as failed)", lambda v: v > 0),
+    "round-timeout": Option(float, "a number of seconds > 0 (a client without a reply by then counts as failed; in a simulation the first round after a start also gets node-timeout, for the client processes to start)", lambda v: v > 0),
     "node-timeout": Option(float, f"a number of seconds >= {MIN_NODE_TIMEOUT_S:g} (wait this long for num-clients nodes to connect and report their partition, then fail; client processes take seconds to start)", lambda v: v >= MIN_NODE_TIMEOUT_S),
     "min-replies": Option(int, "an integer >= 1, at most the cohort size (a round with fewer accepted replies is skipped)", lambda v: v >= 1),
     "checkpoint-every": Option(int, "an integer >= 0 (write output-dir/checkpoint.pt every k rounds and after the last; 0 = never)", lambda v: v >= 0),

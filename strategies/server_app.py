@@ -28,6 +28,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from clients import protocol
+from clients.simulation_engine import simulated_partitions
 from clients.models import build_run_model
 from clients.state_store import CLIENT_STATE_DIR, discard_snapshots_after, remove_run_snapshots
 from clients.training import evaluate, select_device
@@ -110,6 +111,14 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
         drawing.join()
 
 
+def round_timeout(config: dict[str, Any], first_contact: bool) -> float:
+    """How long a round waits for replies: ``round-timeout``, plus ``node-timeout`` when the
+    round is the first message the client processes get (a simulation's first round after
+    a start or resume), which then also waits for them to start, as discovery did when it
+    asked them."""
+    return config["round-timeout"] + (config["node-timeout"] if first_contact else 0.0)
+
+
 def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: dict[str, Any] | None, data,
                  device: torch.device) -> None:
     """Client discovery, then every round from the initial model (or the checkpoint) to the
@@ -130,6 +139,8 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
         discover_partitions(grid, config["num-clients"], config["node-timeout"]), cohort_size(config), config["seed"],
         config["min-replies"],
     )
+    # In a simulation discovery read the engine's map: round 1 is the client processes' first message.
+    clients_unasked = simulated_partitions(timeout=0) is not None
     print("[basin] training round 1", flush=True)
     recorder.training_starts()
     first_round = 1
@@ -153,7 +164,8 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
         if prepare_round is not None:  # a method's exchange before training (MIME's full-batch gradients)
             prepare_round(server_round, arrays, grid)
         replies = send_and_receive(
-            grid, strategy.configure_train(server_round, arrays, train_config, grid), config["round-timeout"]
+            grid, strategy.configure_train(server_round, arrays, train_config, grid),
+            round_timeout(config, first_contact=server_round == first_round and clients_unasked),
         )
         aggregated, metrics = strategy.aggregate_train(server_round, replies)
         for failure in strategy.round_failures:

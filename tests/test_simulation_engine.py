@@ -212,3 +212,13 @@ def test_a_stored_reply_ends_the_servers_wait_at_once(monkeypatch):
         stop.set()
         scan.join(timeout=5)
     assert len(replies) == 1 and 1.1 <= waited < 1.5
+
+
+def test_the_client_processes_first_message_also_waits_for_them_to_start():
+    """In a simulation discovery sends nothing, so round 1 is what starts the client
+    processes (seconds on 2 cores): its timeout adds node-timeout, later rounds do not."""
+    from strategies.server_app import round_timeout
+
+    config = {"round-timeout": 8.0, "node-timeout": 30.0}
+    assert round_timeout(config, first_contact=True) == 38.0
+    assert round_timeout(config, first_contact=False) == 8.0
