@@ -90,6 +90,7 @@ def setting_label(row: pd.Series, keys: Iterable[str]) -> str:
     parts = []
     if "partition" in row:
         notation = {"dirichlet": f"Dir({_value(row.get('alpha'))})",
+                    "dirichlet-client": f"client-wise Dir({_value(row.get('alpha'))})",
                     "shards": f"#C={_value(row.get('classes-per-client'))}", "iid": "IID"}
         parts.append(notation.get(row["partition"], str(row["partition"])))
         keys = [k for k in keys if k not in PARTITION_KEYS]
@@ -186,7 +187,7 @@ def plot_gain_vs(results: pd.DataFrame, key: str, path: Path) -> Path | None:
     key takes fewer than two values among the paired runs (alpha: among Dirichlet runs)."""
     completed = _completed(results)
     if key == "alpha":
-        completed = completed[completed["partition"] == "dirichlet"]
+        completed = completed[completed["partition"].isin(["dirichlet", "dirichlet-client"])]
     # Labels are judged among the plotted runs, without the key itself (it is the x-axis).
     gains = label_runs(completed, exclude=[key]).merge(paired_gains(results)[["run", "gain"]].dropna(), on="run")
     if key not in gains or gains[key].nunique() < 2:

@@ -72,7 +72,7 @@ def is_cached(kind: str, key: str) -> bool:
 # The modules whose code decides which sample goes to which client: part of a cached
 # partition's key, so changed partitioning code never reads an old entry.
 PARTITIONER_SOURCES = (
-    "base.py", "dirichlet.py", "iid.py", "shards.py", "pachinko.py", "domains.py", "natural.py", "stats.py",
+    "base.py", "dirichlet.py", "client_dirichlet.py", "iid.py", "shards.py", "pachinko.py", "domains.py", "natural.py", "stats.py",
 )
 
 

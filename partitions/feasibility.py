@@ -51,11 +51,13 @@ def partition_labels(dataset: str, data_dir: str) -> np.ndarray | None:
 def partition_settings(config: Mapping[str, Any]) -> tuple:
     """The run-config values a partition depends on, in :func:`build_partitioner`'s argument
     order: (scheme, K, seed, alpha, classes-per-client, min size, balance, Pachinko α, β,
-    clients per domain)."""
+    clients per domain, client-wise Dirichlet concentration, exhaustion, samples per client)."""
     return (
         str(config["partition"]), int(config["num-clients"]), int(config["seed"]), float(config["alpha"]),
         int(config["classes-per-client"]), int(config["min-partition-size"]), bool(config["dirichlet-balance"]),
         float(config["pachinko-alpha"]), float(config["pachinko-beta"]), int(config["clients-per-domain"]),
+        str(config["client-dirichlet-concentration"]), str(config["client-dirichlet-exhaustion"]),
+        int(config["samples-per-client"]),
     )
 
 
@@ -69,7 +71,7 @@ def _check(dataset: str, data_dir: str, settings: tuple) -> None:
     labels = partition_labels(dataset, data_dir)
     if labels is None:
         return
-    scheme, num_clients, seed, alpha, classes_per_client, min_size, balance, _, _, clients_per_domain = settings
+    scheme, num_clients, seed, alpha, classes_per_client, min_size, balance, _, _, clients_per_domain = settings[:10]
     needs = "coarse labels" if scheme == "pachinko" else "natural ids (writer, role)" if scheme == "natural" else \
         "a domain column" if clients_per_domain else None
     columns = {"coarse": labels // 5} if dataset == "cifar100" else {}  # CIFAR-100: 5 fine labels per coarse one
@@ -95,6 +97,7 @@ def _check(dataset: str, data_dir: str, settings: tuple) -> None:
         cached_partition(fingerprint, settings, build) if fingerprint else build()
     except ValueError as error:
         what = {"dirichlet": f"Dirichlet(alpha={alpha}){' with balance' if balance else ''}",
+                "dirichlet-client": f"client-wise Dirichlet(alpha={alpha})",
                 "shards": f"#C = {classes_per_client} shards", "iid": "IID", "pachinko": "Pachinko allocation"}[scheme]
         raise ValueError(
             f"{what} over num-clients = {num_clients} with min-partition-size = {min_size} cannot be built "

@@ -12,9 +12,11 @@ import pandas as pd
 if TYPE_CHECKING:
     from partitions.base import LabelPartitioner
 
-PARTITION_SCHEMES = ("iid", "dirichlet", "shards", "pachinko", "natural")
+# dirichlet: label-wise (each class split over clients; IMA, FedAlign); dirichlet-client:
+# client-wise (each client's class mix; WIMA, FedSWA).
+PARTITION_SCHEMES = ("iid", "dirichlet", "dirichlet-client", "shards", "pachinko", "natural")
 # Schemes that can run inside each domain of a multi-domain data set (clients-per-domain > 0).
-LABEL_SCHEMES = ("iid", "dirichlet", "shards")
+LABEL_SCHEMES = ("iid", "dirichlet", "dirichlet-client", "shards")
 
 
 def build_partitioner(
@@ -28,11 +30,15 @@ def build_partitioner(
     pachinko_alpha: float = 0.1,
     pachinko_beta: float = 10.0,
     clients_per_domain: int = 0,
+    client_concentration: str = "class-prior",
+    client_exhaustion: str = "drop",
+    samples_per_client: int = 0,
 ) -> LabelPartitioner:
     """The partitioner of a scheme named in the run config (``partition`` key); with
     ``clients_per_domain`` > 0 the label scheme runs inside each domain."""
     # Imported here: the partitioners are flwr-datasets Partitioners (seconds of import),
     # and a process that reads a cached partition (clients/data.py) never needs them.
+    from partitions.client_dirichlet import ClientDirichletPartitioner
     from partitions.dirichlet import DirichletPartitioner
     from partitions.domains import DomainPartitioner
     from partitions.iid import IidPartitioner
@@ -45,6 +51,10 @@ def build_partitioner(
             return IidPartitioner(clients, seed=scheme_seed)
         if scheme == "dirichlet":
             return DirichletPartitioner(clients, alpha, min_partition_size, balance, seed=scheme_seed)
+        if scheme == "dirichlet-client":
+            return ClientDirichletPartitioner(
+                clients, alpha, samples_per_client or None, client_concentration, client_exhaustion, seed=scheme_seed
+            )
         return ShardPartitioner(clients, classes_per_client, seed=scheme_seed)
 
     if clients_per_domain > 0:
@@ -71,6 +81,9 @@ def partition_notation(config: Mapping[str, Any]) -> str:
         return "natural ids"
     if scheme == "dirichlet":
         notation = f"Dir({config['alpha']:g})" + (", balanced" if config.get("dirichlet-balance") else "")
+    elif scheme == "dirichlet-client":
+        concentration = "α·p" if config.get("client-dirichlet-concentration", "class-prior") == "class-prior" else "α·1"
+        notation = f"client-wise Dir({config['alpha']:g}; {concentration}, {config.get('client-dirichlet-exhaustion', 'drop')})"
     elif scheme == "shards":
         notation = f"#C={config['classes-per-client']}"
     else:

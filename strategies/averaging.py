@@ -16,6 +16,19 @@ averages of the global models the base produces — never of its own outputs:
   instead after rounds S + c, S + 2c, … of its start round S: the first round of each
   cycle in the lr schedule's phase, with the first sample c rounds after the start.
 
+**IMA on an adaptive server optimiser** (FedAdam, FedYogi, FedAdagrad; strategies/fedopt.py)
+has its own ordering by default (``optimizer_target=True``; run config
+``ima-server-opt = fma-target``), as the paper ("storing P global models obtained by FMA")
+and its authors' ``utils/aggregator.py`` (modes ``fedadam+ima``, ``fedyogi+ima``,
+``fedadagrad+ima``) do: the window holds each round's **FMA aggregate** (the clients'
+weighted mean), not the optimiser's output; from t_s on the window mean is the **target**
+of the optimiser's step, Δ = mean − w with w the model sent; m and v are reset to zero at
+t_s (FedAdam and FedYogi; the code does not reset FedAdagrad's); the clients receive the
+optimiser's output. In results.csv that output is the averaged (sent) model and the
+round's FMA the base model (the authors log it as "before moving averaging").
+``ima-server-opt = output-window`` is the older ordering: the window holds the
+optimiser's outputs and their mean is sent, as for any other base.
+
 The component's state (window, running average, counters) lives here and round-trips
 through :meth:`state_dict` / :meth:`load_state_dict` for checkpoints. Because the round
 loop sends whatever :meth:`aggregate_train` returned, a base that keeps its own copy of
@@ -102,6 +115,9 @@ class ModelAveraging(Strategy):
         averaged; the others are taken from the newest base model.
     classifier_prefix : str
         Name prefix of the classifier's arrays.
+    optimizer_target : bool
+        For a base with a step target (strategies/fedopt.ServerOptimizer): average its FMA
+        aggregates and make the mean the target of its step (see the module docstring).
     """
 
     def __init__(
@@ -114,6 +130,7 @@ class ModelAveraging(Strategy):
         sample_phase: int = 0,
         subset: str = "all",
         classifier_prefix: str = "classifier.",
+        optimizer_target: bool = False,
     ) -> None:
         if window_size is not None and window_size < 1:
             raise ValueError(f"window_size must be >= 1 or None, got {window_size}")
@@ -136,6 +153,13 @@ class ModelAveraging(Strategy):
         self.num_averaged = 0
         self.base_arrays: ArrayRecord | None = None
         self.averaged_arrays: ArrayRecord | None = None
+        self.optimizer_target = optimizer_target
+        self.moments_reset = False
+        self.round_fma: dict[str, np.ndarray] | None = None
+        if optimizer_target:
+            if not hasattr(base, "step_target"):
+                raise ValueError(f"optimizer_target needs a server optimiser with a step target, got {type(base).__name__}")
+            base.step_target = self._window_target
 
     def __getattr__(self, name: str):
         # Everything the component does not define (sampling hooks, per-round client
@@ -171,9 +195,12 @@ class ModelAveraging(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        self.round_fma = None
         base_arrays, metrics = self.base.aggregate_train(server_round, replies)
         if base_arrays is None:
             return None, metrics
+        if self.optimizer_target:
+            return self._optimizer_output(server_round, base_arrays), metrics
         self.base_arrays = base_arrays
         if self.is_sampled(server_round):
             self._sample(to_numpy(base_arrays))
@@ -190,6 +217,25 @@ class ModelAveraging(Strategy):
 
     def summary(self) -> None:
         self.base.summary()
+
+    # -- IMA as the target of a server optimiser's step --------------------------------
+    def _window_target(self, server_round: int, fma: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The base's step target: the round's FMA, or from t_s on the window's mean."""
+        self.round_fma = fma
+        if self.is_sampled(server_round):
+            self._sample({key: value.copy() for key, value in fma.items()})
+        if not self.is_active(server_round):
+            return fma
+        if not self.moments_reset and self.base.resets_moments_at_averaging_start:
+            self.base.reset_moments()
+        self.moments_reset = True
+        return self._average(fma)
+
+    def _optimizer_output(self, server_round: int, output: ArrayRecord) -> ArrayRecord:
+        active = self.round_fma is not None and self.is_active(server_round)
+        self.base_arrays = to_arrays(self.round_fma) if active else output
+        self.averaged_arrays = output if active else None
+        return output
 
     # -- arithmetic ---------------------------------------------------------------------
     def _sample(self, model: dict[str, np.ndarray]) -> None:
@@ -227,6 +273,7 @@ class ModelAveraging(Strategy):
             "num_averaged": self.num_averaged,
             "base_arrays": None if self.base_arrays is None else to_numpy(self.base_arrays),
             "averaged_arrays": None if self.averaged_arrays is None else to_numpy(self.averaged_arrays),
+            "moments_reset": self.moments_reset,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -235,3 +282,4 @@ class ModelAveraging(Strategy):
         self.num_averaged = int(state["num_averaged"])
         self.base_arrays = None if state["base_arrays"] is None else to_arrays(state["base_arrays"])
         self.averaged_arrays = None if state["averaged_arrays"] is None else to_arrays(state["averaged_arrays"])
+        self.moments_reset = bool(state.get("moments_reset", False))

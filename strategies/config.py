@@ -17,9 +17,11 @@ from typing import Any
 from clients.faults import FAULT_FORMAT, parse_faults
 from clients.models import MODEL_NAMES, REQUIRED_INPUT, SEQUENCE_MODELS, SLIMMABLE_MODELS, resolve_model_name
 from partitions.datasets import BUILTIN_DATASETS, INPUT_SHAPES, is_known_dataset
+from partitions.client_dirichlet import CONCENTRATIONS as CLIENT_CONCENTRATIONS
+from partitions.client_dirichlet import EXHAUSTIONS as CLIENT_EXHAUSTIONS
 from partitions.stats import LABEL_SCHEMES, PARTITION_SCHEMES
 from strategies.averaging import AVERAGING_SUBSETS
-from strategies.schedules import EXPLORATIONS
+from strategies.schedules import EXPLORATIONS, LR_SCHEDULES
 
 # Server-side methods, then methods that only change the clients' local objective.
 STRATEGY_NAMES = (
@@ -40,6 +42,9 @@ ADABEST_VARIANTS = ("paper", "official-code")
 MIME_VARIANTS = ("heavy-ball", "dampened")
 FEDFA_VARIANTS = ("paper", "fedfa-ima")
 AVERAGING_NAMES = ("none", "ima", "wima", "swa")
+# IMA on FedAdam/FedYogi/FedAdagrad: the window of FMA aggregates is the target of the
+# optimiser's step (the IMA authors' code), or the window of the optimiser's outputs is sent.
+IMA_SERVER_OPT_ORDERINGS = ("fma-target", "output-window")
 DEVICES = ("auto", "cpu", "cuda")
 # Local data augmentation: none, or random crop (padding 4) + horizontal flip (clients/augmentation.py).
 AUGMENTATIONS = ("none", "crop-flip")
@@ -85,6 +90,9 @@ SCHEMA: dict[str, Option] = {
     "pachinko-beta": Option(float, "a number > 0 (Pachinko: each client's Dirichlet over a coarse label's fine labels)", lambda v: v > 0),
     "clients-per-domain": Option(int, "an integer >= 0 (> 0: split each domain of a multi-domain data set into this many clients with the label scheme of 'partition'; num-clients = this × domains)", lambda v: v >= 0),
     "dirichlet-balance": Option(bool, "true or false (NIID-Bench/FedLab rule: a client holding >= N/K samples gets no share of later classes)"),
+    "client-dirichlet-concentration": _one_of(*CLIENT_CONCENTRATIONS),
+    "client-dirichlet-exhaustion": _one_of(*CLIENT_EXHAUSTIONS),
+    "samples-per-client": Option(int, "an integer >= 0 (partition = 'dirichlet-client': samples each client receives; 0 = N/K)", lambda v: v >= 0),
     "min-partition-size": Option(int, "an integer >= 0", lambda v: v >= 0),
     "num-clients": Option(int, "an integer >= 1", lambda v: v >= 1),
     "participation": Option(float, "a number in (0, 1]", lambda v: 0 < v <= 1),
@@ -92,7 +100,8 @@ SCHEMA: dict[str, Option] = {
     "local-epochs": Option(int, "an integer >= 1", lambda v: v >= 1),
     "batch-size": Option(int, "an integer >= 1", lambda v: v >= 1),
     "lr": Option(float, "a number > 0", lambda v: v > 0),
-    "lr-decay": Option(float, "a number in (0, 1] (client lr of round t is lr * lr-decay^(t-1))", lambda v: 0 < v <= 1),
+    "lr-schedule": _one_of(*LR_SCHEDULES),
+    "lr-decay": Option(float, "a number in (0, 1] (lr-schedule = exponential: client lr of round t is lr * lr-decay^(t-1))", lambda v: 0 < v <= 1),
     "momentum": Option(float, "a number in [0, 1)", lambda v: 0 <= v < 1),
     "weight-decay": Option(float, "a number >= 0", lambda v: v >= 0),
     "nesterov": Option(bool, "true or false (Nesterov momentum in local SGD, as FedAlign's code; needs momentum > 0)"),
@@ -143,6 +152,7 @@ SCHEMA: dict[str, Option] = {
     "avg-feedback": Option(bool, "true or false (WIMA: send the averaged model to clients)"),
     "avg-subset": _one_of(*AVERAGING_SUBSETS),
     "ima-exploration": _one_of(*EXPLORATIONS),
+    "ima-server-opt": _one_of(*IMA_SERVER_OPT_ORDERINGS),
     "ima-decay": Option(float, "a number in (0, 1] (client lr factor per round after t_s)", lambda v: 0 < v <= 1),
     "swa-variant": _one_of("paper", "official-code"),
     "swa-cycle": Option(int, "an integer >= 1 (SWA lr cycle length in rounds)", lambda v: v >= 1),

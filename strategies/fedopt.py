@@ -1,57 +1,117 @@
 """Adaptive server optimizers (Reddi et al., ICLR 2021, Algorithm 2): FedAdam, FedYogi,
-FedAdagrad, with Flower's implementations and Basin's seeded cohorts.
+FedAdagrad, over Basin's seeded cohorts.
 
-Δ_t = w_FMA − w_t; m_t = β1·m_{t−1} + (1 − β1)·Δ_t;
+Δ_t = x_t − w_t with x_t the step's **target** (the FMA by default);
+m_t = β1·m_{t−1} + (1 − β1)·Δ_t;
 Adam: v_t = β2·v_{t−1} + (1 − β2)·Δ_t²; Yogi: v_t = v_{t−1} − (1 − β2)·Δ_t²·sign(v_{t−1} − Δ_t²);
 Adagrad: v_t = v_{t−1} + Δ_t²; w_{t+1} = w_t + η·m_t/(√v_t + τ). Defaults η = 0.01,
-β1 = 0.9, β2 = 0.99, τ = 1e-3 (Reddi et al.'s grid; the IMA and WIMA setups).
+β1 = 0.9, β2 = 0.99, τ = 1e-3 (Reddi et al.'s grid; the IMA and WIMA setups; the IMA
+authors' ``utils/aggregator.py`` uses exactly these for FedAdam and FedYogi).
+
+The target is a hook, :meth:`ServerOptimizer.step_target`: IMA's default ordering on these
+optimisers (strategies/averaging.py, ``ima-server-opt = fma-target``) replaces it from t_s
+on by the mean of a window of FMA aggregates, and resets the moments once at t_s
+(:meth:`ServerOptimizer.reset_moments`), as the IMA authors' ``fedadam+ima`` and
+``fedyogi+ima`` modes do.
 
 Flower's FedAdam multiplies η by Adam's bias correction √(1 − β2^(t+1))/(1 − β1^(t+1))
 (Kingma & Ba), which Reddi et al.'s Algorithm 2 does not have: in round 1 that is
 η·√0.0199/0.19 ≈ 0.74·η, and it tends to η. Basin's FedAdam takes the paper's step by
 default; ``bias_correction=True`` (run config ``fedadam-bias-correction = true``) gives
-Flower's. FedYogi and FedAdagrad are Flower's, which follow the paper.
-Flower's FedOpt records the arrays it sends in ``configure_train``, so under IMA the
-pseudo-gradient is taken against the averaged model the clients received.
+Flower's. FedYogi and FedAdagrad take Flower's steps (which follow the paper), here
+written once for the three. The arrays recorded in ``configure_train`` (Flower's
+``current_arrays``) are the model the clients received, so under IMA's older ordering the
+pseudo-gradient is taken against the averaged model.
 """
 
+from __future__ import annotations
+
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp.strategy import FedAdagrad as FlowerFedAdagrad
 from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 
+from strategies.averaging import to_arrays, to_numpy
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 
+Arrays = dict[str, np.ndarray]
 
-class FedAdam(CohortSampling, FlowerFedAdam, InPlaceFedAvg):
+
+class ServerOptimizer(CohortSampling):
+    """Mixin (listed first) for Flower's FedOpt family: the FMA, a step target, then the
+    optimiser's step from the model sent (``current_arrays``) towards that target."""
+
+    # Whether IMA's fma-target ordering zeroes m and v at t_s: the IMA authors' code does
+    # for FedAdam and FedYogi, not for FedAdagrad (whose v only accumulates).
+    resets_moments_at_averaging_start = True
+
+    def step_target(self, server_round: int, fma: Arrays) -> Arrays:
+        """The model the round's step moves towards: the FMA of the replies."""
+        return fma
+
+    def reset_moments(self) -> None:
+        """m = v = 0 (allocated at the next step)."""
+        self.m_t, self.v_t = None, None
+
+    def second_moment(self, v: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def step_size(self, server_round: int) -> float:
+        return self.eta
+
+    def aggregate_accepted(self, server_round: int, replies) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        fma, metrics = InPlaceFedAvg.aggregate_train(self, server_round, replies)
+        if fma is None:
+            return fma, metrics
+        return to_arrays(self.step(server_round, self.step_target(server_round, to_numpy(fma)))), metrics
+
+    def step(self, server_round: int, target: Arrays) -> Arrays:
+        """w + η·m/(√v + τ) with Δ = target − w (w: ``current_arrays``, the model sent)."""
+        if self.current_arrays is None or set(target) != set(self.current_arrays):
+            raise ValueError("the step target's arrays do not match the model sent (configure_train first)")
+        delta = {k: target[k] - w for k, w in self.current_arrays.items()}
+        m_t = self.m_t or {k: np.zeros_like(d) for k, d in delta.items()}
+        v_t = self.v_t or {k: np.zeros_like(d) for k, d in delta.items()}
+        self.m_t = {k: self.beta_1 * m + (1 - self.beta_1) * delta[k] for k, m in m_t.items()}
+        self.v_t = {k: self.second_moment(v, delta[k]) for k, v in v_t.items()}
+        eta = self.step_size(server_round)
+        return {
+            k: (w + eta * self.m_t[k] / (np.sqrt(self.v_t[k]) + self.tau)).astype(w.dtype)
+            for k, w in self.current_arrays.items()
+        }
+
+
+class FedAdam(ServerOptimizer, FlowerFedAdam, InPlaceFedAvg):
     """FedAdam over a seeded cohort: Reddi et al.'s step, or Flower's bias-corrected one."""
 
     def __init__(self, *args, bias_correction: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.bias_correction = bias_correction
 
-    def aggregate_accepted(self, server_round, replies):
-        if self.bias_correction:
-            return super().aggregate_accepted(server_round, replies)
-        aggregated, metrics = super(FlowerFedAdam, self).aggregate_train(server_round, replies)  # the FMA
-        if aggregated is None:
-            return aggregated, metrics
-        delta_t, m_t, _ = self._compute_deltat_and_mt(aggregated)
-        if not self.v_t:
-            self.v_t = {k: np.zeros_like(v) for k, v in delta_t.items()}
-        self.v_t = {k: self.beta_2 * v + (1 - self.beta_2) * delta_t[k] ** 2 for k, v in self.v_t.items()}
-        new_arrays = {
-            k: (x + self.eta * m_t[k] / (np.sqrt(self.v_t[k]) + self.tau)).astype(x.dtype)
-            for k, x in self.current_arrays.items()
-        }
-        return ArrayRecord({k: Array(np.asarray(v)) for k, v in new_arrays.items()}), metrics
+    def second_moment(self, v, delta):
+        return self.beta_2 * v + (1 - self.beta_2) * delta**2
+
+    def step_size(self, server_round):
+        if not self.bias_correction:
+            return self.eta
+        return self.eta * np.sqrt(1 - np.power(self.beta_2, server_round + 1.0)) / (
+            1 - np.power(self.beta_1, server_round + 1.0)
+        )
 
 
-class FedYogi(CohortSampling, FlowerFedYogi, InPlaceFedAvg):
+class FedYogi(ServerOptimizer, FlowerFedYogi, InPlaceFedAvg):
     """FedYogi over a seeded cohort."""
 
+    def second_moment(self, v, delta):
+        return v - (1.0 - self.beta_2) * delta**2 * np.sign(v - delta**2)
 
-class FedAdagrad(CohortSampling, FlowerFedAdagrad, InPlaceFedAvg):
-    """FedAdagrad over a seeded cohort."""
+
+class FedAdagrad(ServerOptimizer, FlowerFedAdagrad, InPlaceFedAvg):
+    """FedAdagrad over a seeded cohort (β1 = 0, as Flower's)."""
+
+    resets_moments_at_averaging_start = False
+
+    def second_moment(self, v, delta):
+        return v + delta**2

@@ -23,8 +23,9 @@ the server control is an EMA, m ← 0.6·m + 0.4·mean_i c_i⁺ (:func:`official
 is the same α-step, taken with ``server_step``. The code's local optimizer is sent too:
 plain SGD (momentum 0), weight decay 1e-3, grad-norm clip 10; its MoFedSWA clips the
 gradient first and then adds the correction m − c_i (``CONTROL_AFTER_CLIP``; the paper
-and SCAFFOLD correct the gradient before any clipping). Its cosine round lr is the
-client schedule's (strategies/registry.py selects it for this variant).
+and SCAFFOLD correct the gradient before any clipping). Its cosine round lr is not part
+of the method: the code gives it to every algorithm of the comparison, so it is the run
+config's ``lr-schedule = cosine``, which the FedSWA presets set for all methods.
 
 Differences: v_t is the uniform mean of the cohort's models, as in Algorithm 1, not
 weighted by sample counts like every FMA in this project. θ_{t−1} is the model the

@@ -113,7 +113,11 @@ def build_strategy(config: Mapping[str, Any]) -> Strategy:
     base = build_base_strategy(config)
     averaging, start = config["averaging"], averaging_start_round(config)
     if averaging == "ima":
-        return ModelAveraging(base, config["window"], start, feedback=True, subset=config["avg-subset"])
+        # The IMA authors' ordering on FedAdam/FedYogi/FedAdagrad (strategies/averaging.py).
+        optimizer_target = config["strategy"] in FEDOPT_CLASSES and config["ima-server-opt"] == "fma-target"
+        return ModelAveraging(
+            base, config["window"], start, feedback=True, subset=config["avg-subset"], optimizer_target=optimizer_target
+        )
     if averaging == "wima":
         return ModelAveraging(
             base, config["window"], config["window"], feedback=config["avg-feedback"], subset=config["avg-subset"]
@@ -142,10 +146,6 @@ def build_client_schedule(config: Mapping[str, Any]) -> ClientSchedule:
         exploration_decay=config["ima-decay"],
         swa_start=start if config["averaging"] == "swa" else 0,
         swa_cycle=config["swa-cycle"] if config["averaging"] == "swa" else 0,
-        # FedSWA's official code: a cosine over the rounds instead of the exponential decay.
-        cosine_rounds=config["num-rounds"] if official_fedswa(config) else 0,
+        # The FedSWA comparison's cosine over the rounds (every method of it), else lr-decay.
+        cosine_rounds=config["num-rounds"] if config["lr-schedule"] == "cosine" else 0,
     )
-
-
-def official_fedswa(config: Mapping[str, Any]) -> bool:
-    return config["strategy"] in ("fedswa", "fedmoswa") and config["fedswa-variant"] == "official-code"

@@ -1,7 +1,9 @@
 """The client learning rate (and local epochs) of each round, owned by the server.
 
-Base schedule (IMA setup): lr_t = lr_0 · decay^(t−1) for round t = 1, 2, …; or, with
-``cosine_rounds`` = T > 0 (FedSWA's official code), lr_t = lr_0 · (1 + cos(π(t−1)/T))/2.
+Base schedule, run config ``lr-schedule``: ``exponential`` (IMA setup), lr_t = lr_0 ·
+decay^(t−1) for round t = 1, 2, …; or ``cosine`` (``cosine_rounds`` = T = num-rounds), lr_t =
+lr_0 · (1 + cos(π(t−1)/T))/2, which the FedSWA authors' ``main_FedSWA.py`` gives every
+algorithm of their comparison (lr₀ at round 1, → 0 at the end).
 
 IMA's "mild client exploration" from the start round t_s on (METHODS.md §1.1):
 - ``exponential`` (paper and code, default): lr_t = lr_{t_s} · d^(t − t_s), d = 0.97;
@@ -21,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 EXPLORATIONS = ("exponential", "constant", "cyclic", "epoch", "none")
+LR_SCHEDULES = ("exponential", "cosine")
 CONSTANT_LR = 5e-5
 CYCLIC_HIGH, CYCLIC_LOW, CYCLE_ROUNDS = 1e-2, 5e-5, 20
 EPOCH_DECAY_ROUNDS = 20

@@ -217,3 +217,107 @@ def test_ima_exploration_and_swa_schedules():
     assert swa(11)[0] == pytest.approx(0.9 * 0.1 + 0.1 * 0.001)
     assert swa(20)[0] == pytest.approx(0.001)
     assert swa(5)[0] == pytest.approx(0.1)
+
+
+# -- IMA on adaptive server optimisers: the IMA authors' ordering ------------------------
+def _ima_on(strategy: str, **keys):
+    from experiments.launch import resolve_config
+    from strategies.registry import build_strategy
+
+    config = resolve_config({"strategy": strategy, "averaging": "ima", "window": 2, "avg-start": 3, "num-rounds": 5,
+                             "server-lr": 0.1, **keys})
+    ima = build_strategy(config)
+    _bound(ima.base)
+    return ima
+
+
+def _adam(m, v, delta, beta_1=0.9, beta_2=0.99):
+    m = beta_1 * m + (1 - beta_1) * delta
+    return m, beta_2 * v + (1 - beta_2) * delta**2
+
+
+def _play_offsets(ima, offsets):
+    """Round r's clients return (model sent) + offsets[r−1][i], all weighted 1."""
+    sent, fmas = ArrayRecord({"w": Array(np.zeros(1))}), []
+    for server_round, round_offsets in enumerate(offsets, start=1):
+        ima.configure_train(server_round, sent, ConfigRecord(), _FakeGrid())
+        w = sent["w"].numpy()
+        fmas.append(w + np.mean(round_offsets))
+        sent, _ = ima.aggregate_train(server_round, _replies([w + o for o in round_offsets], [1, 1, 1]))
+    return sent, fmas
+
+
+def test_ima_on_fedadam_targets_the_window_mean_of_fma_aggregates_and_resets_the_moments():
+    """IMA authors' ``fedadam+ima``: window of FMAs; from t_s, Δ = mean − w with m = v = 0 first."""
+    ima = _ima_on("fedadam")
+    offsets = [[1.0, 2.0, 3.0], [3.0, 4.0, 5.0], [-1.0, 0.0, 1.0]]
+    eta, tau = 0.1, 1e-3
+    # Rounds 1 and 2 by hand: plain FedAdam steps towards the FMA.
+    w, m, v = 0.0, 0.0, 0.0
+    for round_offsets in offsets[:2]:
+        m, v = _adam(m, v, np.mean(round_offsets))
+        w = w + eta * m / (np.sqrt(v) + tau)
+    sent, fmas = _play_offsets(ima, offsets)
+    fma2, fma3 = fmas[1][0], fmas[2][0]
+    assert fma3 == pytest.approx(w)  # round 3's offsets average to 0: its FMA is the model sent, w2
+    # Round 3 = t_s: moments reset, the step targets mean(FMA_2, FMA_3).
+    delta = (fma2 + fma3) / 2 - w
+    m3, v3 = _adam(0.0, 0.0, delta)
+    expected = w + eta * m3 / (np.sqrt(v3) + tau)
+    assert sent["w"].numpy()[0] == pytest.approx(expected, rel=1e-12)
+    assert ima.base.m_t["w"][0] == pytest.approx(0.1 * delta, rel=1e-12)  # no trace of rounds 1-2's m
+    assert ima.base.v_t["w"][0] == pytest.approx(0.01 * delta**2, rel=1e-12)
+    assert to_numpy(ima.base_arrays)["w"][0] == pytest.approx(fma3)  # the FMA, "before moving averaging"
+    assert to_numpy(ima.averaged_arrays)["w"][0] == pytest.approx(expected)  # the optimiser's output, sent
+    assert ima.sends_average
+
+
+def test_ima_on_fedadagrad_keeps_its_accumulator_and_output_window_is_the_older_ordering():
+    offsets = [[1.0, 2.0, 3.0], [3.0, 4.0, 5.0], [-1.0, 0.0, 1.0]]
+    adagrad = _ima_on("fedadagrad")
+    _play_offsets(adagrad, offsets)
+    # v = Σ Δ²: rounds 1 and 2 (Δ = 2, 4) are still in it (the authors' code resets FedAdam's and FedYogi's only).
+    assert adagrad.base.v_t["w"][0] > 4.0 + 16.0
+    older = _ima_on("fedadam", **{"ima-server-opt": "output-window"})
+    outputs = []
+    sent = ArrayRecord({"w": Array(np.zeros(1))})
+    for server_round, round_offsets in enumerate(offsets, start=1):
+        older.configure_train(server_round, sent, ConfigRecord(), _FakeGrid())
+        w = sent["w"].numpy()
+        sent, _ = older.aggregate_train(server_round, _replies([w + o for o in round_offsets], [1, 1, 1]))
+        outputs.append(to_numpy(older.base_arrays)["w"][0])
+    # Round 3 sends the mean of FedAdam's outputs of rounds 2 and 3 (the window holds outputs).
+    assert sent["w"].numpy()[0] == pytest.approx((outputs[1] + outputs[2]) / 2, rel=1e-12)
+    default, _ = _play_offsets(_ima_on("fedadam"), offsets)
+    assert default["w"].numpy()[0] != pytest.approx(sent["w"].numpy()[0])
+
+
+def test_ima_on_fedadam_checkpoint_keeps_the_reset():
+    offsets = [[1.0, 2.0, 3.0], [3.0, 4.0, 5.0], [-1.0, 0.0, 1.0], [0.5, 0.5, 2.0], [1.0, -2.0, 0.0]]
+    whole, _ = _play_offsets(_ima_on("fedadam"), offsets)
+    first = _ima_on("fedadam")
+    sent, _ = _play_offsets(first, offsets[:3])
+    restored = _ima_on("fedadam")
+    load_strategy_state(restored, strategy_state(first))
+    assert restored.moments_reset
+    for server_round in (4, 5):
+        restored.configure_train(server_round, sent, ConfigRecord(), _FakeGrid())
+        w = sent["w"].numpy()
+        sent, _ = restored.aggregate_train(server_round, _replies([w + o for o in offsets[server_round - 1]], [1, 1, 1]))
+    assert sent["w"].numpy().tobytes() == whole["w"].numpy().tobytes()
+
+
+def test_round_schedule_is_a_key_of_every_method():
+    """lr-schedule = cosine: lr_t = lr₀(1 + cos(π(t−1)/R))/2 for any strategy (the FedSWA comparison)."""
+    from experiments.launch import resolve_config
+    from strategies.registry import build_client_schedule
+
+    for strategy in ("fedavg", "scaffold", "fedswa", "fedmoswa", "fedlesam"):
+        config = resolve_config({"strategy": strategy, "lr-schedule": "cosine", "lr": 0.1, "num-rounds": 10,
+                                 "momentum": 0.0})
+        schedule = build_client_schedule(config)
+        assert schedule(1)[0] == pytest.approx(0.1) and schedule(6)[0] == pytest.approx(0.05)
+        assert schedule(10)[0] == pytest.approx(0.1 * (1 + np.cos(np.pi * 0.9)) / 2)
+    official = resolve_config({"strategy": "fedmoswa", "fedswa-variant": "official-code", "lr-decay": 0.9,
+                               "momentum": 0.0})
+    assert build_client_schedule(official)(3)[0] == pytest.approx(official["lr"] * 0.81)  # no special case
