@@ -72,7 +72,7 @@ def test_shards_equal_sizes_and_at_most_k_classes(labels):
 
 
 def test_partitions_are_seeded(labels):
-    for scheme in ("iid", "dirichlet", "shards"):
+    for scheme in ("iid", "dirichlet", "dirichlet-client", "shards"):
         a = build_partitioner(scheme, 10, seed=5, alpha=0.5).assign(labels)
         b = build_partitioner(scheme, 10, seed=5, alpha=0.5).assign(labels)
         c = build_partitioner(scheme, 10, seed=6, alpha=0.5).assign(labels)
@@ -159,3 +159,68 @@ def test_ima_setting_dirichlet_0_05_over_100_clients_is_feasible_with_the_balanc
     parts = DirichletPartitioner(100, alpha=0.05, min_partition_size=10, balance=True, seed=0).assign(labels)
     assert min(len(p) for p in parts) >= 10
     assert sorted(np.concatenate(parts).tolist()) == list(range(len(labels)))
+
+
+# -- client-wise Dirichlet (Hsu et al. 2019; WIMA, FedSWA) -------------------------------
+def test_client_dirichlet_gives_equal_sizes_without_reuse(labels):
+    from partitions.client_dirichlet import ClientDirichletPartitioner
+
+    parts = ClientDirichletPartitioner(20, alpha=0.1, seed=0).assign(labels)
+    assert [len(p) for p in parts] == [len(labels) // 20] * 20  # N/K each, unlike the label-wise scheme
+    assert sorted(_check_disjoint(parts).tolist()) == list(range(len(labels)))  # K·N/K = N: every sample once
+    label_wise = DirichletPartitioner(20, alpha=0.1, min_partition_size=1, seed=0).assign(labels)
+    assert len({len(p) for p in label_wise}) > 1
+
+
+def test_client_dirichlet_concentrations_are_alpha_times_prior_or_alpha_each():
+    from partitions.client_dirichlet import ClientDirichletPartitioner
+
+    sizes = np.array([100.0, 300.0, 600.0])
+    hsu = ClientDirichletPartitioner(4, alpha=2.0, concentration="class-prior")
+    fedswa = ClientDirichletPartitioner(4, alpha=2.0, concentration="uniform")
+    expected_hsu = np.random.default_rng(7).dirichlet([0.2, 0.6, 1.2], size=4)  # α·p, summing to α
+    expected_fedswa = np.random.default_rng(7).dirichlet([2.0, 2.0, 2.0], size=4)  # α·1_C
+    assert np.array_equal(hsu.class_mixes(np.random.default_rng(7), sizes), expected_hsu)
+    assert np.array_equal(fedswa.class_mixes(np.random.default_rng(7), sizes), expected_fedswa)
+
+
+def test_client_dirichlet_same_alpha_is_more_skewed_under_hsus_convention(labels):
+    hsu = build_partitioner("dirichlet-client", 50, 0, alpha=1.0, client_concentration="class-prior")
+    fedswa = build_partitioner("dirichlet-client", 50, 0, alpha=1.0, client_concentration="uniform")
+    # Dir(0.1·1) vs Dir(1·1) over 10 classes: far fewer classes per client.
+    assert _mean_entropy(labels, hsu.assign(labels)) < 0.6 * _mean_entropy(labels, fedswa.assign(labels))
+
+
+def test_client_dirichlet_drop_renormalises_over_the_classes_left():
+    from partitions.client_dirichlet import ClientDirichletPartitioner
+
+    labels = np.array([0] * 2 + [1] * 10)
+    # α = 0: client 0's mix is class 0, client 1's class 1. Client 0 takes class 0's 2
+    # samples, then (all its mass exhausted) the rest from class 1.
+    parts = ClientDirichletPartitioner(2, alpha=0.0, samples_per_client=6, exhaustion="drop").assign(labels)
+    assert [np.bincount(labels[p], minlength=2).tolist() for p in parts] == [[2, 4], [0, 6]]
+    with pytest.raises(ValueError, match="refill"):
+        ClientDirichletPartitioner(2, alpha=1.0, samples_per_client=7).assign(labels)
+
+
+def test_client_dirichlet_refill_reuses_samples_as_fedswas_code(labels):
+    from partitions.client_dirichlet import ClientDirichletPartitioner
+
+    # FedSWA: exactly 500 per client; 20 × 500 > 6 000 samples, so pools are refilled.
+    parts = ClientDirichletPartitioner(20, alpha=0.1, samples_per_client=500, concentration="uniform",
+                                       exhaustion="refill").assign(labels)
+    assert [len(p) for p in parts] == [500] * 20
+    joined = np.concatenate(parts)
+    assert len(np.unique(joined)) < len(joined)  # reused
+    one_class = ClientDirichletPartitioner(10, alpha=0.0, samples_per_client=900, exhaustion="refill").assign(labels)
+    assert all(set(labels[p].tolist()) == {k} for k, p in enumerate(one_class))  # a class of 600 served 900 times
+
+
+def test_client_dirichlet_bad_arguments_are_refused():
+    from partitions.client_dirichlet import ClientDirichletPartitioner
+
+    for kwargs, key in (({"alpha": -1}, "alpha"), ({"alpha": 1, "concentration": "hsu"}, "concentration"),
+                        ({"alpha": 1, "exhaustion": "reuse"}, "exhaustion"), ({"alpha": 1, "samples_per_client": 0},
+                                                                             "samples_per_client")):
+        with pytest.raises(ValueError, match=key):
+            ClientDirichletPartitioner(10, **kwargs)
