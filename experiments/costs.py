@@ -134,7 +134,7 @@ from clients.training import select_device
 from experiments.launch import parse_overrides, resolve_config
 from experiments.output_dir import create_output_dir
 from partitions.datasets import INPUT_SHAPES
-from strategies.config import DEVICES, STRATEGY_NAMES
+from strategies.config import DEVICES, PLAIN_SGD_METHODS, STRATEGY_NAMES
 from strategies.registry import build_client_schedule, build_strategy
 from strategies.server_app import round_train_config
 
@@ -155,7 +155,8 @@ def method_overrides(method: str) -> dict[str, Any]:
     if variant and int(variant.group(1)) >= 1:
         return {"strategy": "gradaug", "gradaug-subnets": int(variant.group(1))}
     if method in STRATEGY_NAMES:
-        return {"strategy": method}
+        # The methods derived from plain SGD are costed as their papers run them (no client momentum).
+        return {"strategy": method, **({"momentum": 0.0} if method in (*PLAIN_SGD_METHODS, "fedmoswa") else {})}
     raise UsageError(
         f"--methods: unknown method {method!r}; allowed: {', '.join(STRATEGY_NAMES)}, or gradaug-n<k> with k >= 1, "
         f"each optionally followed by {AUGMENTED}"

@@ -38,9 +38,14 @@ FEDSWA_VARIANTS = ("paper", "official-code")
 FEDCM_VARIANTS = ("per-client", "server")
 FEDACG_VARIANTS = ("code", "half")
 FEDLESAM_VARIANTS = ("paper", "official-code")
+FEDLESAM_WEIGHTINGS = ("uniform", "samples")
 ADABEST_VARIANTS = ("paper", "official-code")
 MIME_VARIANTS = ("heavy-ball", "dampened")
 FEDFA_VARIANTS = ("paper", "fedfa-ima")
+# Methods whose papers derive their own term (a control, a correction, a look-ahead, a
+# momentum of their own) on plain local SGD steps: client heavy-ball momentum on top is not
+# their method (FedMoSWA: its paper variant; MIME's base momentum is mime-momentum).
+PLAIN_SGD_METHODS = ("mime", "mimelite", "fedcm", "mofedsam", "fedacg", "adabest")
 AVERAGING_NAMES = ("none", "ima", "wima", "swa")
 # IMA on FedAdam/FedYogi/FedAdagrad: the window of FMA aggregates is the target of the
 # optimiser's step (the IMA authors' code), or the window of the optimiser's outputs is sent.
@@ -127,6 +132,7 @@ SCHEMA: dict[str, Option] = {
     "fedacg-beta": Option(float, "a number >= 0 (FedACG's proximal weight β of β·‖y − θ̃‖²)", lambda v: v >= 0),
     "fedacg-variant": _one_of(*FEDACG_VARIANTS),
     "fedlesam-variant": _one_of(*FEDLESAM_VARIANTS),
+    "fedlesam-weighting": _one_of(*FEDLESAM_WEIGHTINGS),
     "fedfa-lambda": Option(float, "a number >= 0 (FedFA's anchor-loss weight λ)", lambda v: v >= 0),
     "fedfa-rho": Option(float, "a number in [0, 1] (FedFA's anchor EMA ρ: ā ← ρ·ā + (1 − ρ)·class mean)", lambda v: 0 <= v <= 1),
     "fedfa-variant": _one_of(*FEDFA_VARIANTS),
@@ -140,6 +146,7 @@ SCHEMA: dict[str, Option] = {
     "sam-rho": Option(float, "a number >= 0 (SAM/ASAM radius ρ; 0 = the method's default: FedSAM 0.05, MoFedSAM and FedLESAM 0.1, FedASAM 0.7 on CNNs else 0.2)", lambda v: v >= 0),
     "asam-eta": Option(float, "a number >= 0 (ASAM's η; 0 = the method's default)", lambda v: v >= 0),
     "fedalign-mu": Option(float, "a number >= 0 (FedAlign's μ)", lambda v: v >= 0),
+    "fedalign-grad-clip": Option(float, "a number >= 0 (FedAlign's own gradient-norm clip, the authors' methods/fedalign.py; used by strategy = fedalign instead of grad-clip; 0 = none)", lambda v: v >= 0),
     "fedalign-width": Option(float, "a number in (0, 1) (FedAlign's slim width ω_S)", lambda v: 0 < v < 1),
     "mixup-gamma": Option(float, "a number > 0 (Mixup's Beta(γ, γ))", lambda v: v > 0),
     "stochdepth-survival": Option(float, "a number in (0, 1] (survival probability of the last block)", lambda v: 0 < v <= 1),
@@ -158,7 +165,7 @@ SCHEMA: dict[str, Option] = {
     "swa-cycle": Option(int, "an integer >= 1 (SWA lr cycle length in rounds)", lambda v: v >= 1),
     "seed": Option(int, "an integer >= 0", lambda v: v >= 0),
     "target-accuracy": Option(float, "a number in [0, 1]", lambda v: 0 <= v <= 1),
-    "summary-last-k": Option(int, "an integer >= 0 (rounds averaged in the summary; 0 = the method's paper horizon)", lambda v: v >= 0),
+    "summary-last-k": Option(int, "an integer >= 1 (rounds averaged in the summary: the paper setup's horizon, the same for every run of a comparison; WIMA's presets 100, the others 10)", lambda v: v >= 1),
     "device": _one_of(*DEVICES),
     "output-dir": Option(str, "a directory path, or '' for ~/basin-runs/<run id>"),
     "round-timeout": Option(float, "a number of seconds > 0 (a client without a reply by then counts as failed; in a simulation the first round after a start also gets node-timeout, for the client processes to start)", lambda v: v > 0),
@@ -242,6 +249,15 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"run config key 'nesterov' = true needs momentum > 0 (momentum = {config['momentum']}); "
             f"allowed: nesterov = false, or momentum in (0, 1)"
         )
+    plain_sgd = config["strategy"] in PLAIN_SGD_METHODS or (
+        config["strategy"] == "fedmoswa" and config["fedswa-variant"] == "paper"
+    )
+    if plain_sgd and config["momentum"] > 0:
+        raise ConfigError(
+            f"run config key 'momentum' = {config['momentum']} would stack client heavy-ball momentum on "
+            f"{config['strategy']}'s own term, whose paper steps with plain SGD; allowed: momentum = 0 "
+            f"(--set momentum=0){' (the method momentum is mime-momentum)' if config['strategy'].startswith('mime') else ''}"
+        )
     if config["nesterov"] and config["strategy"] == "fednova":
         raise ConfigError(
             "run config key 'nesterov' = true cannot run strategy = 'fednova', whose normalisation ‖a_i‖₁ is "
@@ -287,13 +303,10 @@ def averaging_start_round(config: Mapping[str, Any]) -> int:
 
 
 def summary_horizon(config: Mapping[str, Any]) -> int:
-    """Rounds averaged in the summary: summary-last-k, or the method's paper horizon when 0
-    (WIMA: the last 100 rounds when the run has at least 200, else 10; others 10)."""
-    if config["summary-last-k"]:
-        return config["summary-last-k"]
-    if config["averaging"] == "wima" and config["num-rounds"] >= 200:
-        return 100
-    return 10
+    """Rounds averaged in the summary: ``summary-last-k``, a setting of the paper's setup
+    (its presets and sweeps), never of the method, so every run of one comparison reports
+    the same metric (WIMA's paper averages the last 100 rounds for all its methods)."""
+    return config["summary-last-k"]
 
 
 def cohort_size(config: Mapping[str, Any]) -> int:

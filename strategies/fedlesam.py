@@ -5,7 +5,10 @@ FedSWA @ f725be9 optimizer/LESAM.py L21–47).
 
 The clients perturb along a locally estimated global ascent direction
 (clients/objectives/fedlesam.py); the server is FedAvg, θ ← θ + η_g·avg Δ_i with η_g = 1
-(Basin's FedAvg: weighted by sample counts). **Default** (``fedlesam-variant = paper``):
+and the **uniform** mean over the cohort by default, as the authors' ``server/server.py``
+(and the FedSWA comparison's code) take it, like Basin's FedCM, MoFedSAM and FedACG;
+``weighting="samples"`` (run config ``fedlesam-weighting = samples``) weights by n_i as
+Basin's FedAvg does. **Default** (``fedlesam-variant = paper``):
 each client uses the global model it received when it last trained, kept in its
 ``context.state`` (one model copy per client, snapshotted for resume like every client
 state). **Variant** ``official-code``: the server sends u, the difference between the
@@ -21,9 +24,9 @@ from __future__ import annotations
 import numpy as np
 
 from clients.protocol import FEDLESAM_UPDATE
-from strategies.averaging import is_float, to_numpy, with_record
+from strategies.averaging import counter_mean, is_float, to_arrays, to_numpy, with_record
 from strategies.client_objective import ClientObjectiveFedAvg
-from strategies.config import FEDLESAM_VARIANTS
+from strategies.config import FEDLESAM_VARIANTS, FEDLESAM_WEIGHTINGS
 
 FEDLESAM_DEFAULT_RHO = 0.1
 
@@ -31,13 +34,16 @@ FEDLESAM_DEFAULT_RHO = 0.1
 class FedLesam(ClientObjectiveFedAvg):
     """FedAvg whose clients take FedLESAM's step; the official-code variant also sends u."""
 
-    def __init__(self, rho: float = FEDLESAM_DEFAULT_RHO, variant: str = "paper", **kwargs):
+    def __init__(self, rho: float = FEDLESAM_DEFAULT_RHO, variant: str = "paper", weighting: str = "uniform", **kwargs):
+        if weighting not in FEDLESAM_WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {FEDLESAM_WEIGHTINGS}, got {weighting!r}")
         if rho <= 0:
             raise ValueError(f"rho must be > 0, got {rho}")
         if variant not in FEDLESAM_VARIANTS:
             raise ValueError(f"variant must be one of {FEDLESAM_VARIANTS}, got {variant!r}")
         super().__init__("fedlesam", {"sam-rho": rho}, **kwargs)
         self.variant = variant
+        self.weighting = weighting
         self.previous_sent: dict[str, np.ndarray] | None = None
 
     def configure_train(self, server_round, arrays, config, grid):
@@ -48,6 +54,20 @@ class FedLesam(ClientObjectiveFedAvg):
         previous = self.previous_sent or sent  # round 1: u = 0, no perturbation
         self.previous_sent = sent
         return with_record(messages, FEDLESAM_UPDATE, {key: sent[key] - previous[key] for key in sent})
+
+    def aggregate_accepted(self, server_round, replies):
+        if self.weighting == "samples":
+            return super().aggregate_accepted(server_round, replies)
+        contents = self.checked_contents(replies)  # Flower's checks and metric mean
+        if not contents:
+            return None, None
+        models, _ = self.client_models(replies)
+        mean = {
+            key: (sum(m[key] for m in models) / len(models)).astype(value.dtype) if is_float(value)
+            else counter_mean(models, key, value.dtype)
+            for key, value in models[0].items()
+        }
+        return to_arrays(mean), self.train_metrics_aggr_fn(contents, self.weighted_by_key)
 
     def state_dict(self) -> dict:
         """The model sent last round (official-code variant; None otherwise and before round 1)."""

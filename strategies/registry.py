@@ -77,7 +77,8 @@ def build_base_strategy(config: Mapping[str, Any]) -> Strategy:
         return MoFedSam(**common, rho=config["sam-rho"] or MOFEDSAM_DEFAULT_RHO, alpha=config["fedcm-alpha"],
                         variant=config["fedcm-variant"], server_learning_rate=server_lr)
     if name == "fedlesam":
-        return FedLesam(**common, rho=config["sam-rho"] or FEDLESAM_DEFAULT_RHO, variant=config["fedlesam-variant"])
+        return FedLesam(**common, rho=config["sam-rho"] or FEDLESAM_DEFAULT_RHO, variant=config["fedlesam-variant"],
+                        weighting=config["fedlesam-weighting"])
     if name == "fedfa":
         return FedFa(**common, lam=config["fedfa-lambda"], rho=config["fedfa-rho"], variant=config["fedfa-variant"],
                      num_rounds=config["num-rounds"], seed=config["seed"])
@@ -89,7 +90,9 @@ def build_base_strategy(config: Mapping[str, Any]) -> Strategy:
     if name == "fedacg":
         return FedAcg(**common, lam=config["fedacg-lambda"], beta=config["fedacg-beta"], variant=config["fedacg-variant"])
     if name in OBJECTIVE_SETTINGS:  # the server is FedAvg; the clients train another local objective
-        return ClientObjectiveFedAvg(name, objective_settings(config), **common)
+        # FedAlign clips its own gradients (the authors' methods/fedalign.py), not its baselines'.
+        grad_clip = config["fedalign-grad-clip"] if name == "fedalign" else None
+        return ClientObjectiveFedAvg(name, objective_settings(config), grad_clip=grad_clip, **common)
     raise ValueError(f"unknown strategy {name!r}")
 
 

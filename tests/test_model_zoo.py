@@ -109,6 +109,8 @@ def test_residual_branches_start_switched_off():
         ("resnet56-bn", resnet56_parameters),  # BN has GN's weight and bias per channel
         # kuangliu's 11,173,962 − fc(512,10) + head fc(512,128) + classifier fc(128,C)
         ("resnet18-gn", lambda c: 11_173_962 - fc(512, 10) + fc(512, 128) + fc(128, c)),
+        # FedSWA's models/resnet_bn.py (kuangliu's ResNet-18): the 512 features straight to fc(512, C)
+        ("resnet18-bn", lambda c: 11_173_962 - fc(512, 10) + fc(512, c)),
         ("vgg11-gn", vgg11_parameters),
     ],
 )

@@ -11,7 +11,12 @@
   the authors' own BatchNorm network (slimmable BN for the slim pass, no zero-initialised
   residual branches: their ``zero_init_residual=False``), and MOON's variant of it adds their
   two-layer projection head FC(256,256)–ReLU–FC(256,256) before the classifier.
-- ResNet-18-GN with the CIFAR stem (3×3 conv, no max-pool) and an FC(512,128) head.
+- ResNet-18-GN with the CIFAR stem (3×3 conv, no max-pool) and an FC(512,128) head (IMA).
+- ResNet-18-BN, FedSWA's network (the authors' ``models/resnet_bn.py``): the same CIFAR
+  ResNet-18 with BatchNorm and no extra head, the 512 pooled features straight to the
+  classes; residual branches not zero-initialised (torch's default, as theirs). Their
+  stem normalisation is a GroupNorm(2, 64) in that file; Basin's uses BatchNorm like the
+  rest of the network (the FedSWA paper's ``--normalization`` default).
 
 Every convolution is a :class:`SlimConv2d`, so any stage (FedAlign slims the last one) or the
 whole network (GradAug) can run at a reduced width with :func:`slimmable_width`.
@@ -206,3 +211,10 @@ def resnet18_gn(num_classes: int, in_channels: int = 3) -> StagedNet:
     # SlimLinear in the head so a whole-network slim pass can feed it sliced features.
     head = nn.Sequential(SlimLinear(512, 128), nn.ReLU())
     return _init(StagedNet(_stem(in_channels, 64), stages, head, SlimLinear(128, num_classes)))
+
+
+def resnet18_bn(num_classes: int, in_channels: int = 3) -> StagedNet:
+    """FedSWA's CIFAR ResNet-18: BatchNorm, the 512 features straight to the classifier."""
+    stages = _stages(BasicBlock, 64, [64, 128, 256, 512], [2, 2, 2, 2], norm=SlimBatchNorm2d)
+    model = StagedNet(_stem(in_channels, 64, SlimBatchNorm2d), stages, nn.Identity(), SlimLinear(512, num_classes))
+    return _init(model, zero_init_residual=False)

@@ -15,7 +15,9 @@ Local loss (their eq. 5): L = CE(F(x), y) + μ·L_Lip(K_S, K_F), μ = 0.45, ω_S
 - As in the authors' code the term is rescaled so that its value equals μ·CE:
   loss = CE + μ·(CE.item() / L_Lip.item())·L_Lip. The scale factor carries no gradient,
   so ∇loss = ∇CE + μ·(CE/L_Lip)·∇L_Lip: CE's gradient is not multiplied by 1 + μ.
-  Gradient-norm clip 10 is the run config's ``grad-clip`` (set by the FedAlign presets).
+  Gradient-norm clip 10 is FedAlign's own (run config ``fedalign-grad-clip``, sent by the
+  server in place of ``grad-clip``): in the authors' code only FedAlign clips, not the
+  baselines of its study.
 
 Only one model is held; the extra cost is one pass of the slimmed last stage.
 """
