@@ -321,3 +321,42 @@ def test_round_schedule_is_a_key_of_every_method():
     official = resolve_config({"strategy": "fedmoswa", "fedswa-variant": "official-code", "lr-decay": 0.9,
                                "momentum": 0.0})
     assert build_client_schedule(official)(3)[0] == pytest.approx(official["lr"] * 0.81)  # no special case
+
+
+def _built(keys):
+    from experiments.launch import resolve_config
+    from strategies.registry import build_strategy
+
+    return _bound(build_strategy(resolve_config(keys)))
+
+
+def test_fedlesam_server_takes_the_uniform_mean_by_default():
+    """FedLESAM's authors' server/server.py: the uniform mean of the client models; samples: n_i-weighted."""
+    means = {}
+    for weighting in ("uniform", "samples"):
+        strategy = _built({"strategy": "fedlesam", "fedlesam-weighting": weighting, "num-clients": 3, "participation": 1.0})
+        strategy.configure_train(1, ArrayRecord({"w": Array(np.zeros(1))}), ConfigRecord(), _FakeGrid())
+        arrays, _ = strategy.aggregate_train(1, _replies([[1.0], [2.0], [6.0]], [1, 1, 2]))
+        means[weighting] = arrays["w"].numpy()[0]
+    assert means == {"uniform": pytest.approx(3.0), "samples": pytest.approx(15.0 / 4)}
+
+
+def test_only_fedalign_clips_its_gradients_in_the_fedalign_study():
+    study = {"model": "resnet20-gn", "num-clients": 3, "participation": 1.0}
+    clips = {}
+    for method in ("fedalign", "fedavg", "fedprox", "moon"):
+        strategy = _built({**study, "strategy": method})
+        messages = strategy.configure_train(1, ArrayRecord({"w": Array(np.zeros(1))}), ConfigRecord({"grad-clip": 0.0}),
+                                            _FakeGrid())
+        clips[method] = {float(m.content["config"]["grad-clip"]) for m in messages}
+    assert clips == {"fedalign": {10.0}, "fedavg": {0.0}, "fedprox": {0.0}, "moon": {0.0}}
+
+
+@pytest.mark.parametrize("strategy", ["mime", "mimelite", "fedcm", "mofedsam", "fedacg", "adabest", "fedmoswa"])
+def test_plain_sgd_methods_refuse_client_momentum(strategy):
+    from experiments.launch import resolve_config
+    from strategies.config import ConfigError
+
+    with pytest.raises(ConfigError, match="'momentum' = 0.9.*allowed: momentum = 0"):
+        resolve_config({"strategy": strategy})
+    resolve_config({"strategy": strategy, "momentum": 0.0})
