@@ -13,6 +13,13 @@ IMA's "mild client exploration" from the start round t_s on (METHODS.md §1.1):
   after t_s (at least one);
 - ``none``: the base schedule.
 
+The IMA authors' code runs two of the ablations (Table III) differently; these are the
+``official-code`` forms:
+- ``cyclic-official-code``: the same 20-round linear cycles, between lr_{t_s} (the base lr
+  at t_s) and 5e-5 instead of from 1e-2;
+- ``epoch-official-code``: the epochs as ``epoch``, and the lr restarts at t_s from lr_0:
+  lr_t = lr_0 · decay^(t − t_s).
+
 Server SWA (§1.3) from its start round s on, cycle length c, with t = round − 1:
 τ = ((t mod c) + 1)/c; lr = (1 − τ)·lr1 + τ·lr2, lr1 = lr_s, lr2 = lr1·1e-2.
 """
@@ -22,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-EXPLORATIONS = ("exponential", "constant", "cyclic", "epoch", "none")
+EXPLORATIONS = ("exponential", "constant", "cyclic", "epoch", "none", "cyclic-official-code", "epoch-official-code")
 LR_SCHEDULES = ("exponential", "cosine")
 CONSTANT_LR = 5e-5
 CYCLIC_HIGH, CYCLIC_LOW, CYCLE_ROUNDS = 1e-2, 5e-5, 20
@@ -64,10 +71,14 @@ class ClientSchedule:
             return self.base_lr(self.exploration_start) * self.exploration_decay**since, self.local_epochs
         if self.exploration == "constant":
             return CONSTANT_LR, self.local_epochs
-        if self.exploration == "cyclic":
+        if self.exploration in ("cyclic", "cyclic-official-code"):
+            high = CYCLIC_HIGH if self.exploration == "cyclic" else self.base_lr(self.exploration_start)
             position = since % CYCLE_ROUNDS
-            return CYCLIC_HIGH - (CYCLIC_HIGH - CYCLIC_LOW) * position / (CYCLE_ROUNDS - 1), self.local_epochs
+            return high - (high - CYCLIC_LOW) * position / (CYCLE_ROUNDS - 1), self.local_epochs
         # epoch decay
         # The IMA code ("ED"): E −= 1 when t − t_s is a positive multiple of 20, so the first
         # epoch goes 20 rounds after t_s.
-        return self.base_lr(server_round), max(1, self.local_epochs - since // EPOCH_DECAY_ROUNDS)
+        epochs = max(1, self.local_epochs - since // EPOCH_DECAY_ROUNDS)
+        if self.exploration == "epoch-official-code":
+            return self.lr * self.decay**since, epochs
+        return self.base_lr(server_round), epochs

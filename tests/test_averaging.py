@@ -212,6 +212,14 @@ def test_ima_exploration_and_swa_schedules():
     epoch = ClientSchedule(**base, exploration="epoch", exploration_start=11)
     # The IMA code: E −= 1 at t − t_s = 20, 40, … (not already at t_s).
     assert [epoch(r)[1] for r in (10, 11, 30, 31, 50, 51, 200)] == [5, 5, 5, 4, 4, 3, 1]
+    # The IMA code's forms: cycles from lr_{t_s} = 0.01·0.99^10 down to 5e-5; the epoch
+    # decay's lr restarts at t_s from lr_0: 0.01·0.99^(t − t_s).
+    cyclic_code = ClientSchedule(**base, exploration="cyclic-official-code", exploration_start=11)
+    assert cyclic_code(11)[0] == pytest.approx(0.01 * 0.99**10) and cyclic_code(30)[0] == pytest.approx(5e-5)
+    assert cyclic_code(20)[0] == pytest.approx(0.01 * 0.99**10 - (0.01 * 0.99**10 - 5e-5) * 9 / 19)
+    epoch_code = ClientSchedule(**base, exploration="epoch-official-code", exploration_start=11)
+    assert epoch_code(11) == (pytest.approx(0.01), 5) and epoch_code(31) == (pytest.approx(0.01 * 0.99**20), 4)
+    assert epoch_code(10)[0] == pytest.approx(0.01 * 0.99**9)
     swa = ClientSchedule(lr=0.1, decay=1.0, local_epochs=1, swa_start=11, swa_cycle=10)
     # t = round − 1; τ = ((t mod 10) + 1)/10; lr = (1 − τ)·0.1 + τ·0.001
     assert swa(11)[0] == pytest.approx(0.9 * 0.1 + 0.1 * 0.001)
