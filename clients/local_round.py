@@ -147,7 +147,7 @@ class LocalRound:
         for server_key, client in self.controls.items():
             _, delta_key, new_key, _ = CONTROL_VARIATES[server_key]
             metrics["client-state-norm"] = client.control_norm()  # c_i as the round started
-            delta, new = client.finish(model, result.lr_sum)
+            delta, new = client.finish(model, self.control_lr_sum(result))
             records[delta_key] = delta
             if new_key is not None:
                 records[new_key] = new
@@ -158,3 +158,10 @@ class LocalRound:
             metrics["client-state-norm"] = self.feddyn.state_norm()
             self.feddyn.finish(model)
         return metrics, records
+
+    def control_lr_sum(self, result) -> float:
+        """Σ_k η_k, or (the constant in-round lr) × the step count the server names."""
+        steps = int(self.round_config.get(protocol.CONTROL_STEP_COUNT, 0))
+        if not steps or not result.num_steps:
+            return result.lr_sum
+        return result.lr_sum / result.num_steps * steps

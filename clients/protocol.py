@@ -23,6 +23,9 @@ AUGMENT_PAD = "augment-pad"  # per channel, the standardised black pixel that cr
 CONTROL_AFTER_CLIP = "control-after-clip"  # add control-variate corrections after gradient clipping (FedMoSWA's code)
 CUDA_GRAPHS = "cuda-graphs"  # on CUDA, replay the local step as a CUDA graph where it can be (clients/client_step.py)
 LOCAL_STEPS = "local-steps"  # train this many local steps instead of local-epochs epochs (0 = epochs)
+# Option-II control updates divide by lr × this many steps instead of Σ_k η_k (FedMoSWA's
+# official code divides by 50 whatever the number of steps it ran; 0 = Σ_k η_k).
+CONTROL_STEP_COUNT = "control-step-count"
 # Stateful methods with checkpoints on (clients/state_store.py); absent: no snapshots.
 CLIENT_STATE_ROOT = "client-state-root"  # the server's output-dir/client-state
 CLIENT_STATE_RUN = "client-state-run"  # the token naming this run's snapshots (kept in the checkpoint)

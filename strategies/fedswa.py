@@ -17,10 +17,14 @@ changes; γ = 0.4 by default (the value the authors' code fixes).
 
 Authors' public code (``variant="official-code"``): FedSWA's in-round lr decays from
 2·η_l to 0 (factors 2 and 0); FedMoSWA uses a constant in-round lr (factors 1 and 1) and
-K = 50 local steps (``LOCAL_STEPS``), clients reply with c_i⁺ (``MOSWA_NEW_CONTROL``) and
-the server control is an EMA, m ← 0.6·m + 0.4·mean_i c_i⁺ (:func:`official_control_update`;
+K = 50 local steps (``LOCAL_STEPS``; a client with fewer batches runs min(50, E·⌈n/B⌉)) and
+divides its control update by η·50 whatever it ran (``CONTROL_STEP_COUNT``), clients reply
+with c_i⁺ (``MOSWA_NEW_CONTROL``) and the server control is an EMA, m ← 0.6·m + 0.4·mean_i c_i⁺,
+except in its first round, where m = mean_i c_i⁺ (γ = 1; :func:`official_control_update`;
 γ is unused there, the code fixes it to 0.4); the model update w += lg·mean(Δw), lg = 1,
-is the same α-step, taken with ``server_step``. The code's local optimizer is sent too:
+is the same α-step, taken with ``server_step``. What no variant reproduces: the code
+keeps no control variate per client (each sampled client starts from the server's), so
+Basin's per-client c_i (kept in the client's state) is the paper's, in both variants. The code's local optimizer is sent too:
 plain SGD (momentum 0), weight decay 1e-3, grad-norm clip 10; its MoFedSWA clips the
 gradient first and then adds the correction m − c_i (``CONTROL_AFTER_CLIP``; the paper
 and SCAFFOLD correct the gradient before any clipping). Its cosine round lr is not part
@@ -40,6 +44,7 @@ import numpy as np
 
 from clients.protocol import (
     CONTROL_AFTER_CLIP,
+    CONTROL_STEP_COUNT,
     LOCAL_STEPS,
     MOSWA_DELTA_CONTROL,
     MOSWA_NEW_CONTROL,
@@ -76,13 +81,12 @@ def moswa_control_update(
 
 
 def official_control_update(
-    control: dict[str, np.ndarray], new_controls: list[dict[str, np.ndarray]]
+    control: dict[str, np.ndarray], new_controls: list[dict[str, np.ndarray]], first: bool = False
 ) -> dict[str, np.ndarray]:
-    """Authors' code: 0.6·m + 0.4·mean c_i⁺."""
+    """Authors' code: 0.6·m + 0.4·mean c_i⁺; in the first round m = mean c_i⁺."""
+    decay = 0.0 if first else OFFICIAL_CONTROL_DECAY
     return {
-        key: (
-            OFFICIAL_CONTROL_DECAY * m + (1 - OFFICIAL_CONTROL_DECAY) * sum(c[key] for c in new_controls) / len(new_controls)
-        ).astype(m.dtype)
+        key: (decay * m + (1 - decay) * sum(c[key] for c in new_controls) / len(new_controls)).astype(m.dtype)
         for key, m in control.items()
     }
 
@@ -128,6 +132,7 @@ class FedSwa(CohortSampling, InPlaceFedAvg):
         self.gamma = gamma
         self.variant = variant
         self.control: dict[str, np.ndarray] | None = None
+        self.control_updated = False  # whether m has had an update (the official code's first round sets it)
         self.sent_weights: dict[str, np.ndarray] | None = None
 
     def client_settings(self) -> dict[str, float | int]:
@@ -139,7 +144,7 @@ class FedSwa(CohortSampling, InPlaceFedAvg):
         if self.momentum_control:
             return {
                 STEP_LR_START: 1.0, STEP_LR_END: 1.0, LOCAL_STEPS: OFFICIAL_MOSWA_LOCAL_STEPS,
-                CONTROL_AFTER_CLIP: True, **optimizer,
+                CONTROL_STEP_COUNT: OFFICIAL_MOSWA_LOCAL_STEPS, CONTROL_AFTER_CLIP: True, **optimizer,
             }
         return {STEP_LR_START: 2.0, STEP_LR_END: 0.0, LOCAL_STEPS: 0, **optimizer}
 
@@ -175,13 +180,15 @@ class FedSwa(CohortSampling, InPlaceFedAvg):
             if self.variant == "paper":
                 self.control = moswa_control_update(self.control, received[needed], self.gamma)
             else:
-                self.control = official_control_update(self.control, received[needed])
+                self.control = official_control_update(self.control, received[needed], first=not self.control_updated)
+            self.control_updated = True
         client_ws = [to_numpy(r.content[self.arrayrecord_key]) for r in replies]
         return to_arrays(swa_server_update(self.sent_weights, client_ws, self.server_step)), metrics
 
     def state_dict(self) -> dict:
         """The server control m (numpy arrays; None before the first round or for FedSWA)."""
-        return {"control": self.control}
+        return {"control": self.control, "control-updated": self.control_updated}
 
     def load_state_dict(self, state: dict) -> None:
         self.control = state["control"]
+        self.control_updated = bool(state.get("control-updated", self.control is not None))

@@ -132,6 +132,23 @@ def test_moswa_control_updates_by_hand():
     # official code: mean c⁺ = [1, 0.5]; 0.6·m + 0.4·mean = [0.6 + 0.4, −0.6 + 0.2]
     official = official_control_update(m, [{"w": _np([2.0, 0.0])}, {"w": _np([0.0, 1.0])}])
     np.testing.assert_allclose(official["w"], [1.0, -0.4], rtol=1e-12)
+    first = official_control_update(m, [{"w": _np([2.0, 0.0])}, {"w": _np([0.0, 1.0])}], first=True)
+    np.testing.assert_allclose(first["w"], [1.0, 0.5], rtol=1e-12)  # round 1: m = mean c⁺, not 0.4·mean
+
+
+def test_fedmoswa_official_code_divides_its_control_by_fifty_steps():
+    from types import SimpleNamespace
+
+    from clients.local_round import LocalRound
+
+    settings = FedSwa(momentum_control=True, variant="official-code", **COMMON).client_settings()
+    assert settings[protocol.CONTROL_STEP_COUNT] == settings[protocol.LOCAL_STEPS] == 50
+    # A client that ran 12 steps at the constant lr 0.1 divides by 0.1·50, not Σ η_k = 1.2.
+    ran = SimpleNamespace(lr_sum=1.2, num_steps=12)
+    official = SimpleNamespace(round_config={protocol.CONTROL_STEP_COUNT: 50})
+    assert LocalRound.control_lr_sum(official, ran) == pytest.approx(5.0)
+    assert LocalRound.control_lr_sum(SimpleNamespace(round_config={}), ran) == 1.2
+    assert protocol.CONTROL_STEP_COUNT not in FedSwa(momentum_control=True, **COMMON).client_settings()
 
 
 def test_swa_server_step_by_hand():
@@ -278,7 +295,9 @@ def test_fedmoswa_two_rounds_through_messages_and_state(variant, tmp_path):
         if variant == "paper":
             control = moswa_control_update(control, [{"w": _delta_control(p)} for p in cohort], 0.5)
         else:
-            control = official_control_update(control, [{"w": 2 * _delta_control(p)} for p in cohort])
+            # The authors' code: m = mean c_i⁺ in the first round (γ = 1), then the 0.6/0.4 EMA.
+            control = official_control_update(control, [{"w": 2 * _delta_control(p)} for p in cohort],
+                                              first=server_round == 1)
         model = swa_server_update(model, [{"w": _client_model(p)} for p in cohort], 0.5)
         np.testing.assert_array_equal(strategy.control["w"], control["w"])
         np.testing.assert_array_equal(arrays["w"].numpy(), model["w"])
