@@ -310,11 +310,13 @@ def test_mixup_loss_by_hand():
 
 
 def test_stochastic_depth_rates_decay_linearly_and_are_reset():
-    assert drop_rates(4, 0.9) == pytest.approx([0.025, 0.05, 0.075, 0.1])
+    # The FedAlign authors' resnet_stochdepth.py: p from 1.0 at the first block to 0.9 at the last.
+    assert drop_rates(5, 0.9) == pytest.approx([0.0, 0.025, 0.05, 0.075, 0.1])
     model = build_model("resnet20-gn", (1, 8, 8), 10)
     objective = StochasticDepth(model, 0.9)
     blocks = model.residual_blocks()
-    assert len(blocks) == 9 and blocks[-1].drop_rate == pytest.approx(0.1) and blocks[0].drop_rate == pytest.approx(0.1 / 9)
+    assert len(blocks) == 9 and blocks[-1].drop_rate == pytest.approx(0.1) and blocks[0].drop_rate == 0.0
+    assert blocks[1].drop_rate == pytest.approx(0.1 / 8)
     objective.finish(model)
     assert all(block.drop_rate == 0.0 for block in blocks)
 
@@ -331,6 +333,27 @@ def test_gradaug_without_distillation_is_plain_cross_entropy():
     model.zero_grad()
     loss = GradAug(2, 0.8, 1.75, np.random.default_rng(0)).backward(model, x, y)
     assert loss.item() > F.cross_entropy(model(x), y).item()  # plus the sub-networks' KL terms
+
+
+def test_gradaug_rounds_widths_and_resolutions_as_its_authors(monkeypatch):
+    from clients.models.slimmable import sliced_channels
+    from clients.objectives import gradaug
+
+    # make_divisible(16·0.8 = 12.8, 8) = 16 (Basin's own rounding: 14); 64·0.9 = 57.6 → 56.
+    assert (sliced_channels(16, 0.8, 8), sliced_channels(16, 0.8)) == (16, 14)
+    assert sliced_channels(64, 0.9, 8) == 56 and sliced_channels(64, 0.85, 8) == 56 and sliced_channels(32, 0.8, 8) == 24
+    assert {round(32 * s) for s in gradaug.RESOLUTION_SCALES} == {32, 28, 24, 20}  # the authors' main.py
+    model = build_model("resnet20-gn", (1, 8, 8), 10)
+    widths = []
+    real = gradaug.slimmable_width
+
+    def recording(module, width, divisor=0):
+        widths.append(sliced_channels(16, width, divisor))
+        return real(module, width, divisor)
+
+    monkeypatch.setattr(gradaug, "slimmable_width", recording)
+    GradAug(1, 0.8, 1.75, np.random.default_rng(0)).backward(model, torch.randn(2, 1, 8, 8), torch.arange(2))
+    assert widths == [16]  # a 16-channel layer of the ω_b = 0.8 sub-network keeps all 16
 
 
 def test_gradaug_always_trains_the_smallest_width_widest_first():

@@ -33,12 +33,21 @@ from torch import nn
 GN_GROUPS = 2
 
 
-def sliced_channels(channels: int, width: float) -> int:
+def sliced_channels(channels: int, width: float, divisor: int = 0) -> int:
     """Channels kept at ``width``: ceil(width·channels), rounded up to a multiple of the
     GroupNorm groups so a sliced GroupNorm stays valid, and at most ``channels``.
 
     The tolerance keeps float products such as 0.1·30 = 3.0000000000000004 from rounding up.
+    With ``divisor`` > 0: width·channels rounded to the nearest multiple of ``divisor``, not
+    going more than 10 % below it (slim's ``make_divisible``, which GradAug's code rounds
+    its sub-networks with, divisor 8), at most ``channels``.
     """
+    if divisor:
+        value = width * channels
+        kept = max(divisor, int(value + divisor / 2) // divisor * divisor)
+        if kept < 0.9 * value:
+            kept += divisor
+        return max(1, min(channels, kept))
     kept = math.ceil(width * channels - 1e-9)
     kept = GN_GROUPS * math.ceil(kept / GN_GROUPS)
     return max(1, min(channels, kept))
@@ -62,10 +71,11 @@ class SlimConv2d(nn.Conv2d):
     ):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, bias=bias)
         self.width: float = 1.0
+        self.channel_divisor: int = 0  # 0: Basin's rounding; 8: GradAug's (see sliced_channels)
         self.fixed_out = fixed_out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.out_channels if self.fixed_out else sliced_channels(self.out_channels, self.width)
+        out = self.out_channels if self.fixed_out else sliced_channels(self.out_channels, self.width, self.channel_divisor)
         weight = self.weight[:out, : x.shape[1]]
         bias = self.bias[:out] if self.bias is not None else None
         return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation)
@@ -166,17 +176,18 @@ class StagedNet(nn.Module):
 
 
 @contextmanager
-def slimmable_width(module: nn.Module, width: float) -> Iterator[nn.Module]:
+def slimmable_width(module: nn.Module, width: float, divisor: int = 0) -> Iterator[nn.Module]:
     """Run every :class:`SlimConv2d` of ``module`` (itself included) at ``width`` inside the
-    block; the previous widths come back on exit, even after an exception."""
+    block, its channels rounded as :func:`sliced_channels` with ``divisor``; the previous
+    settings come back on exit, even after an exception."""
     if not 0.0 < width <= 1.0:
         raise ValueError(f"width must be in (0, 1], got {width}")
     layers = [m for m in module.modules() if isinstance(m, SlimConv2d)]
-    previous = [layer.width for layer in layers]
+    previous = [(layer.width, layer.channel_divisor) for layer in layers]
     for layer in layers:
-        layer.width = width
+        layer.width, layer.channel_divisor = width, divisor
     try:
         yield module
     finally:
-        for layer, old in zip(layers, previous):
-            layer.width = old
+        for layer, (old_width, old_divisor) in zip(layers, previous):
+            layer.width, layer.channel_divisor = old_width, old_divisor

@@ -9,8 +9,11 @@ before the one SGD step.
 Widths as in GradAug's and FedAlign's code (the "sandwich rule"): the smallest width
 ω_b = 0.8 is always one of the n, the other n − 1 are drawn from U(ω_b, 1), and they run
 from the widest to the narrowest. Resolutions: the input size scaled by one of 1, 0.875,
-0.75 (GradAug's CIFAR set 32/28/24), drawn per sub-network; bilinear with
-``align_corners=True`` as in the authors' code.
+0.75, 0.625 (the authors' ``main.py`` CIFAR set {32, 28, 24, 20}), drawn per sub-network;
+bilinear with ``align_corners=True`` as in the authors' code. Sub-network channel counts
+are rounded as the authors' ``make_divisible`` rounds them: ω·C to the nearest multiple of
+8, not more than 10 % below (a 16-channel layer at ω = 0.8 keeps all 16; Basin's own
+rounding, used by FedAlign's slim pass, would keep 14).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from torch.nn import functional as F
 from clients.models.slimmable import StagedNet, slimmable_width
 from clients.training import LocalObjective
 
-RESOLUTION_SCALES = (1.0, 0.875, 0.75)
+RESOLUTION_SCALES = (1.0, 0.875, 0.75, 0.625)  # 32, 28, 24, 20 of a 32-pixel image
+CHANNEL_DIVISOR = 8  # the authors' make_divisible
 
 
 class GradAug(LocalObjective):
@@ -50,7 +54,7 @@ class GradAug(LocalObjective):
             scale = RESOLUTION_SCALES[int(self.rng.integers(len(RESOLUTION_SCALES)))]
             size = [max(1, round(s * scale)) for s in x.shape[2:]]
             x_sub = x if scale == 1.0 else F.interpolate(x, size=size, mode="bilinear", align_corners=True)
-            with slimmable_width(model, width):
+            with slimmable_width(model, width, CHANNEL_DIVISOR):
                 sub_logits = model(x_sub)
             distillation = self.mu * F.kl_div(F.log_softmax(sub_logits, dim=1), target, reduction="batchmean")
             distillation.backward()

@@ -1,8 +1,12 @@
 """Stochastic Depth (Huang et al., ECCV 2016), a local regularizer of the FedAlign study.
 
-During local training the residual branch of block l (of L) is dropped for the whole batch
-with probability 1 − p_l, p_l = 1 − (l/L)(1 − p_L) (linear decay to p_L = 0.9, METHODS.md
-§2.1), via ``torchvision.ops.stochastic_depth``. That op rescales kept branches by 1/p_l in
+During local training the residual branch of block l (l = 0 … L − 1) is dropped for the
+whole batch with probability 1 − p_l, p_l = 1 − (l/(L − 1))(1 − p_L): a linear decay from
+p = 1 at the first block to p_L = 0.9 at the last, as the FedAlign authors' code
+(``models/resnet_stochdepth.py``: ``prob_step = (1 − p_L)/(ΣL − 1)``) runs the study's
+baseline. (Huang et al. count the input as block 0, so their first residual block already
+has p = 1 − (1 − p_L)/L: one block off from the code, which this follows.) Via
+``torchvision.ops.stochastic_depth``. That op rescales kept branches by 1/p_l in
 training, so the evaluated model needs no change (the paper instead scales by p_l at test
 time; the expectation is the same). Drop rates are reset after the round.
 """
@@ -17,8 +21,10 @@ from clients.training import LocalObjective
 
 
 def drop_rates(num_blocks: int, final_survival: float) -> list[float]:
-    """1 − p_l for l = 1 … L with p_l = 1 − (l/L)(1 − p_L)."""
-    return [(l / num_blocks) * (1 - final_survival) for l in range(1, num_blocks + 1)]
+    """1 − p_l for l = 0 … L − 1 with p_l = 1 − (l/(L − 1))(1 − p_L) (one block: p_L)."""
+    if num_blocks == 1:
+        return [1 - final_survival]
+    return [(l / (num_blocks - 1)) * (1 - final_survival) for l in range(num_blocks)]
 
 
 class StochasticDepth(LocalObjective):
