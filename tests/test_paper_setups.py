@@ -80,3 +80,22 @@ def test_one_comparison_reports_one_metric():
     for name in ("wima-cifar10", "wima-cifar100"):
         runs = load_sweep(SWEEPS_DIR / f"{name}.toml").runs
         assert {run.config["summary-last-k"] for run in runs} == {100}, name  # FedAvg/SWA runs too, not only WIMA's
+
+
+def test_ima_sweeps_run_fedadam_and_fedyogi_with_the_ima_authors_server_settings():
+    """utils/aggregator.py, fedadam+ima / fedyogi+ima: η = 1e-2, τ = 1e-3, β1 = 0.9, β2 = 0.99,
+    and the window of FMA aggregates as the step's target."""
+    from strategies.registry import build_strategy
+
+    checked = 0
+    for name in ("ima-fmnist-methods", "ima-cifar10", "ima-cifar100", "ima-pacs"):
+        for run in load_sweep(SWEEPS_DIR / f"{name}.toml").runs:
+            if run.config["strategy"] not in ("fedadam", "fedyogi"):
+                continue
+            strategy = build_strategy(run.config)
+            base = getattr(strategy, "base", strategy)
+            assert (base.eta, base.tau, base.beta_1, base.beta_2) == (0.01, 0.001, 0.9, 0.99), (name, run.run_id)
+            if run.config["averaging"] == "ima":
+                assert strategy.optimizer_target, (name, run.run_id)
+            checked += 1
+    assert checked >= 8
