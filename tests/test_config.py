@@ -110,7 +110,7 @@ def test_issue_4_presets_match_the_papers_setups():
     assert (fedalign["nesterov"], fedalign["prox-mu"], fedalign["augment"]) == (True, 1e-4, "crop-flip")
     for alpha in (0.1, 0.3, 0.6):
         fedswa = resolve_config(load_preset(f"fedswa-cifar100-dir{alpha}"))
-        assert (fedswa["dataset"], fedswa["model"], fedswa["alpha"]) == ("cifar100", "resnet18-gn", alpha)
+        assert (fedswa["dataset"], fedswa["model"], fedswa["alpha"]) == ("cifar100", "resnet18-bn", alpha)  # the authors' network
         assert (fedswa["num-clients"], fedswa["participation"], fedswa["local-epochs"], fedswa["batch-size"]) == (100, 0.1, 5, 50)
         assert (fedswa["num-rounds"], fedswa["augment"]) == (1000, "crop-flip")  # the paper's Table 3 horizon
     assert resolve_config(load_preset("fedswa-cifar100-dir0.1-short"))["num-rounds"] == 300

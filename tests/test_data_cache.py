@@ -17,7 +17,7 @@ from clients.data import partition_indices
 from conftest import REPO, write_idx
 from partitions.datasets import IDX_STEMS, load_dataset
 
-SETTINGS = ("dirichlet", 10, 0, 0.3, 2, 10, False, 0.1, 10.0, 0)
+SETTINGS = ("dirichlet", 10, 0, 0.3, 2, 10, False, 0.1, 10.0, 0, "class-prior", "drop", 0)
 
 
 def write_fashion_mnist(directory, seed: int = 0):
@@ -144,7 +144,9 @@ def test_a_client_process_starts_without_the_heavy_libraries(cache):
         "from clients.data import client_tensors\n"
         "config = {'dataset': 'digits', 'data-dir': '', 'normalize': True, 'partition': 'dirichlet', 'alpha': 0.3,\n"
         "          'classes-per-client': 2, 'min-partition-size': 10, 'dirichlet-balance': False, 'seed': 0,\n"
-        "          'pachinko-alpha': 0.1, 'pachinko-beta': 10.0, 'clients-per-domain': 0}\n"
+        "          'pachinko-alpha': 0.1, 'pachinko-beta': 10.0, 'clients-per-domain': 0,\n"
+        "          'client-dirichlet-concentration': 'class-prior', 'client-dirichlet-exhaustion': 'drop',\n"
+        "          'samples-per-client': 0}\n"
         "x, y = client_tensors(tuple(sorted(config.items())), 3, 10, 'cpu')\n"
         "assert len(y) > 0\n"
         "heavy = ('flwr_datasets', 'datasets', 'sklearn', 'torchvision', 'pandas', 'matplotlib')\n"
@@ -172,7 +174,7 @@ def test_the_launchers_check_builds_the_partition_the_run_then_reads(tmp_path, c
     from partitions.feasibility import _check
 
     source = str(write_fashion_mnist(tmp_path / "fmnist"))
-    settings = ("iid", 5, 0, 0.3, 2, 1, False, 0.1, 10.0, 0)
+    settings = ("iid", 5, 0, 0.3, 2, 1, False, 0.1, 10.0, 0, "class-prior", "drop", 0)
     _check.__wrapped__("fashion-mnist", source, settings)
     assert len(entries(cache, "partitions")) == 1
     monkeypatch.setattr(partitions.stats, "build_partitioner", lambda *a: pytest.fail("built again"))
