@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/deploy-<preset>-<time>)")
     parser.add_argument("--cpus-per-client", type=float, default=1.0,
                         help="CPU threads per SuperNode's ClientApp (as in simulation; default 1)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the results of a run with another config in --out (without it: refused, naming the keys)")
     return parser
 
 
@@ -83,6 +85,7 @@ from experiments.launch import (
     _read_summary,
     _toml_value,
     check_data,
+    check_folder_reuse,
     check_machine,
     end_summary,
     load_preset,
@@ -90,9 +93,15 @@ from experiments.launch import (
     resolve_config,
     run_failure,
     stage_app,
+)
+from experiments.output_dir import OutputLock, create_output_dir, record_holder, unique_output_dir
+from experiments.processes import (
+    deferred_interrupts,
+    processes_of_home,
+    start_guardian,
+    stop_guardian,
     stop_process_tree,
 )
-from experiments.output_dir import OutputLock, create_output_dir, unique_output_dir
 from strategies.checkpoint import read_checkpoint
 from strategies.config import validate_run_config
 
@@ -162,11 +171,15 @@ class LocalFederation:
         self._bin_dir = Path(sys.executable).parent
         self._processes: list[subprocess.Popen] = []
         self._temp: tempfile.TemporaryDirectory | None = None
+        self._guardian: subprocess.Popen | None = None
 
     def __enter__(self) -> LocalFederation:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._temp = tempfile.TemporaryDirectory(prefix="basin-deploy-")
         self.work_dir = Path(self._temp.name)
+        # Every process of the federation has its FLWR_HOME under work_dir: the guardian
+        # stops them all if this launcher dies (experiments/processes.py).
+        self._guardian = start_guardian(self.work_dir, self.log_dir)
         try:
             if self.security.tls:
                 self.tls = write_tls_certificates(self.work_dir / "tls")
@@ -209,7 +222,7 @@ class LocalFederation:
 
     def _spawn(self, command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
         # Own session: a terminal's Ctrl-C reaches only this script, whose cleanup then
-        # stops each process with everything it started (see launch.stop_process_tree).
+        # stops each process with everything it started (see processes.stop_process_tree).
         with open(log, "w") as out:
             process = subprocess.Popen(
                 command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=self.work_dir, start_new_session=True,
@@ -284,16 +297,20 @@ class LocalFederation:
         SuperExec orphaned, outside any tree: processes are also found by their
         FLWR_HOME, which every descendant inherits from the process started here.
         """
-        roots = [process.pid for process in self._processes]
-        if self._temp is not None:
-            roots += [pid for pid, home in flwr_homes().items() if home.startswith(self._temp.name + os.sep)]
-        stop_process_tree(roots, grace=3.0)
-        for process in self._processes:
-            process.wait()
-        self._processes.clear()
-        if self._temp is not None:
-            self._temp.cleanup()
-            self._temp = None
+        with deferred_interrupts():
+            roots = [process.pid for process in self._processes]
+            if self._temp is not None:
+                roots += processes_of_home(self._temp.name)
+            stop_process_tree(roots, grace=3.0)
+            for process in self._processes:
+                process.wait()
+            self._processes.clear()
+            if self._temp is not None:
+                self._temp.cleanup()
+                self._temp = None
+            if self._guardian is not None:
+                stop_guardian(self._guardian)
+                self._guardian = None
 
     # --- flwr CLI ----------------------------------------------------------------
 
@@ -358,14 +375,16 @@ class LocalFederation:
 
 
 def deploy(config: Mapping[str, Any], out_dir: Path, security: Security = Security(), cpus_per_client: float = 1.0,
-           progress: bool = True) -> dict[str, Any]:
+           progress: bool = True, overwrite: bool = False) -> dict[str, Any]:
     """Run one validated config on a fresh local deployment; its summary, or RunFailed /
     DeploymentError. Logs of every process are written to ``out_dir``."""
     out_dir = create_output_dir(out_dir, "output directory")
     with OutputLock(out_dir):
+        check_folder_reuse(out_dir, config, overwrite)  # another config's results: refused before anything starts
         read_checkpoint(out_dir, {**config, "output-dir": str(out_dir)})  # refused before the SuperLink starts
         try:
             with LocalFederation(out_dir, security, cpus_per_client) as federation:
+                record_holder(out_dir, str(federation.work_dir))
                 federation.start_supernodes(int(config["num-clients"]))
                 return federation.run(config, out_dir, progress)
         except KeyboardInterrupt:  # recorded once every process is stopped: the rows are final
@@ -409,20 +428,6 @@ def _wait_until(ready: Callable[[], bool], process: subprocess.Popen, log: Path,
         time.sleep(0.2)
 
 
-def flwr_homes() -> dict[int, str]:
-    """{pid: FLWR_HOME} of every visible process that has the variable set."""
-    homes = {}
-    for proc in Path("/proc").iterdir():
-        try:
-            environ = (proc / "environ").read_bytes() if proc.name.isdigit() else b""
-        except OSError:
-            continue
-        for variable in environ.split(b"\0"):
-            if variable.startswith(b"FLWR_HOME="):
-                homes[int(proc.name)] = variable[len(b"FLWR_HOME="):].decode(errors="replace")
-    return homes
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return guarded(lambda: run_command(args))
@@ -437,7 +442,7 @@ def run_command(args: argparse.Namespace) -> int:
     name = Path(args.preset).stem if args.preset else "main"
     out_dir = create_output_dir(args.out) if args.out else unique_output_dir(Path("runs"), f"deploy-{name}")
     try:
-        summary = deploy(config, out_dir, security, args.cpus_per_client)
+        summary = deploy(config, out_dir, security, args.cpus_per_client, overwrite=args.overwrite)
     except (RunFailed, DeploymentError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -14,7 +14,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -27,9 +26,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.output_dir import OutputLock, create_output_dir
+from experiments.output_dir import FolderHoldsAnotherRun, OutputLock, clear_folder, create_output_dir, record_holder
+from experiments.processes import (
+    alive,
+    deferred_interrupts,
+    process_table,
+    process_tree,
+    start_guardian,
+    stop_guardian,
+    stop_home,
+    stop_process_tree,
+)
 from experiments.ray_cluster import check_ray_address
-from strategies.checkpoint import read_checkpoint
+from strategies.checkpoint import read_checkpoint, run_identity
 from partitions.availability import data_problem
 from partitions.feasibility import check_partition
 from strategies.config import ConfigError, cohort_size, summary_horizon, validate_run_config
@@ -263,22 +272,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _process_table() -> dict[int, tuple[int, int, str]]:
-    """{pid: (parent pid, process group, command line)} of every process we can see."""
-    table = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_text()
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-        table[int(proc.name)] = (int(fields[1]), int(fields[2]), cmdline)
-    return table
-
-
 def _stop_superlink(port: int) -> None:
     """Stop the SuperLink ``flwr run`` started on ``port`` and everything under it.
 
@@ -286,74 +279,20 @@ def _stop_superlink(port: int) -> None:
     processes behind (Ray's agents outlive their parent), so the whole tree and the
     process groups it created are terminated, then killed if they linger.
     """
-    table = _process_table()
+    table = process_table()
     stop_process_tree(_superlinks(port, table), table)
 
 
 def _simulation_running(port: int) -> bool:
     """Whether the simulation process (it hosts the ServerApp) of the SuperLink on ``port`` runs."""
-    table = _process_table()
+    table = process_table()
     tree = process_tree(_superlinks(port, table), table)
-    return any("flwr-simulation" in table[pid][2] and _alive(pid) for pid in tree)
+    return any("flwr-simulation" in table[pid][2] and alive(pid) for pid in tree)
 
 
 def _superlinks(port: int, table: dict[int, tuple[int, int, str]]) -> list[int]:
     """The SuperLink processes in ``table`` that ``flwr run`` started on ``port``."""
     return [pid for pid, (_, _, cmd) in table.items() if "flower-superlink" in cmd and f"--port {port}" in cmd]
-
-
-def process_tree(roots: list[int], table: dict[int, tuple[int, int, str]]) -> set[int]:
-    """``roots`` and every process descending from them in ``table`` (see _process_table)."""
-    tree, frontier = set(roots), list(roots)
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, (ppid, _, _) in table.items() if ppid == parent and pid not in tree]
-        tree.update(children)
-        frontier.extend(children)
-    return tree
-
-
-def stop_process_tree(roots: list[int], table: dict[int, tuple[int, int, str]] | None = None, grace: float = 1.0) -> None:
-    """Terminate ``roots``, their descendants and the process groups they created.
-
-    SIGTERM first, SIGKILL after ``grace`` seconds; process groups are killed as a whole so
-    that processes which left the tree (Ray's agents outlive their parent) go too. The tree
-    is collected before signalling, as children are re-parented once their parent exits;
-    ``table`` is a snapshot from ``_process_table`` (taken now if not given).
-    """
-    table = _process_table() if table is None else table
-    tree = process_tree(roots, table)
-    groups = {table[pid][1] for pid in tree if pid in table} - {os.getpgrp()}
-    _signal_all(tree, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_alive(pid) for pid in tree):
-        time.sleep(0.1)
-    _signal_all(tree, signal.SIGKILL)
-    for group in groups:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            continue
-
-
-def _signal_all(pids: set[int], signum: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            continue
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead but still listed until its parent reaps it.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _read_summary(out_dir: Path) -> dict[str, Any] | None:
@@ -372,6 +311,32 @@ def count_rounds(out_dir: Path) -> int:
         return 0
 
 
+def check_folder_reuse(out_dir: Path, config: Mapping[str, Any], overwrite: bool = False) -> None:
+    """Refuse an output directory that holds results of a run with another config
+    (FolderHoldsAnotherRun names the keys that differ); with ``overwrite`` its contents are
+    removed instead. The same config may come back: it resumes, or runs again."""
+    previous_path = Path(out_dir) / "run-config.toml"
+    if not (Path(out_dir) / "results.csv").exists() or not previous_path.exists():
+        return
+    try:
+        previous = run_identity(tomllib.loads(previous_path.read_text()))
+    except (OSError, tomllib.TOMLDecodeError):
+        previous = {}
+    current = run_identity({**config, "output-dir": str(out_dir)})
+    differing = sorted(key for key in set(previous) | set(current) if previous.get(key) != current.get(key))
+    if not differing:
+        return
+    if overwrite:
+        clear_folder(out_dir)
+        return
+    shown = ", ".join(f"{key} = {previous.get(key)!r} there but {current.get(key)!r} now" for key in differing[:6])
+    more = f" and {len(differing) - 6} more" if len(differing) > 6 else ""
+    raise FolderHoldsAnotherRun(
+        f"output directory {out_dir} holds the results of a run with another config ({shown}{more}); "
+        f"allowed: the same config (it resumes or runs again), another --out, or --overwrite to replace them"
+    )
+
+
 def launch(
     config: Mapping[str, Any],
     out_dir: Path,
@@ -381,6 +346,7 @@ def launch(
     leave: bool = True,
     ray_address: str | None = None,
     stop: threading.Event | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run one validated config with ``flwr run``; return its summary or raise RunFailed.
 
@@ -390,13 +356,15 @@ def launch(
     recorded an end, ``summary.json`` says ``interrupted`` or ``killed``, never
     ``running``. With ``ray_address`` (``HOST:PORT``) the clients run on that existing Ray
     cluster (``experiments.ray_cluster``); RayClusterUnreachable is raised before Flower
-    starts if nothing answers there. Setting ``stop`` (from another thread) interrupts the
+    starts if nothing answers there. A folder holding another config's results is refused
+    (:func:`check_folder_reuse`) unless ``overwrite``. Setting ``stop`` (from another thread) interrupts the
     run as Ctrl-C does: KeyboardInterrupt is raised in the launching thread.
     """
     if ray_address is not None:
         check_ray_address(ray_address)
     out_dir = create_output_dir(out_dir, "output directory")
     with OutputLock(out_dir):
+        check_folder_reuse(out_dir, config, overwrite)
         return _launch_locked(config, out_dir, resources, progress, label, leave, ray_address, stop)
 
 
@@ -440,6 +408,10 @@ def _launch_locked(
     bin_dir = Path(sys.executable).parent
     log_path = out_dir / "flwr.log"
     with tempfile.TemporaryDirectory(prefix="basin-flwr-home-") as flwr_home:
+        # Every process of the run inherits FLWR_HOME: the guardian, and a launcher that
+        # takes the folder over after this one died, find them all by it.
+        record_holder(out_dir, flwr_home)
+        guardian = start_guardian(Path(flwr_home), out_dir)
         env = flower_environment(bin_dir, flwr_home, http_port, control_port, ray_address)
         command = [
             str(bin_dir / "flwr"), "run", str(stage_app(Path(flwr_home) / "app")), "--stream",
@@ -456,11 +428,15 @@ def _launch_locked(
             interrupted = True
             raise
         finally:
-            if "process" in locals() and process.poll() is None:
-                process.terminate()
-            _stop_superlink(http_port)
-            if interrupted:  # recorded once the ServerApp is stopped: its rows are final
-                end_summary(out_dir, config, "interrupted", "stopped by Ctrl-C or SIGTERM")
+            # A second Ctrl-C waits until the clean-up is done (then ends the launcher).
+            with deferred_interrupts():
+                if "process" in locals() and process.poll() is None:
+                    process.terminate()
+                _stop_superlink(http_port)
+                stop_home(flwr_home)  # what left the SuperLink's tree (Ray's agents)
+                if interrupted:  # recorded once the ServerApp is stopped: its rows are final
+                    end_summary(out_dir, config, "interrupted", "stopped by Ctrl-C or SIGTERM")
+                stop_guardian(guardian)
 
     summary = _read_summary(out_dir)
     if summary is None or summary.get("status") != "completed":

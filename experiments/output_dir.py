@@ -1,10 +1,14 @@
 """Output directories: created before Flower starts, one launcher at a time, unique names.
 
 A launcher holds ``<directory>/.basin.lock`` locked (``fcntl.flock``) for as long as it
-writes there; the file's text is the holder's PID. A second launcher on the same
+writes there; the file's first line is the holder's PID, the second the ``FLWR_HOME`` of
+the run it has under way (:func:`record_holder`). A second launcher on the same
 directory is refused at once, naming that PID. The kernel drops a lock when its holder
-dies, however it dies, so the lock file a dead launcher left behind is simply taken over;
-the summaries it left saying ``running`` are then marked ``killed``. Locks belong to a
+dies, however it dies, so the lock a dead launcher left behind is taken over: the new
+holder first stops every process of the dead holder's run (found by that FLWR_HOME, so
+only that run's: experiments/processes.py), which its guardian may not have reached yet,
+and only then writes; the summaries the dead holder left saying ``running`` are marked
+``killed``. A holder that ends removes the file. Locks belong to a
 process: a launcher that holds a directory may lock it again (a run's folder inside its
 job's), and threads of one process are not kept apart.
 """
@@ -34,6 +38,23 @@ class OutputDirError(ValueError):
 
 class OutputLocked(OutputDirError):
     """Another launcher is writing into the output directory."""
+
+
+class FolderHoldsAnotherRun(OutputDirError):
+    """The output directory holds the results of a run with another config."""
+
+
+def clear_folder(directory: Path) -> None:
+    """Remove everything in ``directory`` but its lock (``--overwrite``)."""
+    import shutil
+
+    for entry in Path(directory).iterdir():
+        if entry.name == LOCK_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def create_output_dir(path: Path, option: str = "--out") -> Path:
@@ -100,6 +121,7 @@ class OutputLock:
                     f"wait for it to end (or stop it), or choose another --out"
                 ) from None
             previous = _read_pid(fd)
+            stop_home_of_dead_holder(fd)
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             _held[self.directory] = [fd, 1]
@@ -112,15 +134,40 @@ class OutputLock:
             entry[1] -= 1
             if entry[1] == 0:
                 del _held[self.directory]
-                os.close(entry[0])  # releases the lock; the file stays for the next holder
+                # Removed while still held, so no one else holds the file being removed.
+                (self.directory / LOCK_FILE).unlink(missing_ok=True)
+                os.close(entry[0])  # releases the lock
+
+
+def record_holder(directory: Path, flwr_home: str) -> None:
+    """Write the FLWR_HOME of the run now under way into ``directory``'s lock, which this
+    process holds (see the module docstring)."""
+    with _held_guard:
+        fd = _held[Path(directory).resolve()][0]
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n{flwr_home}\n".encode(), 0)
+
+
+def _lock_lines(fd: int) -> list[str]:
+    return os.pread(fd, 4096, 0).decode(errors="replace").splitlines()
 
 
 def _read_pid(fd: int) -> str:
-    text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    lines = _lock_lines(fd)
+    text = lines[0].strip() if lines else ""
     return text if text.isdigit() else "unknown"
 
 
-def mark_abandoned_summaries(directory: Path, holder: str) -> None:
+def stop_home_of_dead_holder(fd: int) -> None:
+    """Stop what the lock's previous (dead) holder had running, by the FLWR_HOME it recorded."""
+    lines = _lock_lines(fd)
+    if len(lines) > 1 and lines[1].strip():
+        from experiments.processes import stop_home
+
+        stop_home(lines[1].strip())
+
+
+def mark_abandoned_summaries(directory: Path, holder: str, found: str = "found at a later start") -> None:
     """Summaries under ``directory`` (its own and its runs') still saying ``running`` once
     their launcher is gone are marked ``killed``: no one writes them any more."""
     for path in (directory / "summary.json", *directory.glob("*/summary.json"), *directory.glob("runs/*/summary.json")):
@@ -130,5 +177,5 @@ def mark_abandoned_summaries(directory: Path, holder: str) -> None:
             continue
         if summary.get("status") == "running":
             who = f"its launcher (PID {holder})" if holder != "unknown" else "its launcher"
-            summary.update(status="killed", error=f"{who} stopped while the run was running (found at a later start)")
+            summary.update(status="killed", error=f"{who} stopped while the run was running ({found})")
             write_json_atomic(path, summary)

@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compare", action="append", default=None, metavar="KEY=V1,V2",
                         help="run once per value (several flags: every combination)")
     parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/<preset>-<time>)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the results of a run with another config in --out (without it: refused, naming the keys)")
     parser.add_argument("--cpus-per-client", type=float, default=1.0, help="Ray CPUs per virtual client")
     parser.add_argument("--gpus-per-client", type=gpu_share, default=None, metavar="FRACTION|auto",
                         help="Ray GPU fraction per virtual client, e.g. 0.125 for 8 clients per GPU (default auto: "
@@ -132,8 +134,8 @@ def run_job(args: argparse.Namespace, argv: list[str]) -> int:
     import pandas as pd
 
     from experiments.launch import (
-        RunFailed, check_data, check_machine, client_resources, count_rounds, launch, load_preset, machine_cpus,
-        parse_overrides, resolve_config,
+        RunFailed, check_data, check_folder_reuse, check_machine, client_resources, count_rounds, launch, load_preset,
+        machine_cpus, parse_overrides, resolve_config,
     )
     from experiments.mps import MpsDaemon, check_mps
     from experiments.output_dir import OutputLock
@@ -166,11 +168,12 @@ def run_job(args: argparse.Namespace, argv: list[str]) -> int:
         if mps.message:
             print(f"[basin] {mps.message}", file=sys.stderr)
         ray_address = args.ray_address or job_ray
-        for label, config in runs.items():  # a corrupt or foreign checkpoint stops the job before any run
+        for label, config in runs.items():  # another config's results or checkpoint stop the job before any run
+            check_folder_reuse(run_dirs[label], config, args.overwrite)  # with --overwrite: removed
             read_checkpoint(run_dirs[label], {**config, "output-dir": str(run_dirs[label])})
         for label, config in runs.items():
             try:
-                summaries[label] = launch(config, run_dirs[label], resources, ray_address=ray_address,
+                summaries[label] = launch(config, run_dirs[label], resources, ray_address=ray_address, overwrite=args.overwrite,
                                           label=f"{names[label]} ({len(summaries) + len(failed) + 1}/{len(runs)})")
                 curves[label] = pd.read_csv(run_dirs[label] / "results.csv")
             except RunFailed as error:

@@ -61,6 +61,18 @@ def partition_settings(config: Mapping[str, Any]) -> tuple:
     )
 
 
+def check_no_empty_clients(indices: list[np.ndarray] | tuple[np.ndarray, ...]) -> None:
+    """ValueError naming how many clients a partition leaves without samples: an empty
+    client has nothing to train on and no weight in any mean, so a run refuses it."""
+    empty = [client for client, index in enumerate(indices) if len(index) == 0]
+    if empty:
+        shown = ", ".join(map(str, empty[:10])) + (", …" if len(empty) > 10 else "")
+        raise ValueError(
+            f"{len(empty)} of {len(indices)} clients would hold no samples (partitions {shown}); "
+            "set min-partition-size >= 1, raise alpha, or use fewer clients"
+        )
+
+
 def check_partition(config: Mapping[str, Any]) -> None:
     """Raise ValueError naming the setting when the config's partition cannot be built."""
     _check(str(config["dataset"]), str(config["data-dir"]), partition_settings(config))
@@ -94,7 +106,7 @@ def _check(dataset: str, data_dir: str, settings: tuple) -> None:
 
     fingerprint = local_fingerprint(dataset, data_dir)  # None: synthetic labels, nothing to keep
     try:
-        cached_partition(fingerprint, settings, build) if fingerprint else build()
+        check_no_empty_clients(cached_partition(fingerprint, settings, build) if fingerprint else build())
     except ValueError as error:
         what = {"dirichlet": f"Dirichlet(alpha={alpha}){' with balance' if balance else ''}",
                 "dirichlet-client": f"client-wise Dirichlet(alpha={alpha})",

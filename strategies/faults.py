@@ -27,6 +27,21 @@ from strategies.weighted_mean import array_view
 Layout = dict[str, tuple[int, ...]]
 
 TIMEOUT_REASON = "no reply within round-timeout"
+# Reasons (lower case) that say a client's process, or the process owning it, died: the
+# machinery failed, not the client's work (Ray's actor errors; Flower's dead SuperNode).
+INFRASTRUCTURE_MARKERS = (
+    "actor is dead", "owner has died", "actor died", "actordiederror", "rayactorerror", "worker died",
+    "worker unexpectedly exit", "node unavailable",
+)
+
+
+def infrastructure_loss(failures: Iterable[ClientFailure]) -> str | None:
+    """When every failure of a round is a dead process (see INFRASTRUCTURE_MARKERS), the
+    first one's reason; else None (at least one client failed at its own work, or none failed)."""
+    failures = list(failures)
+    if failures and all(any(marker in f.reason.lower() for marker in INFRASTRUCTURE_MARKERS) for f in failures):
+        return failures[0].reason
+    return None
 
 
 @dataclass(frozen=True)
@@ -115,6 +130,11 @@ def _first_line(text: str, limit: int = 300) -> str:
     if "occurred. Message: " in line:
         line = line.rsplit("occurred. Message: ", 1)[1].removesuffix("'>")
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+class ClientProcessesDied(RuntimeError):
+    """Every client of a round failed because its process died: the run stops, and that
+    round is neither recorded as trained nor checkpointed."""
 
 
 class NothingTrained(RuntimeError):

@@ -34,12 +34,12 @@ from clients.state_store import CLIENT_STATE_DIR, discard_snapshots_after, remov
 from clients.training import evaluate, select_device
 from clients.data import partition_indices
 from partitions import class_count_table, load_dataset, plot_class_counts
-from partitions.feasibility import partition_settings
+from partitions.feasibility import check_no_empty_clients, partition_settings
 from partitions.stats import partition_notation
 from strategies.averaging import ModelAveraging, to_numpy
 from strategies.checkpoint import CHECKPOINT_FILE, CLIENT_STATE_METHODS, read_checkpoint, restore_checkpoint, write_checkpoint
 from strategies.exchange import send_and_receive
-from strategies.faults import NothingTrained, nothing_trained_reason
+from strategies.faults import ClientProcessesDied, NothingTrained, infrastructure_loss, nothing_trained_reason
 from strategies.indicators import CKA_SAMPLES, round_indicators
 from strategies.model_store import discard_rounds_after, save_round_models, saves_round
 from strategies.config import cohort_size, summary_horizon, validate_run_config
@@ -151,6 +151,10 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
     if checkpoint:
         arrays, first_round = restore_checkpoint(checkpoint, strategy)
         print(f"[basin] resuming after round {first_round - 1} from {recorder.directory / CHECKPOINT_FILE}", flush=True)
+        skipped = [row["round"] for row in checkpoint["rows"] if str(row.get("round-status", "")).startswith("skipped")]
+        if skipped:  # a resume does not redo them: say so
+            print(f"[basin] the checkpoint holds {len(skipped)} skipped round(s) ({', '.join(map(str, skipped[:10]))}): "
+                  "results.csv keeps their reasons", flush=True)
         if snapshots:
             discard_snapshots_after(run_snapshots, first_round - 1)
         discard_rounds_after(recorder.directory, first_round - 1)
@@ -170,6 +174,13 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
         aggregated, metrics = strategy.aggregate_train(server_round, replies)
         for failure in strategy.round_failures:
             print(f"[basin] round {server_round}: client failed: {failure}", flush=True)
+        lost = infrastructure_loss(strategy.round_failures) if aggregated is None else None
+        if lost:  # not the clients' fault: no skipped round, no checkpoint of it; the run stops
+            raise ClientProcessesDied(
+                f"round {server_round}: all {len(strategy.round_failures)} clients failed because their processes "
+                f"died ({lost}); the round is not counted as trained and the run stops: start the same command "
+                f"again to resume from its last checkpoint (written every {config['checkpoint-every']} rounds)"
+            )
         if aggregated is not None:
             arrays = aggregated
         else:
@@ -250,6 +261,9 @@ def write_partition_statistics(config: dict[str, Any], data, directory: Path) ->
     look at) in the returned, started thread: drawing it (~2 s for 100 clients on a CPU)
     overlaps the wait for the simulation engine and the rounds instead of delaying round 1."""
     indices = partition_indices(config["dataset"], config["data-dir"], config["normalize"], partition_settings(config))
+    # Hub sets are partitioned here first (the launcher cannot read their labels): an
+    # empty client fails the run now, before round 1, instead of in every round.
+    check_no_empty_clients(indices)
     table = class_count_table(data.y_train.numpy(), list(indices), data.num_classes, data.columns.get("domain"),
                               data.domain_names)
     table.to_csv(directory / "partition.csv")

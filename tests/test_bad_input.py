@@ -27,6 +27,11 @@ NO_GPU = not torch.cuda.is_available()
 # where the fixture below leaves hostile files: a TOML syntax error, a corrupt and a
 # foreign checkpoint, a truncated IDX file, a regular file where a folder should be.
 CASES = [
+    # a finished run's folder reused with another config: refused, naming the keys that differ
+    ("run", [*SMALL, "--set", "lr=0.1", "--out", "{tmp}/finished"], "lr = 0.05 there but 0.1 now"),
+    # a partition that leaves clients without samples (18 of 40 here): refused, not a hang
+    ("run", [*SMALL, "--set", "num-clients=40", "--set", "alpha=0.01", "--set", "min-partition-size=0"],
+     "clients would hold no samples"),
     # non-finite numbers, whatever key
     ("run", [*SMALL, "--set", "lr=inf"], "'lr' = inf"),
     ("run", [*SMALL, "--set", "lr=1e999"], "'lr' = inf"),
@@ -179,6 +184,10 @@ def hostile_files(tmp_path_factory) -> Path:
         **{entry: [] for entry in CHECKPOINT_ENTRIES}, "format": CHECKPOINT_FORMAT, "config": run_identity(other),
         "round": 1,
     })
+    (tmp / "finished").mkdir()  # a finished run's folder (its results and run config), lr = 0.05
+    finished = {**default_run_config(), "num-clients": 4, "participation": 1.0, "local-epochs": 1, "num-rounds": 2}
+    (tmp / "finished" / "run-config.toml").write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in finished.items()))
+    (tmp / "finished" / "results.csv").write_text("round,test-accuracy\n1,0.5\n2,0.6\n")
     images = write_tiny_fashion_mnist(tmp / "truncated") / "train-images-idx3-ubyte.gz"
     images.write_bytes(images.read_bytes()[:-40])
     (tmp / "locked").mkdir()

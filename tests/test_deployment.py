@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from experiments.certificates import write_supernode_key_pair
-from experiments.deploy import LocalFederation, Security, deploy, flwr_homes
-from experiments.launch import _alive, launch, resolve_config
+from experiments.deploy import LocalFederation, Security, deploy
+from experiments.launch import launch, resolve_config
+from experiments.processes import alive, flwr_homes
 
 SHORT = {"num-rounds": 2, "local-epochs": 1, "device": "cpu"}
 # 3 clients, 2 sampled per round (cohort_size: round(0.67 · 3) = 2); IMA averages the
@@ -36,7 +37,7 @@ def no_process_left_behind():
     (recognised by its FLWR_HOME, which LocalFederation puts in a basin-deploy- directory)."""
     before = set(flwr_homes())
     yield
-    left = [pid for pid, home in flwr_homes().items() if pid not in before and "/basin-deploy-" in home and _alive(pid)]
+    left = [pid for pid, home in flwr_homes().items() if pid not in before and "/basin-deploy-" in home and alive(pid)]
     assert not left, f"processes left running: {left}"
 
 

@@ -185,3 +185,15 @@ def test_a_message_the_superlink_refuses_counts_as_no_reply_and_does_not_stall_t
     started = time.monotonic()
     replies = send_and_receive(grid, messages, timeout=5.0)
     assert [r.metadata.src_node_id for r in replies] == [1] and time.monotonic() - started < 1.0
+
+
+def test_a_round_lost_to_dead_client_processes_is_infrastructure_not_a_client_fault():
+    from strategies.faults import ClientFailure, infrastructure_loss
+
+    dead = ClientFailure(101, 1, "client error: The actor is dead because its owner has died. Owner Id: 01…")
+    died = ClientFailure(102, 2, "client error: ray.exceptions.ActorDiedError: The actor died unexpectedly")
+    gone = ClientFailure(103, 3, "Node Unavailable - The destination node failed to report a heartbeat")
+    raised = ClientFailure(104, 4, "client error: injected fault: partition 4 raises in round 1")
+    assert infrastructure_loss([dead, died, gone]) == dead.reason
+    assert infrastructure_loss([dead, raised]) is None  # one client failed at its own work: a skipped round
+    assert infrastructure_loss([]) is None

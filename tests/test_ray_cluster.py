@@ -18,7 +18,8 @@ import pytest
 
 from experiments import launch as launch_module
 from experiments import run, sweep
-from experiments.launch import RunFailed, _free_port, launch, resolve_config, stop_process_tree
+from experiments.launch import RunFailed, _free_port, launch, resolve_config
+from experiments.processes import stop_process_tree
 from experiments.ray_cluster import LocalRayCluster, RayClusterUnreachable, check_ray_address
 
 RAY = Path(sys.executable).parent / "ray"

@@ -1,0 +1,35 @@
+"""``python -m experiments.guardian LAUNCHER_PID LAUNCHER_START HOME OUT_DIR``: wait while
+the launcher runs; once it is gone, stop every process of the run (those whose
+FLWR_HOME is under HOME), mark the run's summaries in OUT_DIR ``killed`` and remove
+HOME. SIGTERM (the launcher ending normally) ends it without stopping anything. See
+experiments/processes.py."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+from experiments.output_dir import mark_abandoned_summaries
+from experiments.processes import GUARD_POLL_S, same_process_alive, stop_home
+
+
+def main(argv: list[str]) -> int:
+    launcher, started, home, out_dir = int(argv[0]), int(argv[1]), Path(argv[2]), Path(argv[3])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    while same_process_alive(launcher, started):
+        time.sleep(GUARD_POLL_S)
+    # The launcher is gone: nothing of its run may go on (nor write into its folder).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    stop_home(home)
+    mark_abandoned_summaries(out_dir, str(launcher), "its processes stopped by the run's guardian")
+    shutil.rmtree(home, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

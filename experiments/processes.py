@@ -1,0 +1,197 @@
+"""The processes of a run: finding them, stopping them, and a guardian that stops them
+when their launcher is gone.
+
+Every Flower process Basin starts for a run, and everything those start (the SuperExec,
+the simulation process hosting the ServerApp, Ray's GCS, raylet and workers, a
+deployment's SuperNodes and their ClientApps), inherits the run's ``FLWR_HOME``: a
+temporary directory of that run alone. The environment variable therefore names a run's
+processes exactly, wherever they were re-parented to, without relying on PIDs (which the
+kernel reuses) or process groups (which Ray's processes leave).
+
+A launcher's death must not leave them running: the SuperLink outlives ``flwr run``,
+Ray's agents outlive their parents, and a parent-death signal reaches only direct
+children. So each launch starts a **guardian** (:func:`start_guardian`,
+``python -m experiments.guardian``) in a session of its own, where the terminal's SIGHUP
+and Ctrl-C do not reach it. It checks every 0.2 s that its launcher (PID and start time,
+so a reused PID does not fool it) still runs; once the launcher is gone, however it died
+(SIGKILL, a closed terminal, a second Ctrl-C during clean-up), it stops every process of
+the run's ``FLWR_HOME``, marks the run's summaries ``killed`` and removes the directory.
+A launcher that ends normally stops its guardian first.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# How often the guardian checks its launcher.
+GUARD_POLL_S = 0.2
+
+ProcessTable = dict[int, tuple[int, int, str]]
+
+
+def process_table() -> ProcessTable:
+    """{pid: (parent pid, process group, command line)} of every process we can see."""
+    table = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        table[int(proc.name)] = (int(fields[1]), int(fields[2]), cmdline)
+    return table
+
+
+def process_tree(roots: list[int], table: ProcessTable) -> set[int]:
+    """``roots`` and every process descending from them in ``table`` (see process_table)."""
+    tree, frontier = set(roots), list(roots)
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, (ppid, _, _) in table.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    return tree
+
+
+def stop_process_tree(roots: list[int], table: ProcessTable | None = None, grace: float = 1.0) -> None:
+    """Terminate ``roots``, their descendants and the process groups they created.
+
+    SIGTERM first, SIGKILL after ``grace`` seconds; process groups are killed as a whole so
+    that processes which left the tree (Ray's agents outlive their parent) go too. The tree
+    is collected before signalling, as children are re-parented once their parent exits;
+    ``table`` is a snapshot from :func:`process_table` (taken now if not given).
+    """
+    table = process_table() if table is None else table
+    tree = process_tree(roots, table)
+    groups = {table[pid][1] for pid in tree if pid in table} - {os.getpgrp()}
+    signal_all(tree, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(alive(pid) for pid in tree):
+        time.sleep(0.1)
+    signal_all(tree, signal.SIGKILL)
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            continue
+
+
+def signal_all(pids: set[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            continue
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead but still listed until its parent reaps it.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def start_time(pid: int) -> int:
+    """The process's start time (clock ticks after boot; 0 if it is gone): with the PID,
+    a name no later process can take."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def same_process_alive(pid: int, started: int) -> bool:
+    """Whether process ``pid`` still runs and is the one that started at ``started``."""
+    return alive(pid) and start_time(pid) == started
+
+
+def flwr_homes() -> dict[int, str]:
+    """{pid: FLWR_HOME} of every visible process that has the variable set."""
+    homes = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes() if proc.name.isdigit() else b""
+        except OSError:
+            continue
+        for variable in environ.split(b"\0"):
+            if variable.startswith(b"FLWR_HOME="):
+                homes[int(proc.name)] = variable[len(b"FLWR_HOME="):].decode(errors="replace")
+    return homes
+
+
+def processes_of_home(home: Path | str) -> list[int]:
+    """The live processes whose FLWR_HOME is ``home`` or inside it: one run's processes."""
+    home = str(home).rstrip(os.sep)
+    return sorted(pid for pid, value in flwr_homes().items()
+                  if (value == home or value.startswith(home + os.sep)) and alive(pid))
+
+
+def stop_home(home: Path | str, grace: float = 1.0) -> list[int]:
+    """Stop every process of ``home`` (see :func:`processes_of_home`) with its tree and
+    process groups; returns the PIDs it found."""
+    roots = processes_of_home(home)
+    if roots:
+        stop_process_tree(roots, grace=grace)
+    return roots
+
+
+def start_guardian(home: Path, out_dir: Path) -> subprocess.Popen:
+    """The guardian of a run whose processes live under ``home`` and write into ``out_dir``
+    (see the module docstring); stop it with :func:`stop_guardian` when the run is over."""
+    me = os.getpid()
+    command = [sys.executable, "-m", "experiments.guardian", str(me), str(start_time(me)), str(home), str(out_dir)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
+    return subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_guardian(guardian: subprocess.Popen) -> None:
+    """End a guardian whose launcher is about to clean up itself (it then stops nothing)."""
+    if guardian.poll() is None:
+        guardian.terminate()
+    try:
+        guardian.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        guardian.kill()
+        guardian.wait()
+
+
+@contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM back while the block runs (in the main thread, where Python
+    handles signals): a second Ctrl-C during a clean-up ends the launcher (as
+    KeyboardInterrupt) only once the clean-up is done. (Blocking the signal would not do:
+    the kernel hands it to any thread that does not block it, and Python then raises in
+    the main thread all the same.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if received:
+            raise KeyboardInterrupt

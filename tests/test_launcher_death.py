@@ -1,0 +1,98 @@
+"""A launcher that dies, however it dies, leaves nothing of its run behind, and the same
+command then resumes to exactly the uninterrupted run (real `experiments.run` processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from experiments.launch import APP_DIR, launch, resolve_config
+from experiments.output_dir import LOCK_FILE
+from experiments.processes import processes_of_home
+
+# 4 clients, 2 per round, 16 rounds of ~0.15 s (4 epochs of batches of 4), a checkpoint
+# every 2: killed after round 3 or so, the resumed run redoes the rounds after its last checkpoint.
+SETTINGS = {"num-clients": 4, "participation": 0.5, "num-rounds": 16, "local-epochs": 4, "batch-size": 4, "device": "cpu",
+            "averaging": "ima", "window": 2, "avg-start": 4, "checkpoint-every": 2}
+TIMING_COLUMNS = ["round-seconds", "train-seconds", "eval-seconds", "client-seconds"]
+WAYS = ("sigkill", "sighup-group", "ctrl-c-twice")
+
+
+def _command(out: Path) -> list[str]:
+    sets = [arg for key, value in SETTINGS.items() for arg in ("--set", f"{key}={value}")]
+    return [sys.executable, "-m", "experiments.run", *sets, "--out", str(out)]
+
+
+def _rows(path: Path) -> int:
+    try:
+        return max(len(path.read_text().splitlines()) - 1, 0)
+    except OSError:
+        return 0
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> pd.DataFrame:
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    summary = launch(resolve_config(SETTINGS), out, progress=False)
+    assert summary["status"] == "completed"
+    return pd.read_csv(out / "results.csv"), torch.load(out / "final_model.pt", weights_only=True)
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(tmp_path, uninterrupted, way):
+    out = tmp_path / "run"
+    launcher = subprocess.Popen(_command(out), cwd=APP_DIR, start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(APP_DIR)})
+    try:
+        deadline = time.monotonic() + 180
+        while _rows(out / "results.csv") < 3:
+            assert time.monotonic() < deadline and launcher.poll() is None, "the run never reached round 3"
+            time.sleep(0.05)
+        home = (out / LOCK_FILE).read_text().splitlines()[1]  # the run's FLWR_HOME, as the lock records it
+        assert processes_of_home(home), "the run's processes are found by their FLWR_HOME"
+        if way == "sigkill":
+            os.kill(launcher.pid, signal.SIGKILL)
+        elif way == "sighup-group":  # the terminal or SSH session closed
+            os.killpg(launcher.pid, signal.SIGHUP)
+        else:
+            os.kill(launcher.pid, signal.SIGINT)
+            time.sleep(0.3)
+            os.kill(launcher.pid, signal.SIGINT)
+        died = time.monotonic()
+        launcher.wait(timeout=60)
+        while processes_of_home(home) and time.monotonic() - died < 10:
+            time.sleep(0.1)
+        stopped_within = time.monotonic() - died
+        left = processes_of_home(home)
+        assert not left, f"left running {stopped_within:.1f} s after the launcher's death: {left}"
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert stopped_within < 5
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == ("interrupted" if way == "ctrl-c-twice" else "killed"), summary
+    rows_after_death = _rows(out / "results.csv")
+    time.sleep(1.0)
+    assert _rows(out / "results.csv") == rows_after_death  # nothing writes into the folder any more
+    assert not Path(home).exists()
+
+    resumed = subprocess.run(_command(out), cwd=APP_DIR, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "PYTHONPATH": str(APP_DIR)})
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rows, final = uninterrupted
+    results = pd.read_csv(out / "results.csv")
+    assert results["round"].tolist() == list(range(1, 17))  # each round once
+    pd.testing.assert_frame_equal(results.drop(columns=TIMING_COLUMNS), rows.drop(columns=TIMING_COLUMNS), check_exact=True)
+    model = torch.load(out / "final_model.pt", weights_only=True)
+    assert all(torch.equal(model[k], final[k]) for k in final)
+    assert not (out / LOCK_FILE).exists()  # a launcher that ends removes its lock
