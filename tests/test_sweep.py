@@ -187,7 +187,9 @@ def _command_line(pid: int) -> str:
 def test_a_real_sweep_interrupted_and_resumed_loses_and_repeats_nothing(tmp_path, scoped_env):
     """2 methods (FedAvg, FedAvg+IMA) × 2 α on digits, killed after the third run's first
     checkpoint, resumed: the finished runs are kept, the third continues from its checkpoint."""
-    path = write_sweep(tmp_path, SMALL.replace("num-rounds = 2", "num-rounds = 4\ncheckpoint-every = 1") + """
+    # Rounds of ~0.15 s (4 epochs of batches of 4): the signal lands before the third run ends.
+    small = SMALL.replace("num-rounds = 2", "num-rounds = 4\ncheckpoint-every = 1")
+    path = write_sweep(tmp_path, small.replace("local-epochs = 1", "local-epochs = 4\nbatch-size = 4") + """
 [grid]
 alpha = [0.1, 1.0]
 averaging = ["none", {averaging = "ima", window = 2, avg-start = 2}]
