@@ -40,6 +40,7 @@ from experiments.processes import (
 from experiments.ray_cluster import check_ray_address
 from strategies.checkpoint import read_checkpoint, run_identity
 from partitions.availability import data_problem
+from partitions.datasets import FASHION_MNIST_DEFAULT_DIR
 from partitions.feasibility import check_partition
 from strategies.config import ConfigError, cohort_size, summary_horizon, validate_run_config
 from strategies.results import summarize, write_json_atomic
@@ -135,6 +136,15 @@ def data_problem_of(config: Mapping[str, Any]) -> str | None:
     if problem is None:
         return None
     return f"run config key 'dataset' = {config['dataset']!r} (data-dir = {config['data-dir']!r}): {problem}"
+
+
+def local_label_directory(config: Mapping[str, Any]) -> Path | None:
+    """The directory of a local data set whose labels the partition check reads
+    (Fashion-MNIST's, when it exists), else None: hub sets are checked with the data."""
+    if config["dataset"] != "fashion-mnist":
+        return None
+    directory = (Path(config["data-dir"]) if config["data-dir"] else FASHION_MNIST_DEFAULT_DIR).expanduser()
+    return directory if directory.is_dir() else None
 
 
 def check_data(configs: Iterable[Mapping[str, Any]]) -> None:
@@ -234,6 +244,8 @@ def resolve_config(*layers: Mapping[str, Any]) -> dict[str, Any]:
     for layer in layers:
         config.update(layer)
     config = validate_run_config(config)
+    if local_label_directory(config) is not None:  # the partition below reads its labels: a damaged file is named first
+        check_data([config])
     try:
         check_partition(config)
     except ValueError as error:

@@ -6,8 +6,9 @@ and once per run of a sweep. :func:`data_problem` answers in about a second:
 
 - ``digits``: bundled with scikit-learn, always there.
 - ``fashion-mnist``: the directory exists and its four IDX files (raw or ``.gz``) are
-  readable and complete (the header's dimensions match the payload; a truncated ``.gz``
-  is named). Files whose exact contents are in the decoded-data cache
+  readable and whole: gzip where named ``.gz``, an unsigned-byte IDX header, exactly the
+  payload the header promises (a truncated file, or one with trailing bytes, is named);
+  images of 28×28, labels a vector of classes 0–9, as many labels as images in each split. Files whose exact contents are in the decoded-data cache
   (partitions/cache.py) decoded completely before and are not read again.
 - ``cifar10``, ``cifar100``, ``hf:<id>``: a local path, or a copy in the Hugging Face
   datasets cache, or the hub answering for the id within a few seconds (offline, the
@@ -65,35 +66,62 @@ def _fashion_mnist_problem(directory: str, signature: tuple) -> str | None:
         paths.append(path)
     if is_cached("datasets", local_fingerprint("fashion-mnist", directory)):
         return None  # these very contents were decoded completely before
+    shapes = {}
     for path in paths:
-        problem = _idx_problem(path)
+        problem, shape, labels = _idx_problem(path)
         if problem:
             return f"Fashion-MNIST file {path} {problem}"
+        if "labels" in path.name:
+            if len(shape) != 1:
+                return f"Fashion-MNIST file {path} holds an array of shape {shape}; a labels file holds a vector"
+            if labels.max(initial=0) >= FASHION_MNIST_CLASSES:
+                return (f"Fashion-MNIST file {path} holds label {int(labels.max())}, outside the "
+                        f"{FASHION_MNIST_CLASSES} classes 0–{FASHION_MNIST_CLASSES - 1}")
+        elif shape[1:] != FASHION_MNIST_SIDE:
+            return f"Fashion-MNIST file {path} holds images of {'×'.join(map(str, shape[1:]))}, not 28×28"
+        shapes[path.name.split("-")[0] + ("-labels" if "labels" in path.name else "-images")] = (path, shape)
+    for split in ("train", "t10k"):
+        (images, image_shape), (labels, label_shape) = shapes[f"{split}-images"], shapes[f"{split}-labels"]
+        if image_shape[0] != label_shape[0]:
+            return (f"Fashion-MNIST files {images.name} and {labels.name} in {root} disagree: {image_shape[0]} images "
+                    f"but {label_shape[0]} labels; download both again")
     return None
 
 
-def _idx_problem(path: Path) -> str | None:
-    """None when the IDX file reads completely, else what is wrong with it."""
+FASHION_MNIST_CLASSES = 10
+FASHION_MNIST_SIDE = (28, 28)
+
+
+def _idx_problem(path: Path) -> tuple[str | None, tuple[int, ...], "np.ndarray | None"]:
+    """(what is wrong with the IDX file or None, its shape, its values when it is a vector)."""
+    import numpy as np
+
     try:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rb") as f:
             data = f.read()
     except PermissionError:
-        return "cannot be read (permission denied)"
-    except (EOFError, gzip.BadGzipFile, OSError) as error:
-        return f"is truncated or corrupt ({type(error).__name__}: {error}); download it again"
+        return "cannot be read (permission denied)", (), None
+    except gzip.BadGzipFile:
+        return "is not gzip data although named .gz; download it again", (), None
+    except (EOFError, OSError) as error:
+        return f"is truncated or corrupt ({type(error).__name__}: {error}); download it again", (), None
     if len(data) < 4:
-        return "is truncated (no IDX header)"
+        return ("is empty" if not data else "is truncated (no IDX header)"), (), None
     zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
-    if zero != 0 or dtype_code != 0x08 or len(data) < 4 + 4 * ndim:
-        return "is not an unsigned-byte IDX file"
+    if zero != 0 or dtype_code != 0x08 or not 1 <= ndim <= 4 or len(data) < 4 + 4 * ndim:
+        return f"is not an unsigned-byte IDX file (magic number {data[:4].hex()}, expected 000008nn)", (), None
     shape = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
     payload = 1
     for side in shape:
         payload *= side
-    if len(data) != 4 + 4 * ndim + payload:
-        return f"is truncated: its header promises {payload} values, it holds {len(data) - 4 - 4 * ndim}"
-    return None
+    held = len(data) - 4 - 4 * ndim
+    if held < payload:
+        return f"is truncated: its header promises {payload} values, it holds {held}; download it again", shape, None
+    if held > payload:
+        return f"has {held - payload} bytes after the {payload} values its header promises", shape, None
+    values = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim) if ndim == 1 else None
+    return None, shape, values
 
 
 @lru_cache(maxsize=16)

@@ -58,11 +58,12 @@ def fashion_mnist_dir() -> Path:
     pytest.skip("Fashion-MNIST IDX files not found (apt-get install dataset-fashion-mnist)")
 
 
-def write_idx(path: Path, array: np.ndarray) -> None:
-    """An unsigned-byte IDX file, gzipped, as Fashion-MNIST ships."""
-    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+def write_idx(path: Path, array: np.ndarray, magic: bytes | None = None, extra: bytes = b"") -> None:
+    """An unsigned-byte IDX file, gzipped, as Fashion-MNIST ships (``magic``: another first
+    four bytes; ``extra``: bytes after the values, as damaged files have)."""
+    header = (magic or struct.pack(">HBB", 0, 0x08, array.ndim)) + struct.pack(f">{array.ndim}I", *array.shape)
     with gzip.open(path, "wb") as f:
-        f.write(header + array.astype(np.uint8).tobytes())
+        f.write(header + array.astype(np.uint8).tobytes() + extra)
 
 
 def write_tiny_fashion_mnist(directory: Path) -> Path:

@@ -11,10 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from conftest import write_tiny_fashion_mnist
+from conftest import write_idx, write_tiny_fashion_mnist
 from experiments.launch import APP_DIR
 from experiments.output_dir import LOCK_FILE, OutputLock, OutputLocked, unique_output_dir
 from strategies.checkpoint import CHECKPOINT_ENTRIES, CHECKPOINT_FORMAT, save_checkpoint
@@ -98,6 +99,18 @@ CASES = [
     ("run", ["--preset", "{tmp}/bad.toml"], "{tmp}/bad.toml"),
     ("run", ["--preset", "no-such-preset"], "'no-such-preset'"),
     ("run", ["--preset", "{tmp}/unknown-key.toml"], "'learning-rate'"),
+    # data: damaged Fashion-MNIST files, each named with what is wrong, before the partition reads them
+    *[("run", [*SMALL, "--set", "dataset=fashion-mnist", "--set", f"data-dir={{tmp}}/{name}"], f"{{tmp}}/{name}/{file} {what}")
+      for name, file, what in [
+          ("zero-gz", "train-labels-idx1-ubyte.gz", "is empty"),
+          ("not-gzip", "train-labels-idx1-ubyte.gz", "is not gzip data"),
+          ("bad-magic", "train-labels-idx1-ubyte.gz", "is not an unsigned-byte IDX file"),
+          ("trailing", "t10k-images-idx3-ubyte.gz", "has 7 bytes after the 7840 values"),
+          ("label-outside", "t10k-labels-idx1-ubyte.gz", "holds label 12, outside the 10 classes"),
+          ("wrong-dims", "train-images-idx3-ubyte.gz", "holds images of 27×27, not 28×28"),
+      ]],
+    ("run", [*SMALL, "--set", "dataset=fashion-mnist", "--set", "data-dir={tmp}/short-images"], "19 images but 20 labels"),
+    ("run", [*SMALL, "--set", "dataset=fashion-mnist", "--set", "data-dir={tmp}/short-labels"], "20 images but 12 labels"),
     # data: missing, truncated, unreachable
     ("run", [*SMALL, "--set", "dataset=fashion-mnist", "--set", "data-dir={tmp}/nowhere"], "{tmp}/nowhere"),
     ("run", [*SMALL, "--set", "dataset=fashion-mnist", "--set", "data-dir={tmp}/truncated", "--set", "min-partition-size=1"],
@@ -188,6 +201,18 @@ def hostile_files(tmp_path_factory) -> Path:
     finished = {**default_run_config(), "num-clients": 4, "participation": 1.0, "local-epochs": 1, "num-rounds": 2}
     (tmp / "finished" / "run-config.toml").write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in finished.items()))
     (tmp / "finished" / "results.csv").write_text("round,test-accuracy\n1,0.5\n2,0.6\n")
+    damaged = {  # Fashion-MNIST copies with one damaged file each
+        "zero-gz": lambda d: (d / "train-labels-idx1-ubyte.gz").write_bytes(b""),
+        "not-gzip": lambda d: (d / "train-labels-idx1-ubyte.gz").write_bytes(b"\x00\x00\x08\x01plain bytes"),
+        "bad-magic": lambda d: write_idx(d / "train-labels-idx1-ubyte.gz", np.arange(20) % 10, magic=b"\x00\x00\x0d\x01"),
+        "trailing": lambda d: write_idx(d / "t10k-images-idx3-ubyte.gz", np.zeros((10, 28, 28)), extra=b"\x00" * 7),
+        "short-images": lambda d: write_idx(d / "train-images-idx3-ubyte.gz", np.zeros((19, 28, 28))),
+        "short-labels": lambda d: write_idx(d / "train-labels-idx1-ubyte.gz", np.arange(12) % 10),
+        "label-outside": lambda d: write_idx(d / "t10k-labels-idx1-ubyte.gz", np.arange(10) + 3),
+        "wrong-dims": lambda d: write_idx(d / "train-images-idx3-ubyte.gz", np.zeros((20, 27, 27))),
+    }
+    for name, damage in damaged.items():
+        damage(write_tiny_fashion_mnist(tmp / name))
     images = write_tiny_fashion_mnist(tmp / "truncated") / "train-images-idx3-ubyte.gz"
     images.write_bytes(images.read_bytes()[:-40])
     (tmp / "locked").mkdir()

@@ -188,7 +188,8 @@ def test_files_decoded_before_are_not_read_again_by_the_data_check(tmp_path, cac
 
     source = write_fashion_mnist(tmp_path / "fmnist")
     read = []
-    monkeypatch.setattr(availability, "_idx_problem", lambda path: read.append(path))
+    real = availability._idx_problem
+    monkeypatch.setattr(availability, "_idx_problem", lambda path: read.append(path) or real(path))
     monkeypatch.setattr(availability, "_fashion_mnist_problem", availability._fashion_mnist_problem.__wrapped__)
     assert availability.data_problem("fashion-mnist", str(source)) is None and len(read) == 4
     load_dataset.__wrapped__("fashion-mnist", str(source))  # decoded completely: now in the cache
