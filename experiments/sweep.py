@@ -139,6 +139,7 @@ def load_sweep(path: Path, overrides: Mapping[str, Any] | None = None) -> Sweep:
     unknown = sorted(set(spec) - SWEEP_KEYS)
     if unknown:
         raise SweepError(f"sweep file {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(SWEEP_KEYS))}")
+    check_sweep_schema(path, spec)
     resources = spec.get("resources", {})
     bad = sorted(set(resources) - RESOURCE_KEYS)
     if bad:
@@ -172,6 +173,41 @@ def load_sweep(path: Path, overrides: Mapping[str, Any] | None = None) -> Sweep:
         runs.append(SweepRun(run_id, config))
     name = spec.get("name", path.stem)
     return Sweep(name, runs, client_resources, duplicates, "num-gpus" not in resources)
+
+
+# A sweep's name becomes a folder under runs/: letters, digits, '.', '_', '-', not starting with '.'.
+SWEEP_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,99}")
+# Each top-level field of a sweep file: the type it must have, and what to say it allows.
+SWEEP_FIELDS = {
+    "name": (str, "a name of letters, digits, '.', '_' and '-' (it becomes the folder runs/<name>)"),
+    "description": (str, "a string"),
+    "preset": (str, "a preset name from experiments/presets/ or a TOML file path"),
+    "set": (dict, "a table of run-config keys, e.g. [set] lr = 0.1"),
+    "resources": (dict, "a table with num-cpus (a whole number >= 1) and num-gpus (a number in [0, 1])"),
+    "grid": (dict, "a table of axes, each a non-empty list, e.g. [grid] alpha = [0.1, 0.5]"),
+}
+
+
+def check_sweep_schema(path: Path, spec: dict[str, Any]) -> None:
+    """SweepError naming the file, the field and what is allowed, for any field of the
+    wrong type or shape (before any run config is resolved)."""
+    for field, (kind, allowed) in SWEEP_FIELDS.items():
+        if field in spec and not isinstance(spec[field], kind):
+            raise SweepError(f"sweep file {path}: {field} = {spec[field]!r} is not allowed; allowed: {allowed}")
+    if "name" in spec and not SWEEP_NAME.fullmatch(spec["name"]):
+        raise SweepError(f"sweep file {path}: name = {spec['name']!r} is not allowed; allowed: {SWEEP_FIELDS['name'][1]}")
+    for key, value in spec.get("resources", {}).items():
+        if key in RESOURCE_KEYS and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise SweepError(f"sweep file {path}: [resources] {key} = {value!r} is not allowed; allowed: a number")
+    for key, value in spec.get("set", {}).items():
+        if isinstance(value, (dict, list)):
+            raise SweepError(f"sweep file {path}: [set] {key} = {value!r} is not allowed; allowed: a single value "
+                             f"(vary a key in [grid])")
+    for name, values in spec.get("grid", {}).items():
+        for value in values if isinstance(values, list) else []:
+            if isinstance(value, list) or (isinstance(value, dict) and any(isinstance(v, (dict, list)) for v in value.values())):
+                raise SweepError(f"sweep file {path}: [grid] {name} holds {value!r}; allowed: values, or tables of "
+                                 f"run-config keys with single values")
 
 
 def _axis(path: Path, name: str, values: Any) -> list[tuple[str, dict[str, Any]]]:

@@ -55,6 +55,12 @@ DEVICES = ("auto", "cpu", "cuda")
 AUGMENTATIONS = ("none", "crop-flip")
 
 
+# Plausible bounds: far beyond any paper's setup (10,000 rounds, 20 local epochs), short of
+# values that would only run until killed.
+MAX_ROUNDS, MAX_LOCAL_EPOCHS, MAX_BATCH = 1_000_000, 10_000, 1_000_000
+# crop-flip pads 4 pixels (of the papers' 32-pixel CIFAR images): smaller images lose too much.
+MIN_CROP_FLIP_SIDE = 24
+
 # Flower carries run-config integers as signed 64-bit values.
 INT64_RANGE = (-(2**63), 2**63 - 1)
 # Discovery waits for every client process to start and answer: less cannot succeed.
@@ -101,9 +107,9 @@ SCHEMA: dict[str, Option] = {
     "min-partition-size": Option(int, "an integer >= 0", lambda v: v >= 0),
     "num-clients": Option(int, "an integer >= 1", lambda v: v >= 1),
     "participation": Option(float, "a number in (0, 1]", lambda v: 0 < v <= 1),
-    "num-rounds": Option(int, "an integer >= 1", lambda v: v >= 1),
-    "local-epochs": Option(int, "an integer >= 1", lambda v: v >= 1),
-    "batch-size": Option(int, "an integer >= 1", lambda v: v >= 1),
+    "num-rounds": Option(int, f"an integer from 1 to {MAX_ROUNDS:,}", lambda v: 1 <= v <= MAX_ROUNDS),
+    "local-epochs": Option(int, f"an integer from 1 to {MAX_LOCAL_EPOCHS:,}", lambda v: 1 <= v <= MAX_LOCAL_EPOCHS),
+    "batch-size": Option(int, f"an integer from 1 to {MAX_BATCH:,}", lambda v: 1 <= v <= MAX_BATCH),
     "lr": Option(float, "a number > 0", lambda v: v > 0),
     "lr-schedule": _one_of(*LR_SCHEDULES),
     "lr-decay": Option(float, "a number in (0, 1] (lr-schedule = exponential: client lr of round t is lr * lr-decay^(t-1))", lambda v: 0 < v <= 1),
@@ -265,6 +271,23 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
         )
     if config["augment"] != "none" and len(INPUT_SHAPES.get(config["dataset"], (3, 32, 32))) != 3:
         raise ConfigError(f"run config key 'augment' = {config['augment']!r} needs image inputs; allowed: 'none'")
+    side = min(INPUT_SHAPES.get(config["dataset"], (3, 32, 32))[1:] or (0,))
+    if config["augment"] == "crop-flip" and side < MIN_CROP_FLIP_SIDE:
+        raise ConfigError(
+            f"run config key 'augment' = 'crop-flip' pads 4 pixels of each side of {config['dataset']}'s {side}×{side} "
+            f"images, too small to crop from (it trains at chance); allowed: 'none', or images of at least "
+            f"{MIN_CROP_FLIP_SIDE} px (fashion-mnist, cifar10, cifar100)"
+        )
+    if model in SEQUENCE_MODELS and config["dataset"] in INPUT_SHAPES:
+        raise ConfigError(
+            f"run config key 'model' = {model!r} predicts characters; dataset {config['dataset']!r} holds images; "
+            f"allowed: an image model ({', '.join(m for m in MODEL_NAMES if m not in SEQUENCE_MODELS)}) or 'auto'"
+        )
+    if config["data-dir"] and config["dataset"] != "fashion-mnist":
+        raise ConfigError(
+            f"run config key 'data-dir' = {config['data-dir']!r} is read only for dataset = 'fashion-mnist' "
+            f"(dataset here: {config['dataset']!r}); allowed: '' (a hub set's local copy: dataset = 'hf:/path')"
+        )
     if round(config["participation"] * config["num-clients"]) < 1:
         raise ConfigError(
             f"run config key 'participation' = {config['participation']} samples no client out of "

@@ -30,6 +30,11 @@ NO_GPU = not torch.cuda.is_available()
 CASES = [
     # a finished run's folder reused with another config: refused, naming the keys that differ
     ("run", [*SMALL, "--set", "lr=0.1", "--out", "{tmp}/finished"], "lr = 0.05 there but 0.1 now"),
+    # combinations that cannot train, and values that would only run until killed
+    ("run", [*SMALL, "--set", "model=char-lstm"], "'model' = 'char-lstm' predicts characters"),
+    ("run", [*SMALL, "--set", "augment=crop-flip"], "'augment' = 'crop-flip' pads 4 pixels"),
+    ("run", [*SMALL, "--set", "data-dir={tmp}"], "'data-dir'"),
+    ("run", [*SMALL, "--set", "local-epochs=9223372036854775807"], "'local-epochs' = 9223372036854775807 is not allowed"),
     # a partition that leaves clients without samples (18 of 40 here): refused, not a hang
     ("run", [*SMALL, "--set", "num-clients=40", "--set", "alpha=0.01", "--set", "min-partition-size=0"],
      "clients would hold no samples"),
@@ -131,6 +136,13 @@ CASES = [
     ("sweep", ["{tmp}/bad.toml"], "{tmp}/bad.toml"),
     ("sweep", ["{tmp}/sweep-output-dir.toml"], "output-dir"),
     ("sweep", ["{tmp}/sweep-unknown.toml"], "colour"),
+    *[("sweep", [f"{{tmp}}/sweep-{name}.toml"], f"sweep-{name}.toml: {field}") for name, field in [
+        ("resources-5", "resources = 5 is not allowed"), ("set-5", "set = 5 is not allowed"),
+        ("preset-5", "preset = 5 is not allowed"), ("name-5", "name = 5 is not allowed"),
+        ("name-slash", "name = '/' is not allowed"), ("name-up", "name = '../../x' is not allowed"),
+        ("grid-5", "grid = 5 is not allowed"), ("gpus-half", "[resources] num-gpus = 'half' is not allowed"),
+        ("set-list", "[set] lr = [0.1, 0.2] is not allowed"),
+    ]],
     ("sweep", ["{tmp}/sweep-inf.toml"], "'lr' = inf"),
     ("sweep", ["{tmp}/sweep-empty-grid.toml"], "[grid]"),
     ("sweep", ["{tmp}/sweep.toml", "--set", "lr=nan"], "'lr' = nan"),
@@ -226,6 +238,13 @@ def hostile_files(tmp_path_factory) -> Path:
     (tmp / "sweep.toml").write_text(SWEEP_RUN + "[grid]\nseed = [0, 1]\n")
     (tmp / "sweep-output-dir.toml").write_text(SWEEP_RUN + f'output-dir = "{tmp}/o"\n[grid]\nseed = [0, 1]\n')
     (tmp / "sweep-unknown.toml").write_text("colour = 'red'\n" + SWEEP_RUN + "[grid]\nseed = [0]\n")
+    for name, text in {  # every field of the wrong type, and names that are not names
+        "resources-5": "resources = 5\n" + SWEEP_RUN, "set-5": "set = 5\n", "preset-5": "preset = 5\n" + SWEEP_RUN,
+        "name-5": "name = 5\n" + SWEEP_RUN, "name-slash": 'name = "/"\n' + SWEEP_RUN,
+        "name-up": 'name = "../../x"\n' + SWEEP_RUN, "grid-5": SWEEP_RUN.replace("[set]", "grid = 5\n[set]"),
+        "gpus-half": SWEEP_RUN + '[resources]\nnum-gpus = "half"\n', "set-list": SWEEP_RUN + "lr = [0.1, 0.2]\n",
+    }.items():
+        (tmp / f"sweep-{name}.toml").write_text(text + ("" if "grid = 5" in text else "[grid]\nseed = [0]\n"))
     (tmp / "sweep-inf.toml").write_text(SWEEP_RUN + "[grid]\nlr = [0.1, inf]\n")
     (tmp / "sweep-empty-grid.toml").write_text(SWEEP_RUN + "[grid]\n")
     (tmp / "sweep-cpus.toml").write_text(SWEEP_RUN + "[resources]\nnum-cpus = 4096\n[grid]\nseed = [0]\n")

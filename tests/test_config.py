@@ -205,7 +205,7 @@ def test_list_presets_and_keys_and_a_guess_for_a_mistyped_key(capsys):
     assert main(["--list-keys"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(default_run_config())
-    assert any(line.startswith("num-rounds") and "default 30" in line and "an integer >= 1" in line for line in lines)
+    assert any(line.startswith("num-rounds") and "default 30" in line and "an integer from 1 to 1,000,000" in line for line in lines)
     with pytest.raises(ConfigError, match="'num-round' \\(did you mean 'num-rounds'\\?\\)"):
         resolve_config({"num-round": 3})
 

@@ -45,7 +45,9 @@ METHOD_RUNS = {
     "fedsam": {"strategy": "fedsam", "num-rounds": 2},
     "fedasam": {"strategy": "fedasam", "num-rounds": 2},
     # The FedAlign study as its authors ran it: BatchNorm ResNet-56, Nesterov, crop + flip.
-    "fedalign+wima": {"strategy": "fedalign", "averaging": "wima", "window": 2, **RESNET,
+    # Crop + flip end to end on a hub set (Basin refuses it on the built-in 8×8 digits, too
+    # small to crop from; a hub set's image size is known only once loaded).
+    "fedalign+wima": {"strategy": "fedalign", "averaging": "wima", "window": 2, **RESNET, "dataset": "hf:{cifar100}",
                       "model": "resnet56-bn", "nesterov": True, "augment": "crop-flip"},
     "mixup": {"strategy": "mixup", "num-rounds": 2, **RESNET},
     "stochastic-depth": {"strategy": "stochastic-depth", "num-rounds": 2, **RESNET},
