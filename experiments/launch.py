@@ -102,6 +102,8 @@ def read_toml(path: Path, kind: str) -> dict[str, Any]:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{kind} file {path} is not valid TOML: {error}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{kind} file {path} is not UTF-8 text (byte {error.start}); allowed: a TOML text file") from None
     except OSError as error:
         raise ConfigError(f"{kind} file {path} cannot be read ({error.strerror or error})") from None
 

@@ -256,6 +256,16 @@ def resumable(run_dir: Path, config: dict[str, Any]) -> bool:
         return False
 
 
+def pending_runs(sweep: Sweep, out_dir: Path, retry_failed: bool = False) -> list[SweepRun]:
+    """The runs without a finished outcome of their config (and, with ``retry_failed``, the failed ones)."""
+    todo = []
+    for run in sweep.runs:
+        outcome = read_outcome(out_dir / "runs" / run.run_id, run.config)
+        if outcome is None or (retry_failed and outcome["status"] == "failed"):
+            todo.append(run)
+    return todo
+
+
 def run_sweep(
     sweep: Sweep, out_dir: Path, retry_failed: bool = False, progress: bool = True, ray_address: str | None = None,
     parallel: int = 1,
@@ -271,11 +281,7 @@ def run_sweep(
     from tqdm import tqdm
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    todo = []
-    for run in sweep.runs:
-        outcome = read_outcome(out_dir / "runs" / run.run_id, run.config)
-        if outcome is None or (retry_failed and outcome["status"] == "failed"):
-            todo.append(run)
+    todo = pending_runs(sweep, out_dir, retry_failed)
     finished = len(sweep.runs) - len(todo)
     stop, tables_lock = threading.Event(), threading.Lock()
     with tqdm(total=len(sweep.runs), initial=finished, desc=f"sweep {sweep.name}", unit="run", disable=not progress) as bar:
@@ -426,8 +432,9 @@ def run_command(args: argparse.Namespace) -> int:
     check_machine((run.config for run in sweep.runs), sweep.resources, args.ray_address)
     check_mps(args.mps)
 
-    # Runs one after another share one Ray cluster (started inside MPS, if asked).
-    shared_ray = args.ray_address is None and parallel == 1
+    # Runs one after another share one Ray cluster (started inside MPS, if asked); a sweep
+    # with nothing left to run starts none.
+    shared_ray = args.ray_address is None and parallel == 1 and bool(pending_runs(sweep, out_dir, args.retry_failed))
     with OutputLock(create_output_dir(out_dir)), MpsDaemon(args.mps) as mps, \
             LocalRayCluster(shared_ray, machine_cpus()) as job_ray:
         if mps.message:

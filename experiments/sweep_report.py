@@ -65,6 +65,11 @@ def load_results(directory: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     results = read("results")
     if results is None:
         raise FileNotFoundError(f"{directory / 'results.parquet'} (or results.csv) not found")
+    if "status" not in results.columns:
+        raise ValueError(
+            f"{directory} holds one run's per-round results, not a sweep's table of runs; allowed: a sweep folder "
+            f"(experiments.sweep --out); a run's own figure is accuracy.png, its summary summary.json"
+        )
     curves = read("curves")
     return results, curves if curves is not None else pd.DataFrame(columns=["run", "round"])
 

@@ -174,6 +174,11 @@ CASES = [
     # a sweep's report
     ("sweep_report", ["{tmp}/nowhere"], "{tmp}/nowhere"),
     ("sweep_report", ["{tmp}/s-empty"], "results.parquet"),
+    ("sweep_report", ["{tmp}/finished"], "holds one run's per-round results, not a sweep's"),
+    ("run", ["--preset", "{tmp}/binary.toml"], "{tmp}/binary.toml is not UTF-8 text"),
+    ("analysis.__main__", ["landscape", "{tmp}/nowhere", "--stages", "a,b"], "--stages: 'a,b' is not allowed"),
+    ("analysis.__main__", ["interpolate", "{tmp}/nowhere", "--alphas=0,1,0"], "--alphas '0,1,0' is not allowed"),
+    ("analysis.__main__", ["stability", "{tmp}/nowhere", "--out", "{tmp}/file"], "--out {tmp}/file: a file is in the way"),
 ]
 if NO_GPU:
     CASES += [
@@ -199,6 +204,7 @@ def hostile_files(tmp_path_factory) -> Path:
 
     tmp = tmp_path_factory.mktemp("hostile")
     (tmp / "bad.toml").write_text("lr = [0.1\n")
+    (tmp / "binary.toml").write_bytes(bytes(range(128, 256)))
     (tmp / "unknown-key.toml").write_text("learning-rate = 0.1\n")
     (tmp / "file").write_text("a regular file\n")
     (tmp / "corrupt").mkdir()

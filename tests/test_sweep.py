@@ -274,3 +274,23 @@ def test_ima_methods_sweeps_cover_ima_table_1_with_the_papers_settings():
     for name in ("wima-cifar10", "wima-cifar100", "wima-cifar10-participation", "wima-cifar10-window",
                  "fedalign-cifar100-ablations", "fedswa-cifar100"):
         assert {run.config["augment"] for run in load_sweep(SWEEPS_DIR / f"{name}.toml").runs} == {"crop-flip"}
+
+
+def test_a_finished_sweep_run_again_has_nothing_pending_and_starts_no_ray(tmp_path, monkeypatch):
+    from experiments.sweep import _comparable, pending_runs
+
+    sweep = load_sweep(write_sweep(tmp_path, SMALL + "[grid]\nseed = [0, 1]\n"))
+    out = tmp_path / "out"
+    assert [run.run_id for run in pending_runs(sweep, out)] == ["seed=0", "seed=1"]
+    for run, status in zip(sweep.runs, ("completed", "failed")):
+        (out / "runs" / run.run_id).mkdir(parents=True)
+        (out / "runs" / run.run_id / "outcome.json").write_text(
+            json.dumps({"status": status, "error": "", "run-seconds": 1.0, "config": _comparable(run.config)}))
+    assert pending_runs(sweep, out) == []
+    assert [run.run_id for run in pending_runs(sweep, out, retry_failed=True)] == ["seed=1"]
+
+    started = []
+    monkeypatch.setattr(sweep_module.LocalRayCluster, "__enter__", lambda self: started.append(self.enabled) or None)
+    monkeypatch.setattr(sweep_module.LocalRayCluster, "__exit__", lambda self, *exc: None)
+    sweep_module.main([str(tmp_path / "sweep.toml"), "--out", str(out), "--no-progress"])
+    assert started == [False]  # nothing to run: no Ray cluster for the job

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from experiments.output_dir import create_output_dir
 from experiments.analysis.interpolation import parse_model_spec, pick_model
 from experiments.analysis.landscape import Plane, evaluate_plane, model_scorer
 from experiments.analysis.runs import (
@@ -234,13 +235,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--out", type=Path, default=None, help="folder for the tables (default: the first run's analysis/)")
     args = parser.parse_args(argv)
+    if args.out is not None:  # a bad folder is named before any model is read
+        args.out = create_output_dir(args.out, "--out")
     for name in ("batches", "batch_size", "max_iter", "top_n"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: allowed: an integer >= 1")
     top_n = max(args.top_n, 2 if args.surface else 1)
     runs = find_runs(args.runs)
     out = args.out or runs[0].output_dir
-    out.mkdir(parents=True, exist_ok=True)
     rows, block_rows, pair_rows = [], [], []
     for run in tqdm(runs, desc="runs", unit="run", disable=len(runs) == 1):
         picked = pick_model(run, args.model)

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from experiments.output_dir import create_output_dir
 from experiments.analysis.runs import (
     AnalysisRun, ThetaSpace, find_runs, finished, pyplot, save_figure, save_table, theta_space, tool_parser,
 )
@@ -98,11 +99,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--batch-size", type=int, default=1024)
     args = parser.parse_args(argv)
+    if args.out is not None:  # a bad folder is named before any model is read
+        args.out = create_output_dir(args.out, "--out")
     try:
         start, stop, points = args.alphas.split(",")
         alphas = np.linspace(float(start), float(stop), int(points))
     except ValueError:
-        raise ValueError(f"--alphas {args.alphas!r}: allowed: START,STOP,POINTS such as -0.5,1.5,41") from None
+        alphas = np.empty(0)
+    if len(alphas) < 2 or not np.isfinite(alphas).all():
+        raise ValueError(f"--alphas {args.alphas!r} is not allowed; allowed: START,STOP,POINTS with POINTS >= 2, "
+                         "such as -0.5,1.5,41")
     runs = find_runs(args.runs)
     curves, skipped = [], []
     for run in runs:
@@ -122,7 +128,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ValueError(f"no run has both a {args.a!r} and a {args.b!r} model; runs without averaging have no 'averaged'")
     table = pd.concat(curves, ignore_index=True)
     out = args.out or runs[0].output_dir
-    out.mkdir(parents=True, exist_ok=True)
     save_table(table[["run", "a", "b", "alpha", "loss", "error"]], out / "interpolation.csv")
     dataset = runs[0].config["dataset"]
     save_figure(plot_curves(table, args.a, args.b, f"{dataset}: linear interpolation from {args.a} (α=0) to {args.b} (α=1)"),

@@ -22,6 +22,8 @@ as a white cross::
 
 from __future__ import annotations
 
+import argparse
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -168,11 +170,22 @@ def client_stages(run: AnalysisRun, requested: Sequence[int] | None) -> list[int
     return [first, middle, last]
 
 
+def three_rounds(text: str) -> list[int]:
+    """``--stages``: three comma-separated round numbers."""
+    try:
+        rounds = [int(v) for v in text.split(",")]
+    except ValueError:
+        rounds = []
+    if len(rounds) != 3 or min(rounds) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: three comma-separated saved rounds, e.g. 10,20,30")
+    return rounds
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = tool_parser("landscape", __doc__)
     parser.add_argument("run", help="a run directory with saved models")
     parser.add_argument("--points", type=int, default=21, help="grid points per axis (default 21)")
-    parser.add_argument("--stages", type=lambda s: [int(v) for v in s.split(",")], default=None,
+    parser.add_argument("--stages", type=three_rounds, default=None,
                         help="three saved rounds for the client-model panels (default: first, middle, last)")
     parser.add_argument("--seed", type=int, default=0, help="which three client models a panel draws")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
@@ -182,8 +195,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.points < 3:
         raise ValueError(f"--points {args.points}: allowed: an integer >= 3")
-    if args.stages is not None and len(args.stages) != 3:
-        raise ValueError(f"--stages {args.stages}: allowed: three comma-separated rounds")
     run = AnalysisRun.open(args.run)
     rng = np.random.default_rng(args.seed)
     sets = []

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from experiments.output_dir import create_output_dir
 from experiments.analysis.runs import AnalysisRun, find_runs, finished, pyplot, save_figure, save_table, tool_parser
 
 
@@ -79,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=10, help="trailing window of the round-to-round noise")
     parser.add_argument("--out", type=Path, default=None, help="folder for the figure and table (default: the first run's analysis/)")
     args = parser.parse_args(argv)
+    if args.out is not None:  # a bad folder is named before any model is read
+        args.out = create_output_dir(args.out, "--out")
     if args.last < 1 or args.window < 1:
         raise ValueError(f"--last {args.last}, --window {args.window}: allowed: integers >= 1")
     runs = find_runs(args.runs)
@@ -100,7 +103,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = pd.DataFrame(rows)
     grouped = table.groupby(["curve", "averaged"], sort=False)[["last-mean", "noise"]].agg(["mean", "std", "count"])
     out = args.out or runs[0].output_dir
-    out.mkdir(parents=True, exist_ok=True)
     save_table(table, out / "stability.csv")
     save_figure(plot_stability(curves, args.window, f"{runs[0].config['dataset']}: learning curves"), out / "stability.png")
     print(grouped.to_string(), flush=True)
