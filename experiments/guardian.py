@@ -1,7 +1,7 @@
 """``python -m experiments.guardian LAUNCHER_PID LAUNCHER_START HOME OUT_DIR``: wait while
 the launcher runs; once it is gone, stop every process of the run (those whose
-FLWR_HOME is under HOME), mark the run's summaries in OUT_DIR ``killed`` and remove
-HOME. SIGTERM (the launcher ending normally) ends it without stopping anything. See
+FLWR_HOME is under HOME), mark the run's summaries in OUT_DIR ``killed``, remove
+HOME and the run's Ray session folder. SIGTERM (the launcher ending normally) ends it without stopping anything. See
 experiments/processes.py."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from experiments.output_dir import mark_abandoned_summaries
-from experiments.processes import GUARD_POLL_S, same_process_alive, stop_home
+from experiments.processes import GUARD_POLL_S, ray_sessions, remove_finished_ray_sessions, same_process_alive, stop_home
 
 
 def main(argv: list[str]) -> int:
@@ -21,6 +21,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
+    sessions_before = ray_sessions()  # the guardian starts before the run's Ray
     while same_process_alive(launcher, started):
         time.sleep(GUARD_POLL_S)
     # The launcher is gone: nothing of its run may go on (nor write into its folder).
@@ -28,6 +29,7 @@ def main(argv: list[str]) -> int:
     stop_home(home)
     mark_abandoned_summaries(out_dir, str(launcher), "its processes stopped by the run's guardian")
     shutil.rmtree(home, ignore_errors=True)
+    remove_finished_ray_sessions(sessions_before)
     return 0
 
 

@@ -32,6 +32,8 @@ from experiments.processes import (
     deferred_interrupts,
     process_table,
     process_tree,
+    ray_sessions,
+    remove_finished_ray_sessions,
     start_guardian,
     stop_guardian,
     stop_home,
@@ -418,6 +420,7 @@ def _launch_locked(
     run_config_path.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in config.items()))
 
     launched_at = time.time()
+    sessions_before = ray_sessions()
     http_port, control_port = _free_port(), _free_port()
     bin_dir = Path(sys.executable).parent
     log_path = out_dir / "flwr.log"
@@ -450,6 +453,7 @@ def _launch_locked(
                 stop_home(flwr_home)  # what left the SuperLink's tree (Ray's agents)
                 if interrupted:  # recorded once the ServerApp is stopped: its rows are final
                     end_summary(out_dir, config, "interrupted", "stopped by Ctrl-C or SIGTERM")
+                remove_finished_ray_sessions(sessions_before)  # Ray's logs and sockets of this run
                 stop_guardian(guardian)
 
     summary = _read_summary(out_dir)

@@ -22,6 +22,7 @@ A launcher that ends normally stops its guardian first.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -152,6 +153,25 @@ def stop_home(home: Path | str, grace: float = 1.0) -> list[int]:
     if roots:
         stop_process_tree(roots, grace=grace)
     return roots
+
+
+def ray_sessions() -> set[Path]:
+    """Ray's session folders on this machine (``$RAY_TMPDIR/ray/session_*``, default /tmp)."""
+    root = Path(os.environ.get("RAY_TMPDIR", "/tmp")) / "ray"
+    return {path for path in root.glob("session_2*") if path.is_dir()} if root.is_dir() else set()
+
+
+def remove_finished_ray_sessions(before: set[Path]) -> None:
+    """Remove the Ray session folders made since ``before`` whose Ray has ended: a session's
+    name ends with the PID of the process that started its Ray (the run's simulation
+    process or the job's cluster holder), so one still running, another job's, is kept."""
+    for session in ray_sessions() - before:
+        try:
+            owner = int(session.name.rsplit("_", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        if not alive(owner):
+            shutil.rmtree(session, ignore_errors=True)
 
 
 def start_guardian(home: Path, out_dir: Path) -> subprocess.Popen:

@@ -30,6 +30,8 @@ import socket
 import subprocess
 import sys
 
+from experiments.processes import ray_sessions, remove_finished_ray_sessions
+
 
 class RayClusterUnreachable(ConnectionError):
     """No Ray cluster answers at the given address."""
@@ -76,6 +78,7 @@ class LocalRayCluster:
     def __enter__(self) -> str | None:
         if not self.enabled:
             return None
+        self.sessions_before = ray_sessions()
         env = {**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}  # as the launcher gives `flwr run`
         self.holder = subprocess.Popen(
             [sys.executable, "-m", "experiments.ray_cluster", str(self.num_cpus)], stdin=subprocess.PIPE,
@@ -100,6 +103,7 @@ class LocalRayCluster:
         except subprocess.TimeoutExpired:
             holder.kill()
             holder.wait()
+        remove_finished_ray_sessions(self.sessions_before)
 
 
 def hold_cluster(num_cpus: int) -> None:

@@ -17,7 +17,7 @@ import torch
 
 from experiments.launch import APP_DIR, launch, resolve_config
 from experiments.output_dir import LOCK_FILE
-from experiments.processes import processes_of_home
+from experiments.processes import processes_of_home, ray_sessions
 
 # 4 clients, 2 per round, 16 rounds of ~0.15 s (4 epochs of batches of 4), a checkpoint
 # every 2: killed after round 3 or so, the resumed run redoes the rounds after its last checkpoint.
@@ -50,6 +50,7 @@ def uninterrupted(tmp_path_factory) -> pd.DataFrame:
 @pytest.mark.parametrize("way", WAYS)
 def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(tmp_path, uninterrupted, way):
     out = tmp_path / "run"
+    sessions = ray_sessions()
     launcher = subprocess.Popen(_command(out), cwd=APP_DIR, start_new_session=True, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(APP_DIR)})
     try:
@@ -85,10 +86,12 @@ def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(tm
     time.sleep(1.0)
     assert _rows(out / "results.csv") == rows_after_death  # nothing writes into the folder any more
     assert not Path(home).exists()
+    assert ray_sessions() <= sessions  # nor the killed run's Ray session folder
 
     resumed = subprocess.run(_command(out), cwd=APP_DIR, capture_output=True, text=True, timeout=300,
                              env={**os.environ, "PYTHONPATH": str(APP_DIR)})
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert ray_sessions() <= sessions  # the run's Ray session folder (logs, sockets) is removed
     rows, final = uninterrupted
     results = pd.read_csv(out / "results.csv")
     assert results["round"].tolist() == list(range(1, 17))  # each round once
