@@ -176,6 +176,7 @@ SCHEMA: dict[str, Option] = {
     "output-dir": Option(str, "a directory path, or '' for ~/basin-runs/<run id>"),
     "round-timeout": Option(float, "a number of seconds > 0 (a client without a reply by then counts as failed; in a simulation the first round after a start also gets node-timeout, for the client processes to start)", lambda v: v > 0),
     "node-timeout": Option(float, f"a number of seconds >= {MIN_NODE_TIMEOUT_S:g} (wait this long for num-clients nodes to connect and report their partition, then fail; client processes take seconds to start)", lambda v: v >= MIN_NODE_TIMEOUT_S),
+    "dead-nodes": Option(str, "'sample' (a node Flower reports unavailable keeps its partition in the seeded sampling, counted failed when drawn: the cohorts stay the config's) or 'skip' (its partition is left out of the sampling until it rejoins; cohorts then depend on when nodes died)", lambda v: v in ("sample", "skip")),
     "min-replies": Option(int, "an integer >= 1, at most the cohort size (a round with fewer accepted replies is skipped)", lambda v: v >= 1),
     "checkpoint-every": Option(int, "an integer >= 0 (write output-dir/checkpoint.pt every k rounds and after the last; 0 = never)", lambda v: v >= 0),
     "save-models-every": Option(int, "an integer >= 0 (save the base, averaged and client models to output-dir/models every k rounds, after the last save-models-last rounds and at the end; 0 = never)", lambda v: v >= 0),

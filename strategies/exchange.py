@@ -21,12 +21,26 @@ from flwr.serverapp import Grid
 from clients.simulation_engine import expect_replies, wait_for_reply
 
 
-def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float, max_poll: float = 0.02) -> list[Message]:
+class Replies(list):
+    """A round's replies, and ``destinations``: the node each sent message went to, by
+    message id. An error reply that the SuperLink writes itself (Flower's "Node
+    Unavailable" for a node that stopped sending heartbeats) names the SuperLink as its
+    sender; its ``reply_to_message_id`` finds the node it stands for."""
+
+    def __init__(self, replies: Iterable[Message] = (), destinations: dict[str, int] | None = None):
+        super().__init__(replies)
+        self.destinations = destinations or {}
+
+
+def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float, max_poll: float = 0.02) -> Replies:
     """Push ``messages``; return the replies that arrive within ``timeout`` seconds."""
+    messages = list(messages)
     # A message the SuperLink did not accept gets no id (None): its node simply never replies.
-    pending = {message_id for message_id in grid.push_messages(messages) if message_id}
+    ids = list(grid.push_messages(messages))
+    destinations = {message_id: message.metadata.dst_node_id for message_id, message in zip(ids, messages) if message_id}
+    pending = set(destinations)
     deadline = time.monotonic() + timeout
-    replies: list[Message] = []
+    replies = Replies(destinations=destinations)
     poll = 0.001
     while pending:
         expect_replies()

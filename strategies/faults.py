@@ -27,6 +27,8 @@ from strategies.weighted_mean import array_view
 Layout = dict[str, tuple[int, ...]]
 
 TIMEOUT_REASON = "no reply within round-timeout"
+# Flower's reason (lower case) for a node that stopped sending heartbeats.
+NODE_UNAVAILABLE = "node unavailable"
 # Reasons (lower case) that say a client's process, or the process owning it, died: the
 # machinery failed, not the client's work (Ray's actor errors; Flower's dead SuperNode).
 INFRASTRUCTURE_MARKERS = (
@@ -99,17 +101,24 @@ def screen_replies(
     partition_of_node: Mapping[int, int],
     model_key: str,
     expected: Layout | None,
+    destinations: Mapping[str, int] | None = None,
 ) -> tuple[list[Message], list[ClientFailure]]:
     """Split a round's replies into those fit to aggregate and the clients that failed.
 
     ``sent_to`` maps each node the round addressed to its partition; an addressed node
-    without a reply failed by timeout. Both lists come sorted by partition id, so
-    aggregation sums in the same order in every run and engine.
+    without a reply failed by timeout. A reply from a node the round did not address (the
+    SuperLink's own error for a dead node) stands for the node its message was sent to
+    (``destinations``: {message id: node}, strategies/exchange.Replies), so a dead node is
+    one failure, under its partition, with Flower's reason. Both lists come sorted by
+    partition id, so aggregation sums in the same order in every run and engine.
     """
     partition = {**partition_of_node, **sent_to}
+    destinations = destinations or {}
     accepted, failures, replied = [], [], set()
     for reply in replies:
         node_id = reply.metadata.src_node_id
+        if node_id not in sent_to:
+            node_id = destinations.get(reply.metadata.reply_to_message_id, node_id)
         replied.add(node_id)
         problem = reply_problem(reply, model_key, expected)
         if problem is None:

@@ -20,7 +20,7 @@ from flwr.serverapp import Grid
 from clients import protocol
 from clients.simulation_engine import simulated_partitions
 from strategies.exchange import send_and_receive
-from strategies.faults import ClientFailure, Layout, layout_of, screen_replies
+from strategies.faults import NODE_UNAVAILABLE, ClientFailure, Layout, layout_of, screen_replies
 from strategies.weighted_mean import array_view
 
 
@@ -137,7 +137,8 @@ class CohortSampling:
     seed: int
     min_replies: int = 1
 
-    def bind_partitions(self, partition_of_node: dict[int, int], cohort_size: int, seed: int, min_replies: int = 1) -> None:
+    def bind_partitions(self, partition_of_node: dict[int, int], cohort_size: int, seed: int, min_replies: int = 1,
+                        skip_unavailable: bool = False) -> None:
         if not 1 <= min_replies <= cohort_size:
             raise ValueError(f"min_replies must be between 1 and the cohort size {cohort_size}, got {min_replies}")
         self.partition_of_node = dict(partition_of_node)
@@ -151,6 +152,10 @@ class CohortSampling:
         self.round_failures: list[ClientFailure] = []
         self.round_replies: list[Message] = []
         self.round_status = ""
+        # Nodes Flower has reported unavailable (dead SuperNodes); with skip_unavailable
+        # their partitions are left out of the sampling until they rejoin under a new id.
+        self.skip_unavailable = skip_unavailable
+        self.unavailable_nodes: set[int] = set()
 
     def follow_rejoined_nodes(self, grid: Grid, timeout: float) -> None:
         """Map partitions to the nodes that hold them now.
@@ -175,10 +180,17 @@ class CohortSampling:
             print(f"[basin] partitions {sorted(moved)} now on nodes {sorted(found)} (rejoined)", flush=True)
 
     def sample_partitions(self, server_round: int) -> list[int]:
-        """The sorted partition ids of a round's cohort (depends only on seed and round)."""
+        """The sorted partition ids of a round's cohort: by default from every partition
+        (depends only on seed and round, so a dead node's partition is still sampled and
+        counted failed); with ``skip_unavailable``, from the partitions whose node Flower
+        has not reported unavailable (the cohort then depends on when nodes died)."""
         rng = np.random.default_rng([self.seed, server_round])
-        chosen = rng.choice(len(self.partition_of_node), size=self.cohort_size, replace=False)
-        return sorted(int(p) for p in chosen)
+        if not (self.skip_unavailable and self.unavailable_nodes):
+            chosen = rng.choice(len(self.partition_of_node), size=self.cohort_size, replace=False)
+            return sorted(int(p) for p in chosen)
+        available = sorted(p for n, p in self.partition_of_node.items() if n not in self.unavailable_nodes)
+        chosen = rng.choice(len(available), size=min(self.cohort_size, len(available)), replace=False)
+        return sorted(available[int(i)] for i in chosen)
 
     def configure_train(self, server_round, arrays, config, grid):
         node_of_partition = {p: n for n, p in self.partition_of_node.items()}
@@ -188,8 +200,10 @@ class CohortSampling:
 
     def aggregate_train(self, server_round, replies):
         accepted, self.round_failures = screen_replies(
-            replies, self.sent_to, self.partition_of_node, self.arrayrecord_key, self.sent_layout
+            replies, self.sent_to, self.partition_of_node, self.arrayrecord_key, self.sent_layout,
+            getattr(replies, "destinations", None),
         )
+        self.unavailable_nodes.update(f.node_id for f in self.round_failures if NODE_UNAVAILABLE in f.reason.lower())
         self.round_clients = {"clients-ok": len(accepted), "clients-failed": len(self.round_failures), **client_usage(accepted)}
         self.round_replies = accepted
         if len(accepted) < self.min_replies:

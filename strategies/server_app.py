@@ -137,7 +137,7 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
     schedule = build_client_schedule(config)
     strategy.bind_partitions(
         discover_partitions(grid, config["num-clients"], config["node-timeout"]), cohort_size(config), config["seed"],
-        config["min-replies"],
+        config["min-replies"], skip_unavailable=config["dead-nodes"] == "skip",
     )
     # In a simulation discovery read the engine's map: round 1 is the client processes' first message.
     clients_unasked = simulated_partitions(timeout=0) is not None

@@ -197,3 +197,56 @@ def test_a_round_lost_to_dead_client_processes_is_infrastructure_not_a_client_fa
     assert infrastructure_loss([dead, died, gone]) == dead.reason
     assert infrastructure_loss([dead, raised]) is None  # one client failed at its own work: a skipped round
     assert infrastructure_loss([]) is None
+
+
+def _superlink_unavailable_reply(request):
+    """The error the SuperLink writes itself for a node that stopped sending heartbeats
+    (Flower's own function): its sender is the SuperLink, not the node."""
+    from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
+
+    request.metadata.__dict__["_message_id"] = request.object_id  # as the SuperLink stores a message
+    return create_message_error_unavailable_res_message(request.metadata, "node_unavail")
+
+
+class _RecordingGrid(FakeGrid):
+    """A Grid whose nodes 100, 101 and 103 answer and node 102 is dead (the SuperLink answers for it)."""
+
+    def push_messages(self, messages):
+        self.requests = {}
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = message.object_id
+            self.requests[message.object_id] = message
+        return list(self.requests)
+
+    def pull_messages(self, ids):
+        replies = []
+        for message_id in ids:
+            request = self.requests[message_id]
+            node = request.metadata.dst_node_id
+            replies.append(_superlink_unavailable_reply(request) if node == 102 else
+                           Message(content=RecordDict({"arrays": ArrayRecord({"w": Array(np.ones(2, np.float32))}),
+                                                       "metrics": MetricRecord({"num-examples": 1})}), reply_to=request))
+        return replies
+
+
+@pytest.mark.parametrize("dead_nodes", ["sample", "skip"])
+def test_a_dead_supernode_is_one_failure_under_its_partition_with_flowers_reason(dead_nodes):
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=0)
+    strategy.bind_partitions({100 + p: p for p in range(4)}, 3, seed=0, skip_unavailable=dead_nodes == "skip")
+    grid = _RecordingGrid(range(100, 104))
+    drawn = []  # rounds whose cohort holds the dead node's partition 2
+    for server_round in range(1, 6):
+        cohort = strategy.sample_partitions(server_round)
+        drawn += [server_round] if 2 in cohort else []
+        replies = send_and_receive(grid, strategy.configure_train(server_round, SENT, ConfigRecord(), grid), timeout=1.0)
+        strategy.aggregate_train(server_round, replies)
+        failures = strategy.round_failures
+        if 2 in cohort:  # partition 2's node is dead: one failure, its own, with Flower's reason
+            assert [(f.node_id, f.partition_id) for f in failures] == [(102, 2)]
+            assert "Node Unavailable" in failures[0].reason
+        else:
+            assert failures == []
+    assert strategy.unavailable_nodes == {102}
+    # sample: the seeded cohorts of the config (partition 2 in rounds 1, 3, 4, 5); skip: left
+    # out once Flower reported its node unavailable (round 1).
+    assert drawn == ([1, 3, 4, 5] if dead_nodes == "sample" else [1])
