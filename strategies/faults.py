@@ -29,19 +29,25 @@ Layout = dict[str, tuple[int, ...]]
 TIMEOUT_REASON = "no reply within round-timeout"
 # Flower's reason (lower case) for a node that stopped sending heartbeats.
 NODE_UNAVAILABLE = "node unavailable"
-# Reasons (lower case) that say a client's process, or the process owning it, died: the
-# machinery failed, not the client's work (Ray's actor errors; Flower's dead SuperNode).
-INFRASTRUCTURE_MARKERS = (
+# Reasons (lower case) that say a client's process, or the process owning it, died (Ray's
+# actor errors in a simulation): the machinery failed, not the client's work.
+PROCESS_DEATH_MARKERS = (
     "actor is dead", "owner has died", "actor died", "actordiederror", "rayactorerror", "worker died",
-    "worker unexpectedly exit", "node unavailable",
+    "worker unexpectedly exit",
 )
 
 
-def infrastructure_loss(failures: Iterable[ClientFailure]) -> str | None:
-    """When every failure of a round is a dead process (see INFRASTRUCTURE_MARKERS), the
-    first one's reason; else None (at least one client failed at its own work, or none failed)."""
+def infrastructure_loss(failures: Iterable[ClientFailure], aggregated: bool) -> str | None:
+    """Why a round must not count, or None. A client whose process died (see
+    PROCESS_DEATH_MARKERS) leaves a cohort that is not the config's, even when the others
+    replied: the first such reason. A round that aggregated nothing because every client's
+    node is unavailable (Flower's "Node Unavailable"): that reason. Else None (a dead
+    SuperNode among live ones is an ordinary client failure)."""
     failures = list(failures)
-    if failures and all(any(marker in f.reason.lower() for marker in INFRASTRUCTURE_MARKERS) for f in failures):
+    deaths = [f for f in failures if any(marker in f.reason.lower() for marker in PROCESS_DEATH_MARKERS)]
+    if deaths:
+        return deaths[0].reason
+    if not aggregated and failures and all(NODE_UNAVAILABLE in f.reason.lower() for f in failures):
         return failures[0].reason
     return None
 
@@ -142,8 +148,8 @@ def _first_line(text: str, limit: int = 300) -> str:
 
 
 class ClientProcessesDied(RuntimeError):
-    """Every client of a round failed because its process died: the run stops, and that
-    round is neither recorded as trained nor checkpointed."""
+    """A client of a round failed because its process died (or every client's node is
+    unavailable): the run stops, and that round is neither recorded nor checkpointed."""
 
 
 class NothingTrained(RuntimeError):

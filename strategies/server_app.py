@@ -174,12 +174,12 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
         aggregated, metrics = strategy.aggregate_train(server_round, replies)
         for failure in strategy.round_failures:
             print(f"[basin] round {server_round}: client failed: {failure}", flush=True)
-        lost = infrastructure_loss(strategy.round_failures) if aggregated is None else None
-        if lost:  # not the clients' fault: no skipped round, no checkpoint of it; the run stops
+        lost = infrastructure_loss(strategy.round_failures, aggregated is not None)
+        if lost:  # not the clients' fault: the round is not recorded nor checkpointed; the run stops
             raise ClientProcessesDied(
-                f"round {server_round}: all {len(strategy.round_failures)} clients failed because their processes "
-                f"died ({lost}); the round is not counted as trained and the run stops: start the same command "
-                f"again to resume from its last checkpoint (written every {config['checkpoint-every']} rounds)"
+                f"round {server_round}: clients failed because their processes died ({lost}); the round is not "
+                f"counted and the run stops: start the same command again to resume from its last checkpoint "
+                f"(written every {config['checkpoint-every']} rounds)"
             )
         if aggregated is not None:
             arrays = aggregated

@@ -192,11 +192,16 @@ def test_a_round_lost_to_dead_client_processes_is_infrastructure_not_a_client_fa
 
     dead = ClientFailure(101, 1, "client error: The actor is dead because its owner has died. Owner Id: 01…")
     died = ClientFailure(102, 2, "client error: ray.exceptions.ActorDiedError: The actor died unexpectedly")
-    gone = ClientFailure(103, 3, "Node Unavailable - The destination node failed to report a heartbeat")
+    gone = ClientFailure(103, 3, "Error: Node Unavailable — The destination node failed to report a heartbeat")
     raised = ClientFailure(104, 4, "client error: injected fault: partition 4 raises in round 1")
-    assert infrastructure_loss([dead, died, gone]) == dead.reason
-    assert infrastructure_loss([dead, raised]) is None  # one client failed at its own work: a skipped round
-    assert infrastructure_loss([]) is None
+    assert infrastructure_loss([dead, died], aggregated=False) == dead.reason
+    # One dead client process among replies that arrived: the cohort is not the config's either.
+    assert infrastructure_loss([raised, died], aggregated=True) == died.reason
+    # A dead SuperNode among live ones is an ordinary failure; every node dead is not.
+    assert infrastructure_loss([gone], aggregated=True) is None
+    assert infrastructure_loss([gone], aggregated=False) == gone.reason
+    assert infrastructure_loss([raised], aggregated=False) is None  # a client's own fault: a skipped round
+    assert infrastructure_loss([], aggregated=True) is None
 
 
 def _superlink_unavailable_reply(request):

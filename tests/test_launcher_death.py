@@ -17,7 +17,7 @@ import torch
 
 from experiments.launch import APP_DIR, launch, resolve_config
 from experiments.output_dir import LOCK_FILE
-from experiments.processes import processes_of_home, ray_sessions
+from experiments.processes import process_table, processes_of_home, ray_sessions
 
 # 4 clients, 2 per round, 16 rounds of ~0.15 s (4 epochs of batches of 4), a checkpoint
 # every 2: killed after round 3 or so, the resumed run redoes the rounds after its last checkpoint.
@@ -99,3 +99,41 @@ def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(tm
     model = torch.load(out / "final_model.pt", weights_only=True)
     assert all(torch.equal(model[k], final[k]) for k in final)
     assert not (out / LOCK_FILE).exists()  # a launcher that ends removes its lock
+
+
+def test_client_processes_killed_mid_run_stop_it_without_a_skipped_round_and_it_resumes_exactly(tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(APP_DIR)}
+    launcher = subprocess.Popen(_command(out), cwd=APP_DIR, start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 180
+        while _rows(out / "results.csv") < 3:
+            assert time.monotonic() < deadline and launcher.poll() is None, "the run never reached round 3"
+            time.sleep(0.05)
+        home = (out / LOCK_FILE).read_text().splitlines()[1]
+        table = process_table()
+        clients = [pid for pid in processes_of_home(home) if table.get(pid, (0, 0, ""))[2].startswith("ray::ClientAppActor")]
+        assert clients, "the run's client processes are found"
+        for pid in clients:  # the client processes die, not the launcher
+            os.kill(pid, signal.SIGKILL)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert launcher.returncode == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and "clients failed because their processes died" in summary["error"], summary
+    results = pd.read_csv(out / "results.csv")
+    assert results["round-status"].eq("aggregated").all()  # the lost round is not recorded as a skipped one
+    assert summary["rounds-skipped"] == 0
+
+    resumed = subprocess.run(_command(out), cwd=APP_DIR, capture_output=True, text=True, timeout=300, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rows, final = uninterrupted
+    results = pd.read_csv(out / "results.csv")
+    assert results["round"].tolist() == list(range(1, 17))
+    pd.testing.assert_frame_equal(results.drop(columns=TIMING_COLUMNS), rows.drop(columns=TIMING_COLUMNS), check_exact=True)
+    model = torch.load(out / "final_model.pt", weights_only=True)
+    assert all(torch.equal(model[k], final[k]) for k in final)
