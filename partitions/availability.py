@@ -127,12 +127,12 @@ def _idx_problem(path: Path) -> tuple[str | None, tuple[int, ...], "np.ndarray |
 @lru_cache(maxsize=16)
 def _hub_problem(hub_id: str) -> str | None:
     if Path(hub_id).expanduser().exists():
-        return None
+        return _hub_content_problem(hub_id)
     home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
     cache = Path(os.environ.get("HF_DATASETS_CACHE", home / "datasets"))
     # The datasets library's cache, or the hub client's download cache.
     if (cache / hub_id.replace("/", "___")).exists() or (home / "hub" / f"datasets--{hub_id.replace('/', '--')}").exists():
-        return None
+        return _hub_content_problem(hub_id)
     if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
         return f"hub data set {hub_id!r} is not in the local cache {cache} and the hub is switched off (HF_*_OFFLINE=1)"
     try:
@@ -144,4 +144,24 @@ def _hub_problem(hub_id: str) -> str | None:
             f"hub data set {hub_id!r} cannot be reached ({type(error).__name__}); without the network, "
             f"give a local copy as dataset = 'hf:/path/to/copy' or fill the datasets cache {cache}"
         )
+    return None
+
+
+def _hub_content_problem(hub_id: str) -> str | None:
+    """A hub set on this machine, decoded once (into the cache the ServerApp and the client
+    processes then read, so no work is done twice): what makes it unusable (no train
+    split, no image and label columns of the right types, an empty split), or None."""
+    import datasets
+
+    from partitions.datasets import load_hub_dataset
+
+    datasets.disable_progress_bars()  # the launcher's check prints one line, not the library's bars
+    try:
+        data = load_hub_dataset(hub_id)
+    except Exception as error:  # noqa: BLE001 — the library's words, on one line, with the set's name
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return f"hub data set {hub_id!r} cannot be used: {reason}"
+    for split, labels in (("train", data.y_train), ("test", data.y_test)):
+        if len(labels) == 0:
+            return f"hub data set {hub_id!r} has an empty {split} split; allowed: a split with samples"
     return None

@@ -87,3 +87,23 @@ def build_all(root: Path) -> dict[str, Path]:
         "femnist": femnist_like(root / "femnist"),
         "shakespeare": shakespeare_like(root / "shakespeare"),
     }
+
+
+def damaged_hub_sets(root: Path) -> dict[str, Path]:
+    """Hub-style sets each unusable in one way: no train split, a label column of strings
+    (not a ClassLabel), an empty test split."""
+    rng = np.random.default_rng(0)
+    images = {"image": Image(), "label": ClassLabel(num_classes=2)}
+    sets = {name: root / name for name in ("no-train", "string-labels", "empty-test")}
+    _write(sets["no-train"], "test", {"image": [_image(rng, i % 2, (8, 8)) for i in range(8)], "label": [i % 2 for i in range(8)]},
+           Features(images))
+    _write(sets["string-labels"], "train", {"image": [_image(rng, i % 2, (8, 8)) for i in range(8)],
+                                            "label": [str(i % 2) for i in range(8)]}, Features({"image": Image(), "label": Value("string")}))
+    _write(sets["empty-test"], "train", {"image": [_image(rng, i % 2, (8, 8)) for i in range(8)], "label": [i % 2 for i in range(8)]},
+           Features(images))
+    # datasets cannot write an empty set of images to parquet; pyarrow writes its table (features kept).
+    import pyarrow.parquet as pq
+
+    empty = Dataset.from_dict({"image": [], "label": []}, features=Features(images))
+    pq.write_table(empty.data.table, sets["empty-test"] / "data" / "test-00000-of-00001.parquet")
+    return sets

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from conftest import write_idx, write_tiny_fashion_mnist
+from miniature import damaged_hub_sets
 from experiments.launch import APP_DIR
 from experiments.output_dir import LOCK_FILE, OutputLock, OutputLocked, unique_output_dir
 from strategies.checkpoint import CHECKPOINT_ENTRIES, CHECKPOINT_FORMAT, save_checkpoint
@@ -115,6 +116,10 @@ CASES = [
           ("wrong-dims", "train-images-idx3-ubyte.gz", "holds images of 27×27, not 28×28"),
       ]],
     ("run", [*SMALL, "--set", "dataset=fashion-mnist", "--set", "data-dir={tmp}/short-images"], "19 images but 20 labels"),
+    # damaged hub sets (local copies): named, with what is wrong, before Flower starts
+    ("run", [*SMALL, "--set", "dataset=hf:{tmp}/hub/no-train"], "hub data set '{tmp}/hub/no-train' cannot be used"),
+    ("run", [*SMALL, "--set", "dataset=hf:{tmp}/hub/string-labels"], "needs an Image and a ClassLabel column"),
+    ("run", [*SMALL, "--set", "dataset=hf:{tmp}/hub/empty-test"], "hub data set '{tmp}/hub/empty-test' cannot be used"),
     ("run", [*SMALL, "--set", "dataset=fashion-mnist", "--set", "data-dir={tmp}/short-labels"], "20 images but 12 labels"),
     # data: missing, truncated, unreachable
     ("run", [*SMALL, "--set", "dataset=fashion-mnist", "--set", "data-dir={tmp}/nowhere"], "{tmp}/nowhere"),
@@ -231,6 +236,7 @@ def hostile_files(tmp_path_factory) -> Path:
     }
     for name, damage in damaged.items():
         damage(write_tiny_fashion_mnist(tmp / name))
+    damaged_hub_sets(tmp / "hub")
     images = write_tiny_fashion_mnist(tmp / "truncated") / "train-images-idx3-ubyte.gz"
     images.write_bytes(images.read_bytes()[:-40])
     (tmp / "locked").mkdir()
