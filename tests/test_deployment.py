@@ -87,3 +87,36 @@ def test_tls_with_supernode_authentication_admits_registered_nodes_only(tmp_path
     assert f"Uvicorn running on https://127.0.0.1:{federation.port}" in (out / "superlink.log").read_text()
     entry = cli_config["superlink"][federation.name]
     assert "insecure" not in entry and entry["root-certificates"].endswith("ca.crt")
+
+
+@pytest.mark.slow
+def test_a_dead_supernode_is_one_failure_a_round_under_its_partition(tmp_path):
+    """One of 4 SuperNodes killed (with its children) after round 2: every later round counts
+    it once, as partition 2 on its own node, and the run goes on with 3. (Flower's SuperLink
+    answers "Node Unavailable" for it only after missing its heartbeats, which took longer
+    than this test's rounds here; that reply's attribution is tested with Flower's own error
+    message in tests/test_faults.py.)"""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from experiments.processes import stop_process_tree
+
+    config = resolve_config({**SHORT, "num-clients": 4, "participation": 1.0, "min-replies": 2, "num-rounds": 5,
+                             "round-timeout": 15.0})
+    out = tmp_path / "run"
+    with LocalFederation(out) as federation, ThreadPoolExecutor(max_workers=1) as pool:
+        nodes = federation.start_supernodes(4)
+        dead = nodes[2].node_id
+        running = pool.submit(federation.run, config, out, False)
+        deadline = time.monotonic() + 300
+        while not (out / "results.csv").is_file() or len((out / "results.csv").read_text().splitlines()) < 3:
+            assert time.monotonic() < deadline and not running.done(), "the run never reached round 2"
+            time.sleep(0.1)
+        stop_process_tree([nodes[2].process.pid])
+        killed_after = len((out / "results.csv").read_text().splitlines()) - 1
+        summary = running.result(timeout=600)
+    assert summary["status"] == "completed"
+    rows = pd.read_csv(out / "results.csv")
+    later = rows[rows["round"] > killed_after + 1]  # the round under way when it died may still have its reply
+    assert (later["clients-failed"] == 1).all() and (later["clients-ok"] == 3).all()
+    assert all(failure.startswith(f"partition 2 (node {dead}): ") and ";" not in failure for failure in later["failures"])
