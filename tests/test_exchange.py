@@ -23,16 +23,22 @@ class ScriptedGrid:
         return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=f"m{k}")) for k in ready]
 
 
+def _messages(count: int) -> list[SimpleNamespace]:
+    """Stand-ins for a round's messages: the exchange reads their destination node only."""
+    return [SimpleNamespace(metadata=SimpleNamespace(dst_node_id=100 + k)) for k in range(count)]
+
+
 def test_collects_every_reply_once_polling_until_the_last():
     grid = ScriptedGrid(4)
-    replies = send_and_receive(grid, [object()] * 4, timeout=10)
+    replies = send_and_receive(grid, _messages(4), timeout=10)
     assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1", "m2", "m3"]
     assert grid.pulls == 4
+    assert replies.destinations == {"m0": 100, "m1": 101, "m2": 102, "m3": 103}  # message id → node it went to
 
 
 def test_stops_at_the_timeout_with_the_replies_it_has():
     grid = ScriptedGrid(3, never={2})
     started = time.monotonic()
-    replies = send_and_receive(grid, [object()] * 3, timeout=0.2)
+    replies = send_and_receive(grid, _messages(3), timeout=0.2)
     assert 0.2 <= time.monotonic() - started < 1.0
     assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1"]

@@ -206,7 +206,8 @@ def test_a_stored_reply_ends_the_servers_wait_at_once(monkeypatch):
         while state.store_message_res.__name__ == "store_message_res":  # the scan wraps the store first
             threading.Event().wait(0.01)
         started = time.monotonic()
-        replies = send_and_receive(EngineGrid(), [object()], timeout=10, max_poll=30)
+        replies = send_and_receive(EngineGrid(), [SimpleNamespace(metadata=SimpleNamespace(dst_node_id=1))], timeout=10,
+                                   max_poll=30)
         waited = time.monotonic() - started
     finally:
         stop.set()

@@ -23,7 +23,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: python -m experiments.analysis TOOL [--help]\n{given}tools: {', '.join(TOOLS)}", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     tool = importlib.import_module(TOOLS[argv[0]])
-    return guarded(lambda: tool.main(argv[1:]))
+    try:
+        return guarded(lambda: tool.main(argv[1:]))
+    except SystemExit as exit:  # argparse's refusal (one "error:" line) or --help, as an exit code
+        return int(exit.code or 0)
 
 
 if __name__ == "__main__":
