@@ -37,7 +37,6 @@ from experiments.processes import (
     start_guardian,
     stop_guardian,
     stop_home,
-    stop_process_tree,
 )
 from experiments.ray_cluster import check_ray_address
 from strategies.checkpoint import read_checkpoint, run_identity
@@ -288,17 +287,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _stop_superlink(port: int) -> None:
-    """Stop the SuperLink ``flwr run`` started on ``port`` and everything under it.
-
-    An interrupted run leaves the SuperLink's SuperExec, the simulation and its Ray
-    processes behind (Ray's agents outlive their parent), so the whole tree and the
-    process groups it created are terminated, then killed if they linger.
-    """
-    table = process_table()
-    stop_process_tree(_superlinks(port, table), table)
-
-
 def _simulation_running(port: int) -> bool:
     """Whether the simulation process (it hosts the ServerApp) of the SuperLink on ``port`` runs."""
     table = process_table()
@@ -449,8 +437,9 @@ def _launch_locked(
             with deferred_interrupts():
                 if "process" in locals() and process.poll() is None:
                     process.terminate()
-                _stop_superlink(http_port)
-                stop_home(flwr_home)  # what left the SuperLink's tree (Ray's agents)
+                # The SuperLink, its SuperExec, the simulation and Ray's processes (which leave
+                # the SuperLink's tree): all of them, and only them, have the run's FLWR_HOME.
+                stop_home(flwr_home)
                 if interrupted:  # recorded once the ServerApp is stopped: its rows are final
                     end_summary(out_dir, config, "interrupted", "stopped by Ctrl-C or SIGTERM")
                 remove_finished_ray_sessions(sessions_before)  # Ray's logs and sockets of this run

@@ -69,7 +69,8 @@ def process_tree(roots: list[int], table: ProcessTable) -> set[int]:
 def stop_process_tree(roots: list[int], table: ProcessTable | None = None, grace: float = 1.0) -> None:
     """Terminate ``roots``, their descendants and the process groups they created.
 
-    SIGTERM first, SIGKILL after ``grace`` seconds; process groups are killed as a whole so
+    SIGTERM first, SIGKILL after ``grace`` seconds (then waits, at most a second, until they
+    are gone); process groups are killed as a whole so
     that processes which left the tree (Ray's agents outlive their parent) go too. The tree
     is collected before signalling, as children are re-parented once their parent exits;
     ``table`` is a snapshot from :func:`process_table` (taken now if not given).
@@ -87,6 +88,11 @@ def stop_process_tree(roots: list[int], table: ProcessTable | None = None, grace
             os.killpg(group, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             continue
+    # SIGKILL is delivered asynchronously: return once they are gone (what follows, e.g.
+    # removing a Ray session whose owner must be dead, relies on it), at most a second.
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline and any(alive(pid) for pid in tree):
+        time.sleep(0.02)
 
 
 def signal_all(pids: set[int], signum: int) -> None:

@@ -73,6 +73,8 @@ def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(tm
         while processes_of_home(home) and time.monotonic() - died < 10:
             time.sleep(0.1)
         stopped_within = time.monotonic() - died
+        while Path(home).exists() and time.monotonic() - died < 10:  # the guardian's last step: its clean-up is done
+            time.sleep(0.05)
         left = processes_of_home(home)
         assert not left, f"left running {stopped_within:.1f} s after the launcher's death: {left}"
     finally:
@@ -81,7 +83,12 @@ def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(tm
             launcher.wait()
     assert stopped_within < 5
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == ("interrupted" if way == "ctrl-c-twice" else "killed"), summary
+    if way == "sighup-group" and summary["status"] == "failed":
+        # SIGHUP reaches the whole group, Ray's client processes too: the ServerApp may see
+        # them die and record that (ClientProcessesDied) before the guardian stops it.
+        assert "clients failed because their processes died" in summary["error"], summary
+    else:
+        assert summary["status"] == ("interrupted" if way == "ctrl-c-twice" else "killed"), summary
     rows_after_death = _rows(out / "results.csv")
     time.sleep(1.0)
     assert _rows(out / "results.csv") == rows_after_death  # nothing writes into the folder any more
