@@ -15,6 +15,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from clients import protocol
+from clients.arithmetic import fix_arithmetic
 from clients.client_app import partition_of
 from clients.data import client_tensors
 from clients.faults import inject_faults
@@ -40,6 +41,7 @@ def _received_model_and_data(msg: Message, context: Context) -> tuple[torch.devi
     run_config = context.run_config
     partition_id, num_partitions = partition_of(context)
     device = select_device(str(run_config["device"]))
+    fix_arithmetic(int(run_config["torch-threads"]), device, bool(run_config["cuda-deterministic"]))
     x, y = client_tensors(tuple(sorted(run_config.items())), partition_id, num_partitions, str(device))
     data = load_dataset(str(run_config["dataset"]), str(run_config["data-dir"]), bool(run_config["normalize"]))
     model_name = resolve_model_name(str(run_config["model"]), str(run_config["dataset"]))

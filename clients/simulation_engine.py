@@ -9,7 +9,9 @@ flwr/server/superlink/fleet/vce/vce_api.py). Every round's training messages wai
 that sleep: most of the 0.12 s of engine overhead per round, for rounds that take
 0.4 s of client compute on a GPU. :func:`add_messages_to_queue_on_store` is the same
 scan, woken by the link state's ``store_message_ins`` (the in-memory state the ServerApp
-and the engine share), with Flower's 0.1 s as the longest wait.
+and the engine share), with Flower's 0.1 s as the longest wait, asking only the nodes
+that messages were stored for: its cost per round follows the cohort, not the number of
+simulated nodes.
 
 It is installed by importing the ClientApp module, which Flower does in the simulation
 process before it starts that thread (``start_vce`` loads the ClientApp, then calls
@@ -30,9 +32,20 @@ thread of ``flwr-simulation``), so client discovery costs no ``query`` round tri
 every client process (2.8 s for 100 nodes on 2 CPU cores, waiting for the client
 processes to start). A deployed ServerApp, or one with the switch off, asks the nodes.
 
-The replacement is
-written for one Flower release and the exact source of the function it replaces: on any
-other, the ClientApp fails to load with :class:`EngineMismatch`, which says what to do
+Flower's ``_register_node_info_stores`` builds each simulated node's context by reading
+and validating the app's ``pyproject.toml`` again, once per node, and keeps two copies of
+the run config per node: at 10,000 clients that was ~13 s more before round 1 and ~10
+MiB more memory per 100 clients. :func:`register_node_info_stores_once` builds the same
+stores from one read, all nodes sharing one run config (a client process receives its
+own copy with every message, and the engine checks a returned context against it, as
+before). It is installed when ``strategies`` is imported in the simulation process: the
+ServerApp's thread does that first, while Flower registers the nodes; when the thread
+comes too late (a small federation, registered in milliseconds) Flower's own runs,
+which costs little there; the run's log says which ran.
+
+The replacements are
+written for one Flower release and the exact source of the functions they replace: on
+any other, the ClientApp fails to load with :class:`EngineMismatch`, which says what to do
 (``BASIN_ENGINE_WAKEUP=off`` runs Flower's engine unchanged). Installed files are never
 edited.
 """
@@ -51,8 +64,13 @@ from typing import Any
 
 ENGINE_MODULE = "flwr.server.superlink.fleet.vce.vce_api"
 FLOWER_VERSION = "1.41.0"
-# SHA-256 of Flower 1.41.0's ``inspect.getsource(vce_api.add_messages_to_queue)``.
-FLOWER_SOURCE_SHA256 = "953f4bd41a931a7779a4a670ab17b633f6e20b08a0128535328674466419777a"
+# SHA-256 of Flower 1.41.0's ``inspect.getsource`` of each function replaced here (or,
+# for register_context, copied in spirit: register_node_info_stores_once builds its result).
+FLOWER_SOURCE_SHA256 = {
+    "add_messages_to_queue": "953f4bd41a931a7779a4a670ab17b633f6e20b08a0128535328674466419777a",
+    "_register_node_info_stores": "09f302a270d22f1e1be21483f4e4475824a0e7c66ee93c58d6b696d57b5f2881",
+    "DeprecatedRunInfoStore.register_context": "e506bc9eefe80c326bafa1a64681a612ef77f901d7ea7ff7bebcbb898b2abe4f",
+}
 SWITCH = "BASIN_ENGINE_WAKEUP"
 # Flower's own interval: the longest a scan waits for a store before looking again.
 MAX_WAIT_S = 0.1
@@ -65,6 +83,8 @@ class EngineMismatch(RuntimeError):
 # The running engine's {node id: partition id}, published when its scan thread starts.
 _engine_nodes: dict[int, int] = {}
 _engine_nodes_published = threading.Event()
+# Flower's functions this process replaced, by name (for tests comparing the two).
+replaced: dict[str, Callable] = {}
 # Set whenever the running engine stores a client's reply in the link state.
 _reply_stored = threading.Event()
 
@@ -73,12 +93,15 @@ def add_messages_to_queue_on_store(state, queue: Queue, nodes_mapping: dict[int,
     """Put messages from the link state into the engine's queue, as Flower's function does
     (one per node per scan), scanning again as soon as a message is stored.
 
-    A scan woken by a store asks only the nodes that messages were stored for since
-    (in ``nodes_mapping`` order) and forgets a node once it has nothing left; the state's
-    ``get_message_ins`` checks every stored message for every node it is asked about, so
-    asking all 100 nodes while a round's 10 messages wait cost 1,000 checks per scan,
-    under the lock the ServerApp's stores wait on. When Flower's 0.1 s pass without a
-    store, the scan asks every node, as Flower's does.
+    Only the first scan asks every node (messages stored before the wrapper was in place);
+    every later one asks only the nodes that messages were stored for since (in
+    ``nodes_mapping`` order), and forgets a node once it has nothing left. Every message
+    reaches the state through the wrapped ``store_message_ins``, so no other node can have
+    one. The state's ``get_message_ins`` checks every stored message for every node it is
+    asked about (with a federation look-up each): Flower's scan of all nodes every 0.1 s
+    cost K × (messages in flight) checks per scan, under the lock the ServerApp's stores
+    and pulls wait on. At K = 10,000 clients that was most of a round's overhead, growing
+    with K at a fixed cohort; now a scan costs the cohort, not K.
     """
     stored = threading.Event()
     order = {node_id: index for index, node_id in enumerate(nodes_mapping)}
@@ -96,11 +119,12 @@ def add_messages_to_queue_on_store(state, queue: Queue, nodes_mapping: dict[int,
     print("[basin] simulation engine: messages reach the client processes when stored (clients/simulation_engine.py)",
           flush=True)
     try:
-        woken = False  # the first scan asks every node, as Flower's does
+        first = True  # the first scan asks every node, as Flower's does
         while not f_stop.is_set():
             stored.clear()  # before the scan: a message stored during it wakes the next one
             with waiting_lock:
-                nodes = sorted(waiting, key=lambda node: order.get(node, len(order))) if woken else list(nodes_mapping)
+                nodes = list(nodes_mapping) if first else sorted(waiting, key=lambda node: order.get(node, len(order)))
+            first = False
             found = False
             for node_id in nodes:
                 with waiting_lock:  # a store for this node after an empty answer keeps it waiting
@@ -110,8 +134,8 @@ def add_messages_to_queue_on_store(state, queue: Queue, nodes_mapping: dict[int,
                 for message in messages:
                     queue.put(message)
                     found = True
-            # a node with several messages gets the next one without waiting
-            woken = found or stored.wait(MAX_WAIT_S)
+            if not found:  # a node with several messages gets the next one without waiting
+                stored.wait(MAX_WAIT_S)
     finally:  # the map describes this engine only while it runs
         _engine_nodes_published.clear()
         _engine_nodes.clear()
@@ -134,16 +158,60 @@ def signalling(store, event: threading.Event, before_signal: Callable[[Any], Non
     return store_and_signal
 
 
+def register_node_info_stores_once(nodes_mapping: dict[int, int], run, app_dir: str | None = None) -> dict:
+    """Flower's ``_register_node_info_stores`` (a ``DeprecatedRunInfoStore`` per node, its
+    run's context registered), reading the app's run config once for all nodes instead of
+    once per node, and sharing it (see the module docstring)."""
+    from flwr.compat.client.run_info_store import DeprecatedRunInfoStore, RunInfo
+    from flwr.app import Context, RecordDict
+
+    engine = sys.modules[ENGINE_MODULE]
+    stores: dict[int, DeprecatedRunInfoStore] = {}
+    num_partitions = len(set(nodes_mapping.values()))
+    run_config = None
+    for node_id, partition_id in nodes_mapping.items():
+        store = DeprecatedRunInfoStore(
+            node_id=node_id,
+            node_config={engine.PARTITION_ID_KEY: partition_id, engine.NUM_PARTITIONS_KEY: num_partitions},
+        )
+        if run_config is None:  # Flower's own registration, once
+            store.register_context(run_id=run.run_id, run=run, app_dir=app_dir)
+            run_config = store.run_infos[run.run_id].initial_run_config
+        else:
+            context = Context(run_id=run.run_id, node_id=node_id, node_config=store.node_config, state=RecordDict(),
+                              run_config=run_config)
+            store.run_infos[run.run_id] = RunInfo(initial_run_config=run_config, context=context)
+        stores[node_id] = store
+    print(f"[basin] simulation engine: {len(stores)} node contexts from one read of the run config "
+          "(clients/simulation_engine.py)", flush=True)
+    return stores
+
+
+register_node_info_stores_once.installed_by_basin = True
+
+
 def install_engine_wakeup() -> bool:
-    """Replace the engine's ``add_messages_to_queue`` in this process when it runs
-    Flower's simulation engine; True when the replacement is in place."""
+    """Install this module's replacements in this process when it runs Flower's
+    simulation engine; True when they are in place."""
     engine = sys.modules.get(ENGINE_MODULE)
     if engine is None or os.environ.get(SWITCH, "on") == "off":
         return False
-    if getattr(engine.add_messages_to_queue, "installed_by_basin", False):
+    replacements = {"_register_node_info_stores": register_node_info_stores_once,
+                    "add_messages_to_queue": add_messages_to_queue_on_store}
+    missing = {name: f for name, f in replacements.items() if not getattr(getattr(engine, name), "installed_by_basin", False)}
+    if not missing:
         return True
-    check_engine(version("flwr"), inspect.getsource(engine.add_messages_to_queue))
-    engine.add_messages_to_queue = add_messages_to_queue_on_store
+    from flwr.compat.client.run_info_store import DeprecatedRunInfoStore
+
+    flower_version = version("flwr")
+    # register_node_info_stores_once registers the first node's context with this method
+    check_engine(flower_version, inspect.getsource(DeprecatedRunInfoStore.register_context),
+                 "DeprecatedRunInfoStore.register_context")
+    for name in missing:
+        check_engine(flower_version, inspect.getsource(getattr(engine, name)), name)
+    for name, replacement in missing.items():
+        replaced[name] = getattr(engine, name)
+        setattr(engine, name, replacement)
     return True
 
 
@@ -170,15 +238,15 @@ def simulated_partitions(timeout: float) -> dict[int, int] | None:
     return dict(_engine_nodes)
 
 
-def check_engine(flower_version: str, source: str) -> None:
-    """Raise EngineMismatch unless this is the Flower release and function source the
-    replacement was written for."""
+def check_engine(flower_version: str, source: str, function: str = "add_messages_to_queue") -> None:
+    """Raise EngineMismatch unless this is the Flower release and ``function``'s source
+    the replacement was written for."""
     found = hashlib.sha256(source.encode()).hexdigest()
-    if flower_version != FLOWER_VERSION or found != FLOWER_SOURCE_SHA256:
+    if flower_version != FLOWER_VERSION or found != FLOWER_SOURCE_SHA256[function]:
         raise EngineMismatch(
-            f"Basin's engine wake-up (clients/simulation_engine.py) replaces {ENGINE_MODULE}.add_messages_to_queue "
+            f"Basin's engine changes (clients/simulation_engine.py) replace {ENGINE_MODULE}.{function} "
             f"of flwr {FLOWER_VERSION}; this is flwr {flower_version}"
-            + ("" if flower_version != FLOWER_VERSION else " with a different add_messages_to_queue")
+            + ("" if flower_version != FLOWER_VERSION else f" with a different {function}")
             + f". Install flwr=={FLOWER_VERSION} (pyproject.toml pins it), or set {SWITCH}=off to run "
             "Flower's engine unchanged (0.1 s more per round)"
         )

@@ -3,6 +3,7 @@
     python -m experiments.benchmark                          # IMA, Fashion-MNIST shards, 20 rounds
     python -m experiments.benchmark --rounds 3 --device cpu --set data-dir=/path/to/fashion-mnist
     python -m experiments.benchmark --preset none --set num-clients=4 --set participation=0.5 --rounds 3
+    python -m experiments.benchmark --clients --set data-dir=/path/to/fashion-mnist   # K = 100, 1,000, 10,000
 
 One invocation runs one setup (default: preset ``ima-fmnist-shards`` with ``averaging =
 "ima"``, ``avg-start`` at 75 % of the rounds; ``--preset none``: the pyproject defaults,
@@ -33,6 +34,16 @@ equal the bare loop's, else the runs did different work.
 The Flower run uses the run config's ``cuda-graphs`` (default on), ``--gpus-per-client``
 (default auto: a whole cohort of client processes at once) and, with ``--mps``, CUDA MPS;
 compare invocations with ``--set cuda-graphs=false`` and without ``--mps`` for the parts.
+
+``--clients [K,K,…]`` instead measures how a run's cost grows with the number of clients
+K at a fixed cohort (default 100, 1,000 and 10,000 clients, 10 per round, 5 rounds,
+Fashion-MNIST IID, 1 local epoch, batch 50; ``--preset`` and ``--set`` change the setup,
+``--cohort`` and ``--rounds`` the rest): one ``flwr run`` simulation per K, one after
+another, then a table of the wall time, when round 1 starts, round 1's time, the mean
+overhead of rounds 2 … N, and the peak memory of the whole job (the proportional set size
+summed over every process of the run, sampled every 0.5 s), each with its ratio to the
+first K's. An untimed one-round run of the first K comes first (the data set's decode
+cache and the file cache are warm for every row).
 Targets: on one H100 the simulation at ≥ 10× the eager bare loop's throughput; on 2 CPU
 cores Flower's overhead ≤ 0.03 s per round and round 1 within 15 s. Writes ``benchmark.json`` (all figures, config,
 device, versions) and the Flower run's files (``flower/``) into ``--out``.
@@ -45,6 +56,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -54,16 +66,32 @@ from experiments.cli import UsageError, gpu_share, guarded, nonempty_path, paral
 
 DEFAULT_PRESET = "ima-fmnist-shards"
 NO_PRESET = "none"
+DEFAULT_CLIENT_COUNTS = (100, 1_000, 10_000)
+
+
+def client_counts(text: str | tuple[int, ...]) -> tuple[int, ...]:
+    """``--clients``'s comma-separated list of client counts, each >= 1."""
+    if isinstance(text, tuple):
+        return text
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: comma-separated integers >= 1, e.g. 100,1000")
+    return counts
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.benchmark", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--preset", default=DEFAULT_PRESET,
-                        help=f"preset name or TOML file (default {DEFAULT_PRESET}; '{NO_PRESET}': pyproject defaults)")
+    parser.add_argument("--preset", default=None,
+                        help=f"preset name or TOML file (default {DEFAULT_PRESET}; with --clients the setup described "
+                             f"above; '{NO_PRESET}': pyproject defaults)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key")
-    parser.add_argument("--rounds", type=int, default=20, help="num-rounds of both runs (default 20)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="num-rounds of both runs (default 20; with --clients 5)")
     parser.add_argument("--device", help="shortcut for --set device=DEVICE (auto, cpu, cuda)")
     parser.add_argument("--cpus-per-client", type=float, default=1.0, help="Ray CPUs per virtual client (default 1)")
     parser.add_argument("--gpus-per-client", type=gpu_share, default=None, metavar="FRACTION|auto",
@@ -75,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "one at a time and --parallel at once")
     parser.add_argument("--parallel", type=parallel_runs, default=None, metavar="N|auto",
                         help="with --sweep: runs at once in the second pass (default auto; at least 2)")
+    parser.add_argument("--clients", nargs="?", const=DEFAULT_CLIENT_COUNTS, type=client_counts, default=None,
+                        metavar="K,K,…",
+                        help="instead: one run per number of clients K at a fixed cohort, and a table of how "
+                             "start-up, rounds and memory grow with K (default 100,1000,10000)")
+    parser.add_argument("--cohort", type=int, default=10, help="with --clients: clients per round (default 10)")
     parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/benchmark-<time>)")
     return parser
 
@@ -97,7 +130,8 @@ from experiments.launch import (
 )
 from experiments.mps import MpsDaemon, check_mps
 from experiments.ray_cluster import LocalRayCluster
-from experiments.output_dir import OutputLock, create_output_dir, unique_output_dir
+from experiments.output_dir import LOCK_FILE, OutputLock, create_output_dir, unique_output_dir
+from experiments.processes import processes_of_home
 from partitions import load_dataset
 from strategies.config import ConfigError, cohort_size
 from strategies.registry import build_client_schedule
@@ -134,7 +168,7 @@ def config_of(args) -> dict[str, Any]:
     if args.rounds < 1:
         raise UsageError(f"--rounds: {args.rounds} is not allowed; allowed: an integer >= 1")
     overrides = parse_overrides(args.set + ([f"device={args.device}"] if args.device else []))
-    return benchmark_config(args.preset, overrides, args.rounds)
+    return benchmark_config(args.preset or DEFAULT_PRESET, overrides, args.rounds)
 
 
 def synchronize(device: torch.device) -> None:
@@ -269,7 +303,148 @@ def print_report(figures: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return guarded(lambda: (sweep_command if args.sweep else run_command)(args))
+    if args.rounds is None:
+        args.rounds = 5 if args.clients else 20
+    command = clients_command if args.clients else sweep_command if args.sweep else run_command
+    return guarded(lambda: command(args))
+
+
+# --clients: the setup whose cost should depend on the cohort only (every client non-empty
+# at K = 10,000: 6 Fashion-MNIST images each).
+CLIENTS_SETUP = {"dataset": "fashion-mnist", "partition": "iid", "local-epochs": 1, "batch-size": 50,
+                 "min-partition-size": 1, "strategy": "fedavg", "averaging": "none"}
+
+
+def clients_config(args, num_clients: int) -> dict[str, Any]:
+    """The validated run config of one ``--clients`` run: CLIENTS_SETUP (or ``--preset``),
+    ``--set``, then K clients, ``--cohort`` of them per round, ``--rounds``."""
+    if args.rounds < 1 or not 1 <= args.cohort <= num_clients:
+        raise UsageError(f"--rounds {args.rounds} --cohort {args.cohort} with {num_clients} clients is not allowed; "
+                         f"allowed: rounds >= 1, 1 <= cohort <= every --clients count")
+    base = CLIENTS_SETUP if args.preset is None else {} if args.preset == NO_PRESET else load_preset(args.preset)
+    overrides = parse_overrides(args.set + ([f"device={args.device}"] if args.device else []))
+    config = resolve_config(base, overrides, {"num-clients": num_clients, "participation": args.cohort / num_clients,
+                                              "num-rounds": args.rounds})
+    load_dataset(config["dataset"], config["data-dir"])  # missing data fails here, before Flower starts
+    return config
+
+
+class JobMemory:
+    """Peak memory of one run's processes while it runs: the proportional set size (shared
+    pages divided among the processes sharing them) summed over every process of the run's
+    FLWR_HOME, which the launch records in its output directory's lock; sampled every
+    ``interval`` seconds in a thread."""
+
+    def __init__(self, out_dir: Path, interval: float = 0.5):
+        self.out_dir, self.interval = out_dir, interval
+        self.peak_mib = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> JobMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                lines = (self.out_dir / LOCK_FILE).read_text().splitlines()
+            except OSError:
+                continue
+            if len(lines) >= 2:
+                self.peak_mib = max(self.peak_mib, sum(map(proportional_set_mib, processes_of_home(lines[1]))))
+
+
+def proportional_set_mib(pid: int) -> float:
+    """A process's proportional set size in MiB (0 once it has ended)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return 0.0
+
+
+def clients_command(args) -> int:
+    """One Flower run per ``--clients`` count at a fixed cohort, then their table; writes
+    ``benchmark-clients.json``."""
+    configs = [clients_config(args, k) for k in args.clients]  # every setup is checked before the first starts
+    resources = client_resources(configs, args.cpus_per_client, args.gpus_per_client)
+    check_machine(configs, resources)
+    out_dir = create_output_dir(args.out) if args.out else unique_output_dir(Path("runs"), "benchmark-clients")
+    rows = []
+    with OutputLock(out_dir):
+        # Untimed: the first K for one round, so that no row pays for decoding the data set
+        # into its cache or for a cold file cache.
+        print("[benchmark] warm-up run (not measured)", flush=True)
+        try:
+            launch({**configs[0], "num-rounds": 1}, out_dir / "warm-up", resources, progress=sys.stderr.isatty(),
+                   label="warm-up")
+        except RunFailed as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        for config in configs:
+            run_dir = out_dir / f"clients-{config['num-clients']}"
+            print(f"[benchmark] {config['num-clients']:,} clients, {cohort_size(config)} per round, "
+                  f"{config['num-rounds']} rounds", flush=True)
+            started = time.perf_counter()
+            try:
+                with JobMemory(run_dir) as memory:
+                    summary = launch(config, run_dir, resources, progress=sys.stderr.isatty(),
+                                     label=f"K={config['num-clients']}")
+            except RunFailed as error:
+                print(f"error: {error}", file=sys.stderr)
+                return 1
+            rows.append(clients_row(config, pd.read_csv(run_dir / "results.csv"), time.perf_counter() - started,
+                                    summary, memory.peak_mib))
+        figures = {"rows": rows, "device": str(select_device(configs[0]["device"])), "cpu-count": os.cpu_count(),
+                   "resources": dataclasses.asdict(resources), "config": {**configs[0], "num-clients": None,
+                                                                          "participation": None, "output-dir": None}}
+        print_clients_table(rows)
+        (out_dir / "benchmark-clients.json").write_text(json.dumps(figures, indent=2))
+    print(f"results: {out_dir / 'benchmark-clients.json'}")
+    return 0
+
+
+def clients_row(config: dict[str, Any], rows: pd.DataFrame, wall: float, summary: dict[str, Any],
+                peak_mib: float) -> dict[str, Any]:
+    """One ``--clients`` run's figures (seconds, MiB)."""
+    overhead = (rows["train-seconds"] - rows["client-seconds"])[rows["round"] >= 2]
+    return {
+        "clients": config["num-clients"], "cohort": cohort_size(config), "rounds": config["num-rounds"],
+        "wall-seconds": wall, "round-1-starts-seconds": summary.get("startup-seconds"),
+        "round-1-seconds": float(rows["round-seconds"].iloc[0]),
+        "overhead-rounds-2-on-seconds": float(overhead.mean()) if len(overhead) else None,
+        "wall-minus-rounds-seconds": wall - float(rows["round-seconds"].sum()),
+        "peak-memory-mib": peak_mib,
+    }
+
+
+CLIENTS_COLUMNS = (("wall s", "wall-seconds", ".1f"), ("round 1 starts s", "round-1-starts-seconds", ".1f"),
+                   ("round 1 s", "round-1-seconds", ".1f"), ("overhead 2..N s", "overhead-rounds-2-on-seconds", ".3f"),
+                   ("wall - rounds s", "wall-minus-rounds-seconds", ".1f"), ("peak MiB", "peak-memory-mib", ".0f"))
+
+
+def print_clients_table(rows: list[dict[str, Any]]) -> None:
+    """The ``--clients`` table: each figure and, beside it, its ratio to the first row's;
+    then the memory growth per 100 clients."""
+    print(f"{'clients K':>10}" + "".join(f"{title:>24}" for title, _, _ in CLIENTS_COLUMNS))
+    first = rows[0]
+    for row in rows:
+        cells = []
+        for _, key, fmt in CLIENTS_COLUMNS:
+            value, base = row[key], first[key]
+            ratio = f" ({value / base:.2f}x)" if value is not None and base else ""
+            cells.append("n/a" if value is None else f"{value:{fmt}}{ratio}")
+        print(f"{row['clients']:>10,}" + "".join(f"{cell:>24}" for cell in cells))
+    for row in rows[1:]:
+        growth = (row["peak-memory-mib"] - first["peak-memory-mib"]) / (row["clients"] - first["clients"]) * 100
+        print(f"memory K={first['clients']:,} -> {row['clients']:,}: {growth:+.2f} MiB per 100 clients")
 
 
 # The small grid of the sweep mode: the base setup's two label skews, FedAvg with and without IMA.

@@ -5,6 +5,7 @@
     python -m experiments.run --preset ima-fmnist-dir0.1 \\
         --compare strategy=fedavg,fedprox,fedadam,fedyogi --compare averaging=none,ima
     python -m experiments.run --ray-address 10.0.0.5:6379   # clients on an existing Ray cluster
+    python -m experiments.run --check-reproducible runs/a runs/b   # the same bits? (exit 0) where not? (exit 1)
 
 Without arguments, the main job: FedAvg, FedAvg+IMA and FedAvg+WIMA on the embedded
 digits. Each ``--compare KEY=V1,V2`` multiplies the runs (grid). Prints a summary table
@@ -94,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the client processes under CUDA MPS (kernels of different processes run concurrently)")
     parser.add_argument("--ray-address", metavar="HOST:PORT",
                         help="run the clients on this existing Ray cluster (the address `ray start --head` prints)")
+    parser.add_argument("--check-reproducible", nargs=2, type=Path, metavar=("RUN_A", "RUN_B"),
+                        help="compare two finished runs' folders instead: results.csv without its timing columns and "
+                             "final_model.pt bit for bit; prints the first round and tensor where they differ "
+                             "(exit 0: identical, 1: different)")
     parser.add_argument("--list-presets", action="store_true", help="print the presets and what each runs, then exit")
     parser.add_argument("--list-keys", action="store_true",
                         help="print every run-config key, its default and what it allows, then exit")
@@ -123,7 +128,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_presets or args.list_keys:
         print(list_presets() if args.list_presets else list_keys())
         return 0
+    if args.check_reproducible:
+        return guarded(lambda: check_reproducible(*args.check_reproducible))
     return guarded(lambda: run_job(args, sys.argv[1:] if argv is None else argv))
+
+
+def check_reproducible(a: Path, b: Path) -> int:
+    """Print whether two run folders hold the same results and final model (0) or not (1)."""
+    from experiments.reproducible import compare_runs
+
+    try:
+        comparison = compare_runs(a, b)
+    except FileNotFoundError as error:
+        raise UsageError(f"--check-reproducible: {error}") from None
+    print(comparison.report(a, b))
+    return 0 if comparison.identical else 1
 
 
 def run_job(args: argparse.Namespace, argv: list[str]) -> int:

@@ -61,6 +61,9 @@ MAX_ROUNDS, MAX_LOCAL_EPOCHS, MAX_BATCH = 1_000_000, 10_000, 1_000_000
 # crop-flip pads 4 pixels (of the papers' 32-pixel CIFAR images): smaller images lose too much.
 MIN_CROP_FLIP_SIDE = 24
 
+# More torch threads than any machine here has cores is a typo.
+MAX_TORCH_THREADS = 1024
+
 # Flower carries run-config integers as signed 64-bit values.
 INT64_RANGE = (-(2**63), 2**63 - 1)
 # Discovery waits for every client process to start and answer: less cannot succeed.
@@ -173,6 +176,9 @@ SCHEMA: dict[str, Option] = {
     "target-accuracy": Option(float, "a number in [0, 1]", lambda v: 0 <= v <= 1),
     "summary-last-k": Option(int, "an integer >= 1 (rounds averaged in the summary: the paper setup's horizon, the same for every run of a comparison; WIMA's presets 100, the others 10)", lambda v: v >= 1),
     "device": _one_of(*DEVICES),
+    "torch-threads": Option(int, f"an integer from 0 to {MAX_TORCH_THREADS} (torch's intra-op threads in every client process, whatever --cpus-per-client gives a client, so that results do not depend on how the machine is shared; 0 = torch's own choice, which follows Ray's CPUs per client)", lambda v: 0 <= v <= MAX_TORCH_THREADS),
+    "server-torch-threads": Option(int, f"an integer from 0 to {MAX_TORCH_THREADS} (torch's intra-op threads of the ServerApp's aggregation and central evaluation, which run while the clients wait; fixed like torch-threads; 0 = torch's own choice, the machine's cores)", lambda v: 0 <= v <= MAX_TORCH_THREADS),
+    "cuda-deterministic": Option(bool, "true or false (on CUDA: deterministic cuDNN and torch kernels, no TF32, the same bits for any number of processes sharing a GPU; false: cuDNN's fastest kernels and TF32, results may differ in the last bits)"),
     "output-dir": Option(str, "a directory path, or '' for ~/basin-runs/<run id>"),
     "round-timeout": Option(float, "a number of seconds > 0 (a client without a reply by then counts as failed; in a simulation the first round after a start also gets node-timeout, for the client processes to start)", lambda v: v > 0),
     "node-timeout": Option(float, f"a number of seconds >= {MIN_NODE_TIMEOUT_S:g} (wait this long for num-clients nodes to connect and report their partition, then fail; client processes take seconds to start)", lambda v: v >= MIN_NODE_TIMEOUT_S),

@@ -118,7 +118,9 @@ def screen_replies(
     one failure, under its partition, with Flower's reason. Both lists come sorted by
     partition id, so aggregation sums in the same order in every run and engine.
     """
-    partition = {**partition_of_node, **sent_to}
+    def partition_of(node_id: int) -> int:  # the round's nodes first; no O(K) merge per round
+        return sent_to[node_id] if node_id in sent_to else partition_of_node.get(node_id, -1)
+
     destinations = destinations or {}
     accepted, failures, replied = [], [], set()
     for reply in replies:
@@ -130,9 +132,9 @@ def screen_replies(
         if problem is None:
             accepted.append(reply)
         else:
-            failures.append(ClientFailure(node_id, partition.get(node_id, -1), problem))
+            failures.append(ClientFailure(node_id, partition_of(node_id), problem))
     failures.extend(ClientFailure(node, part, TIMEOUT_REASON) for node, part in sent_to.items() if node not in replied)
-    accepted.sort(key=lambda r: partition.get(r.metadata.src_node_id, -1))
+    accepted.sort(key=lambda r: partition_of(r.metadata.src_node_id))
     failures.sort(key=lambda f: f.partition_id)
     return accepted, failures
 

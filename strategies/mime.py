@@ -81,7 +81,7 @@ class Mime(ServerUpdate, InPlaceFedAvg):
         """The round's extra exchange: c = mean of the cohort's full-batch gradients at θ."""
         if not self.needs_full_gradients:
             return
-        node_of_partition = {p: n for n, p in self.partition_of_node.items()}
+        node_of_partition = self.node_of_partition
         cohort = self.sample_partitions(server_round)  # the cohort configure_train will address
         messages = [
             Message(content=RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": server_round})}),

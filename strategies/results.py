@@ -96,6 +96,7 @@ class RunRecorder:
         self.columns: tuple[str, ...] = ROUND_COLUMNS
         self.started = time.time()
         self.training_started: float | None = None
+        self.described: dict[str, Any] = {}
         write_json_atomic(self.directory / "config.json", dict(config))
         self.results_path = self.directory / "results.csv"
         self._given_rows = list(rows)
@@ -123,6 +124,11 @@ class RunRecorder:
             f.flush()
             os.fsync(f.fileno())
 
+    def describe(self, **entries: Any) -> None:
+        """Keep ``entries`` in ``summary.json`` from now on (e.g. what fixed the arithmetic)."""
+        self.described.update(entries)
+        self._write_summary("running")
+
     def training_starts(self) -> None:
         """Mark the end of the ServerApp's start-up (data, model, clients discovered)."""
         self.training_started = time.time()
@@ -141,6 +147,7 @@ class RunRecorder:
             **({"training-started-at": self.training_started} if self.training_started else {}),
             **summarize(self.rows, self.last_k, self.target),
             **({"resumed-after-round": self.resumed_after} if self.resumed_after else {}),
+            **self.described,
             **extra,
         }
         write_json_atomic(self.directory / "summary.json", summary)

@@ -192,8 +192,16 @@ class CohortSampling:
         chosen = rng.choice(len(available), size=min(self.cohort_size, len(available)), replace=False)
         return sorted(available[int(i)] for i in chosen)
 
+    @property
+    def node_of_partition(self) -> dict[int, int]:
+        """{partition id: node id}, built once per map (not every round: O(K))."""
+        if getattr(self, "_inverse_of", None) is not self.partition_of_node:
+            self._inverse_of = self.partition_of_node
+            self._node_of_partition = {p: n for n, p in self.partition_of_node.items()}
+        return self._node_of_partition
+
     def configure_train(self, server_round, arrays, config, grid):
-        node_of_partition = {p: n for n, p in self.partition_of_node.items()}
+        node_of_partition = self.node_of_partition
         self.sent_to = {node_of_partition[p]: p for p in self.sample_partitions(server_round)}
         self.sent_layout = layout_of(arrays)
         return super().configure_train(server_round, arrays, config, CohortGrid(grid, list(self.sent_to)))

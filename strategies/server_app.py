@@ -28,6 +28,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from clients import protocol
+from clients.arithmetic import arithmetic_record, fix_arithmetic
 from clients.simulation_engine import simulated_partitions
 from clients.models import build_run_model
 from clients.state_store import CLIENT_STATE_DIR, discard_snapshots_after, remove_run_snapshots
@@ -102,6 +103,8 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
     """Run all rounds (those after ``checkpoint``'s when given), writing one results row per
     round and a checkpoint every ``checkpoint-every`` rounds."""
     device = select_device(config["device"])
+    fix_arithmetic(config["server-torch-threads"], device, config["cuda-deterministic"])
+    recorder.describe(arithmetic=arithmetic_record(device, config, config["cuda-deterministic"]))
     print(f"[basin] loading {config['dataset']} and building its partition", flush=True)
     data = load_dataset(config["dataset"], config["data-dir"], config["normalize"])
     drawing = write_partition_statistics(config, data, recorder.directory)
@@ -160,7 +163,8 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
         discard_rounds_after(recorder.directory, first_round - 1)
     for server_round in range(first_round, config["num-rounds"] + 1):
         started = time.perf_counter()
-        strategy.follow_rejoined_nodes(grid, config["round-timeout"])
+        if not clients_unasked:  # simulated nodes never rejoin; asking the link for them costs O(K) a round
+            strategy.follow_rejoined_nodes(grid, config["round-timeout"])
         train_config = round_train_config(config, schedule, server_round, data.black)
         if snapshots:
             train_config.update({**snapshots, protocol.RESUMED_AFTER_ROUND: first_round - 1})
