@@ -18,6 +18,12 @@ Modes (:func:`step_mode`):
   (after :data:`WARMUP_STEPS` real steps on a side stream, as PyTorch's CUDA-graph notes
   ask) and replayed for every full batch: one launch instead of hundreds per step.
 
+A graph that cannot be used falls back, it does not fail the run: when capture raises,
+or the first replay's parameters and loss differ from the same step run eagerly (beyond
+:data:`REPLAY_RTOL`/:data:`REPLAY_ATOL`; not checked for a model with dropout, whose draws
+differ between the two), the process says so once and trains with eager steps from then
+on, that step's eager result kept (:meth:`ClientStep._capture_checked`).
+
 The last, short batch of an epoch (n not a multiple of B) is trained eagerly, with the
 same parameters, gradients and optimizer state, so every sample is used as in the eager
 loop; nothing is recaptured and nothing dropped.
@@ -25,7 +31,8 @@ loop; nothing is recaptured and nothing dropped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +42,9 @@ from torch import nn
 # Real steps run before capture: lets cuDNN pick its kernels and the optimizer create its
 # momentum buffers outside the graph.
 WARMUP_STEPS = 3
+# How far the first replay may be from the eager step before the graph is distrusted:
+# the same kernels, so only reduction order (atomics) may differ.
+REPLAY_RTOL, REPLAY_ATOL = 1e-3, 1e-5
 
 
 @dataclass
@@ -94,7 +104,7 @@ class ClientStep:
             x, y = batch_example
             self.static_x, self.static_y = torch.empty_like(x), torch.empty_like(y)
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.side_stream = torch.cuda.Stream(self.device) if mode == "graph" else None
+        self.side_stream = side_stream(self.device) if mode == "graph" else None
         self.eager_steps = 0
 
     def start_round(self, objective, terms: Sequence, post_clip_terms: Sequence) -> None:
@@ -122,22 +132,63 @@ class ClientStep:
         if self.graph is not None:
             self.graph.replay()
         elif self.mode == "graph" and self.eager_steps >= WARMUP_STEPS:
-            self._capture()
-            self.graph.replay()
+            self._capture_checked()
         else:
             self._eager(self.static_x, self.static_y)
+
+    def _capture_checked(self) -> None:
+        """This step as a captured graph's first replay, checked against the same step run
+        eagerly; on a capture that raises or a replay that differs, the eager result is
+        kept and the process trains eagerly from then on (:func:`fall_back_to_eager`)."""
+        before = self._snapshot()
+        self._eager(self.static_x, self.static_y)
+        eager = self._snapshot()
+        self._restore(before)
+        try:
+            self._capture()
+            self.graph.replay()
+        except Exception as error:  # any failure of capture or replay: eager steps still work
+            self._use_eager(eager, f"capture failed ({type(error).__name__}: {str(error).splitlines()[0][:200]})")
+            return
+        if not _has_dropout(self.model):
+            replayed = self._snapshot()
+            far = [i for i, (a, b) in enumerate(zip(replayed, eager))
+                   if not torch.allclose(a, b, rtol=REPLAY_RTOL, atol=REPLAY_ATOL, equal_nan=True)]
+            if far:
+                self._use_eager(eager, f"the first replay differs from the eager step (in {len(far)} of "
+                                       f"{len(eager)} tensors, beyond rtol {REPLAY_RTOL:g}, atol {REPLAY_ATOL:g})")
+
+    def _snapshot(self) -> list[torch.Tensor]:
+        """Copies of what a step changes: parameters, momentum buffers, the loss sum."""
+        synchronize(self.device)
+        return [t.detach().clone() for t in self._step_state()]
+
+    def _restore(self, snapshot: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for tensor, saved in zip(self._step_state(), snapshot):
+                tensor.copy_(saved)
+        synchronize(self.device)
+
+    def _step_state(self) -> list[torch.Tensor]:
+        buffers = [self.optimizer.state.get(p, {}).get("momentum_buffer") for p in self.params]
+        return [*self.params, *(b for b in buffers if b is not None), self.loss_sum]
+
+    def _use_eager(self, eager: list[torch.Tensor], why: str) -> None:
+        """Keep the eager step's result and train eagerly from now on, this process too."""
+        self.graph = None
+        self.mode = "static"  # eager steps from the static buffers: no side stream, nothing captured
+        self._restore(eager)
+        fall_back_to_eager(why)
 
     def _eager(self, x: torch.Tensor, y: torch.Tensor) -> None:
         if self.mode != "graph":
             self.optimizer.zero_grad(set_to_none=True)
             self._body(x, y)
         else:  # warm-up and short batches: on a side stream, as CUDA-graph capture asks
-            self.side_stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self.side_stream):
+            with on_side_stream(self.side_stream, self.device):
                 # After capture the gradients are the graph's own tensors: zeroed, not replaced.
                 self.optimizer.zero_grad(set_to_none=self.graph is None)
                 self._body(x, y)
-            torch.cuda.current_stream(self.device).wait_stream(self.side_stream)
         self.eager_steps += 1
 
     def _body(self, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -160,6 +211,46 @@ class ClientStep:
         self.graph = graph
 
 
+def side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """A stream for a graph step's eager work (None off CUDA, where there are no streams)."""
+    return torch.cuda.Stream(device) if device.type == "cuda" else None
+
+
+@contextmanager
+def on_side_stream(stream: torch.cuda.Stream | None, device: torch.device) -> Iterator[None]:
+    """Run the block on ``stream`` after the current stream's work, and make the current
+    stream wait for it (nothing to do without a stream)."""
+    if stream is None:
+        yield
+        return
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        yield
+    torch.cuda.current_stream(device).wait_stream(stream)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _has_dropout(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
+
+
+# Why this process stopped using CUDA graphs ("" while it uses them where it can).
+_graphs_failed = ""
+
+
+def fall_back_to_eager(why: str) -> None:
+    """Every later step of this process is eager; said once, in the run's log."""
+    global _graphs_failed
+    if not _graphs_failed:
+        print(f"[basin] client step: CUDA graphs off in this client process, eager steps from now on: {why}",
+              flush=True)
+    _graphs_failed = why
+
+
 def _bound(term, static: bool) -> tuple[Callable, list[torch.Tensor]]:
     """(apply, inputs) of a hook; a static step reads its own copies of a term's inputs."""
     if not isinstance(term, GradientTerm):
@@ -180,6 +271,8 @@ def client_step(model: nn.Module, config, objective, terms: Sequence, post_clip_
     this model and signature (``mode`` forces one, for tests and benchmarks)."""
     device = next(model.parameters()).device
     chosen, why = step_mode(device, graphs, objective, [*terms, *post_clip_terms], augment)
+    if chosen == "graph" and _graphs_failed:
+        chosen, why = "eager", f"an earlier graph of this process failed: {_graphs_failed}"
     mode = mode or chosen
     if mode == "eager":
         if device.type == "cuda" and why not in _EAGER_NOTED:

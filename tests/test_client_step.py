@@ -97,3 +97,86 @@ def test_graph_replay_matches_eager_steps_on_cuda():
         assert graph_loss == pytest.approx(eager_loss, rel=1e-3)
         for a, b in zip(eager_weights, graph_weights):
             torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)
+
+
+class ReplayingGraph:
+    """A stand-in for a captured CUDA graph on the CPU: its replay runs the step's body on
+    the static buffers (what a faithful graph does), plus ``error`` on the first weight."""
+
+    def __init__(self, step, error: float = 0.0):
+        self.step, self.error = step, error
+
+    def replay(self) -> None:
+        self.step.optimizer.zero_grad(set_to_none=False)
+        self.step._body(self.step.static_x, self.step.static_y)
+        with torch.no_grad():
+            self.step.params[0].view(-1)[0] += self.error
+
+
+def _graph_training(monkeypatch, capture) -> list[tuple[float, list[torch.Tensor]]]:
+    """Three rounds in forced graph mode on the CPU with ``capture`` as ClientStep._capture,
+    and the same rounds eagerly; returns both."""
+    from clients import client_step
+
+    monkeypatch.setattr(client_step, "_graphs_failed", "")
+    monkeypatch.setattr(client_step, "_PROCESS_STEPS", {})
+    monkeypatch.setattr(client_step.ClientStep, "_capture", capture)
+    torch.manual_seed(0)
+    x, y = torch.randn(70, 1, 8, 8), torch.randint(0, 10, (70,))
+    config = LocalTrainingConfig(lr=0.05, local_epochs=2, batch_size=16, momentum=0.9, weight_decay=1e-3)
+    model = build_model("mlp", (1, 8, 8), 10)
+    return (rounds_of_training(copy.deepcopy(model), "graph", config, x, y),
+            rounds_of_training(copy.deepcopy(model), "eager", config, x, y))
+
+
+def _assert_same_training(graph, eager) -> None:
+    for (graph_loss, graph_weights), (eager_loss, eager_weights) in zip(graph, eager):
+        assert graph_loss == eager_loss
+        assert all(torch.equal(a, b) for a, b in zip(graph_weights, eager_weights))
+
+
+def test_a_capture_that_raises_falls_back_to_eager_steps_once_with_the_eager_results(monkeypatch, capsys):
+    from clients import client_step
+
+    captures = []
+
+    def failing_capture(step):
+        captures.append(step)
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    graph, eager = _graph_training(monkeypatch, failing_capture)
+    _assert_same_training(graph, eager)
+    assert len(captures) == 1  # never tried again in this process
+    out = capsys.readouterr().out
+    assert out.count("CUDA graphs off in this client process") == 1
+    assert "capture failed (RuntimeError: CUDA error: operation not permitted" in out
+    assert client_step._graphs_failed
+    # A later step of this process that would be captured is eager, saying why.
+    monkeypatch.setattr(client_step, "step_mode", lambda *args: ("graph", ""))
+    later = client_step.client_step(
+        build_model("mlp", (1, 8, 8), 10), LocalTrainingConfig(lr=0.1, local_epochs=1, batch_size=4),
+        LocalObjective(), [], [], (torch.zeros(4, 1, 8, 8), torch.zeros(4, dtype=torch.long)), graphs=True)
+    assert later.mode == "eager"
+
+
+def test_a_first_replay_that_differs_from_the_eager_step_falls_back_with_the_eager_results(monkeypatch, capsys):
+    def wrong_graph(step):
+        step.graph = ReplayingGraph(step, error=0.5)
+
+    graph, eager = _graph_training(monkeypatch, wrong_graph)
+    _assert_same_training(graph, eager)
+    out = capsys.readouterr().out
+    assert out.count("CUDA graphs off in this client process") == 1
+    assert "the first replay differs from the eager step (in 1 of" in out
+
+
+def test_a_faithful_replay_is_kept(monkeypatch, capsys):
+    replays = []
+
+    def faithful_graph(step):
+        step.graph = ReplayingGraph(step)
+        replays.append(step.graph)
+
+    graph, eager = _graph_training(monkeypatch, faithful_graph)
+    _assert_same_training(graph, eager)
+    assert len(replays) == 1 and "CUDA graphs off" not in capsys.readouterr().out

@@ -1,0 +1,102 @@
+"""The same config and seed give the same bits however the machine is shared.
+
+A reference run (two client processes of one CPU each) against the same config with one
+process of two CPUs, with as many processes as the cohort (a local Ray cluster of one
+node with that many CPUs), and as one run of a sweep running two at once. Compared by
+``experiments.reproducible.compare_runs``: every round of results.csv (timing columns
+aside) and every tensor of final_model.pt. Elsewhere, the same promise: a two-node Ray
+cluster (tests/test_ray_cluster.py), the Deployment Engine (tests/test_deployment.py),
+a resume after SIGKILL (tests/test_launcher_death.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments import run, sweep
+from experiments.launch import ClientResources, launch, machine_cpus, resolve_config
+from experiments.ray_cluster import LocalRayCluster
+from experiments.reproducible import compare_runs
+from strategies.config import cohort_size
+
+# The digits job, small: 8 clients, 4 a round, 3 rounds of 2 local epochs.
+CONFIG = {"num-clients": 8, "participation": 0.5, "num-rounds": 3, "local-epochs": 2, "device": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """Two client processes of one CPU each (this machine's 2 cores)."""
+    out = tmp_path_factory.mktemp("reference")
+    launch(resolve_config(CONFIG), out, ClientResources(1.0), progress=False)
+    return out
+
+
+def _assert_same(reference: Path, other: Path) -> None:
+    comparison = compare_runs(reference, other)
+    assert comparison.identical, comparison.report(reference, other)
+    assert comparison.rounds == CONFIG["num-rounds"] and comparison.tensors > 0
+
+
+@pytest.mark.skipif(machine_cpus() < 2, reason="needs 2 CPU cores for a client of 2 CPUs")
+def test_one_client_process_of_two_cpus_gives_the_same_bits(reference, tmp_path):
+    """Ray gives this client process OMP_NUM_THREADS = 2; torch-threads keeps it at 1. On
+    the code before the key the final models differed (~5e-8)."""
+    launch(resolve_config(CONFIG), tmp_path, ClientResources(2.0), progress=False)
+    _assert_same(reference, tmp_path)
+    arithmetic = json.loads((tmp_path / "summary.json").read_text())["arithmetic"]
+    assert arithmetic["torch-threads"] == 1 and arithmetic["device"] == "cpu"
+    assert arithmetic["torch"] == torch.__version__ and arithmetic["flwr"] == "1.41.0"
+
+
+def test_as_many_client_processes_as_the_cohort_give_the_same_bits(reference, tmp_path):
+    """A local Ray cluster with a CPU per cohort member: the whole cohort trains at once."""
+    cohort = cohort_size(resolve_config(CONFIG))
+    with LocalRayCluster(True, cohort) as address:
+        launch(resolve_config(CONFIG), tmp_path, ClientResources(1.0), progress=False, ray_address=address)
+    _assert_same(reference, tmp_path)
+
+
+def test_a_run_of_a_sweep_running_two_at_once_gives_the_same_bits(reference, tmp_path):
+    spec = tmp_path / "two.toml"
+    spec.write_text("[set]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in CONFIG.items())
+                    + "[grid]\nseed = [0, 1]\n")
+    assert sweep.main([str(spec), "--out", str(tmp_path / "sweep"), "--parallel", "2", "--no-progress"]) == 0
+    runs = [path.parent for path in (tmp_path / "sweep").rglob("results.csv")]
+    seed_0 = [path for path in runs if json.loads((path / "config.json").read_text())["seed"] == 0]
+    assert len(runs) == 2 and len(seed_0) == 1
+    _assert_same(reference, seed_0[0])
+
+
+def test_check_reproducible_says_the_first_round_and_tensor_that_differ(reference, tmp_path, capsys):
+    assert run.main(["--check-reproducible", str(reference), str(reference)]) == 0
+    assert "identical" in capsys.readouterr().out
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    for name in ("results.csv", "summary.json", "config.json"):
+        (changed / name).write_bytes((reference / name).read_bytes())
+    rows = (changed / "results.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    second = rows[2].split(",")
+    second[header.index("test-loss")] += "1"  # round 2's loss, one more digit
+    rows[2] = ",".join(second)
+    (changed / "results.csv").write_text("\n".join(rows) + "\n")
+    model = torch.load(reference / "final_model.pt", weights_only=True)
+    last = list(model)[-1]
+    model[last] = model[last].clone()
+    model[last].view(-1)[0] += 1e-6
+    torch.save(model, changed / "final_model.pt")
+    summary = json.loads((changed / "summary.json").read_text())
+    summary["arithmetic"]["torch-threads"] = 2
+    (changed / "summary.json").write_text(json.dumps(summary))
+
+    assert run.main(["--check-reproducible", str(reference), str(changed)]) == 1
+    out = capsys.readouterr().out
+    assert "first difference at round 2: test-loss" in out
+    assert f"first difference in {last!r}: 1 of" in out
+    assert "torch-threads 1 vs 2" in out
+    assert run.main(["--check-reproducible", str(reference), str(tmp_path / "nothing")]) == 2
+    assert "holds no results.csv" in capsys.readouterr().err
