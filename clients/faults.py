@@ -6,7 +6,9 @@ or ``KIND:PARTITION@ROUND``, comma-separated, e.g. ``"raise:0@2, nan:3, hang:1@4
 - ``raise``: the ClientApp raises after training;
 - ``nan`` / ``inf``: the returned model holds a NaN / an infinity;
 - ``shape``: one returned array has one element fewer than the sent one;
-- ``hang``: the ClientApp sleeps for twice the round timeout before replying.
+- ``hang``: the ClientApp sleeps for twice the round timeout before replying;
+- ``oom``: the ClientApp raises torch's CUDA out-of-memory error (on any device), as a
+  client of a cohort too large for its GPU does: the run must stop, saying what to lower.
 
 The server must exclude each such reply, count it, and go on (strategies/faults.py).
 """
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-FAULT_KINDS = ("raise", "nan", "inf", "shape", "hang")
+FAULT_KINDS = ("raise", "nan", "inf", "shape", "hang", "oom")
 FAULT_FORMAT = "comma-separated KIND:PARTITION or KIND:PARTITION@ROUND with KIND one of " + ", ".join(FAULT_KINDS)
 
 
@@ -57,6 +59,10 @@ def inject_faults(
             continue
         if fault.kind == "raise":
             raise InjectedFault(f"injected fault: partition {partition_id} raises in round {server_round}")
+        if fault.kind == "oom":
+            raise torch.cuda.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate 20.00 MiB (injected fault: partition {partition_id}, "
+                f"round {server_round})")
         if fault.kind == "hang":
             time.sleep(2 * round_timeout)
             continue

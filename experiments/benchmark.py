@@ -476,7 +476,10 @@ def sweep_command(args) -> int:
         check_mps(args.mps)
         figures = {"runs": len(sweep.runs), "rounds": args.rounds, "parallel": parallel, "mps": args.mps,
                    "resources": dataclasses.asdict(resources)}
-        with MpsDaemon(args.mps):
+        with MpsDaemon(args.mps) as mps:
+            if mps.message:
+                print(f"[basin] {mps.message}", file=sys.stderr)
+            figures["mps"] = mps.active
             for label, at_once in (("one-at-a-time", 1), (f"parallel-{parallel}", parallel)):
                 started = time.perf_counter()
                 # As experiments.sweep runs them: one after another on one Ray cluster (its start
@@ -531,7 +534,7 @@ def run_command(args) -> int:
         launch_seconds = time.perf_counter() - started
         rows = pd.read_csv(out_dir / "flower" / "results.csv")
         figures = report({**config, "output-dir": str(out_dir / "flower")}, rows, launch_seconds, bare, resources, device,
-                         summary["startup-stages"], bare_graph, args.mps)
+                         summary["startup-stages"], bare_graph, mps.active)
         print_report(figures)
         (out_dir / "benchmark.json").write_text(json.dumps(figures, indent=2))
     print(f"results: {out_dir / 'benchmark.json'}")

@@ -447,7 +447,7 @@ def _launch_locked(
 
     summary = _read_summary(out_dir)
     if summary is None or summary.get("status") != "completed":
-        raise run_failure(out_dir, config, log_path)
+        raise run_failure(out_dir, config, log_path, gpu_memory_advice(summary, resources))
     # The run's real wall time, Flower's start-up included, the part before round 1, and
     # when each start-up stage began (seconds after `flwr run` was started, as seen in
     # Flower's streamed log: up to a second or two late under load), kept in summary.json too.
@@ -457,6 +457,16 @@ def _launch_locked(
     summary["startup-stages"] = {stage: round(seen - launched_at, 2) for stage, seen in stages_seen.items()}
     write_json_atomic(out_dir / "summary.json", summary)
     return summary
+
+
+def gpu_memory_advice(summary: Mapping[str, Any] | None, resources: ClientResources) -> str:
+    """For a run stopped by a client out of GPU memory: how many client processes shared
+    the GPU, and the --gpus-per-client that halves them ('' otherwise)."""
+    if not summary or "out of GPU memory" not in str(summary.get("error", "")) or resources.num_gpus <= 0:
+        return ""
+    processes = max(1, math.floor(1 / resources.num_gpus))
+    return (f"\n{processes} client processes shared the GPU (--gpus-per-client {resources.num_gpus:g}); "
+            f"try --gpus-per-client {min(1.0, 1 / max(1, processes // 2)):g} ({max(1, processes // 2)} processes)")
 
 
 def run_failure(out_dir: Path, config: Mapping[str, Any], log_path: Path, context: str = "") -> RunFailed:

@@ -13,6 +13,10 @@ processes, Ray and the client actors started from it connect, and stops the daem
 running. While Basin's daemon runs, other processes on the same GPU that do not use its
 pipe directory run beside the MPS server as usual (time-sliced against it); on a GPU in
 exclusive-process compute mode only MPS clients can use the GPU at all.
+
+MPS is a speed-up, so it fails soft: a daemon that does not start, or one that a CUDA
+process cannot use (checked once by a small probe process touching the GPU through it),
+leaves the run without MPS, and :attr:`MpsDaemon.message` says so and why.
 """
 
 from __future__ import annotations
@@ -50,6 +54,25 @@ def check_mps(enabled: bool) -> None:
                          "allowed here: without --mps")
 
 
+# The probe: a CUDA context and one allocation, through MPS when the environment names it.
+PROBE = "import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()"
+PROBE_TIMEOUT_S = 120
+
+
+def probe_cuda() -> str:
+    """'' when a new process of this environment can use CUDA, else why not."""
+    import sys
+
+    try:
+        done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"no answer within {PROBE_TIMEOUT_S} s"
+    if done.returncode == 0:
+        return ""
+    lines = (done.stderr or done.stdout).strip().splitlines()
+    return lines[-1][:300] if lines else f"exit code {done.returncode}"
+
+
 class MpsDaemon:
     """A context manager: MPS for every CUDA process started inside it (see the module
     docstring). ``enabled=False`` does nothing, so callers can always enter it."""
@@ -57,6 +80,7 @@ class MpsDaemon:
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self.started_in: Path | None = None
+        self.active = False  # the run's CUDA processes use MPS
         self.previous_env: dict[str, str | None] = {}
         self.message = ""
 
@@ -67,6 +91,13 @@ class MpsDaemon:
         existing = running_daemon()
         if existing is not None:
             self._set_env({PIPE_ENV: str(existing)})
+            problem = probe_cuda()
+            if problem:
+                self.__exit__()
+                self.message = (f"MPS: a CUDA process could not use the daemon already running at {existing} "
+                                f"({problem}); running without MPS")
+                return self
+            self.active = True
             self.message = f"using the MPS daemon already running at {existing}"
             return self
         control = shutil.which(CONTROL)
@@ -77,10 +108,17 @@ class MpsDaemon:
         started = subprocess.run([control, "-d"], env={**os.environ, **env}, capture_output=True, text=True)
         if started.returncode != 0:
             shutil.rmtree(directory, ignore_errors=True)
-            raise UsageError(f"--mps: {CONTROL} -d failed ({started.returncode}): "
-                             f"{(started.stderr or started.stdout).strip()}")
+            self.message = (f"MPS: {CONTROL} -d failed ({started.returncode}: "
+                            f"{(started.stderr or started.stdout).strip()[:300]}); running without MPS")
+            return self
         self.started_in = directory
         self._set_env(env)
+        problem = probe_cuda()
+        if problem:
+            self.__exit__()
+            self.message = f"MPS: a CUDA process could not use the daemon ({problem}); running without MPS"
+            return self
+        self.active = True
         self.message = f"started an MPS daemon for this launcher (pipe and log in {directory})"
         return self
 
@@ -91,6 +129,7 @@ class MpsDaemon:
                            timeout=30)
             shutil.rmtree(self.started_in, ignore_errors=True)
             self.started_in = None
+        self.active = False
         for key, value in self.previous_env.items():
             if value is None:
                 os.environ.pop(key, None)

@@ -37,6 +37,16 @@ PROCESS_DEATH_MARKERS = (
 )
 
 
+# Reasons (lower case) that say a client's process ran out of GPU memory (torch's
+# OutOfMemoryError): the cohort's processes do not fit beside each other on the GPU.
+OUT_OF_MEMORY_MARKERS = ("cuda out of memory", "outofmemoryerror")
+
+
+def out_of_gpu_memory(failures: Iterable[ClientFailure]) -> ClientFailure | None:
+    """The first client failure that is a CUDA out-of-memory error, or None."""
+    return next((f for f in failures if any(marker in f.reason.lower() for marker in OUT_OF_MEMORY_MARKERS)), None)
+
+
 def infrastructure_loss(failures: Iterable[ClientFailure], aggregated: bool) -> str | None:
     """Why a round must not count, or None. A client whose process died (see
     PROCESS_DEATH_MARKERS) leaves a cohort that is not the config's, even when the others
@@ -152,6 +162,10 @@ def _first_line(text: str, limit: int = 300) -> str:
 class ClientProcessesDied(RuntimeError):
     """A client of a round failed because its process died (or every client's node is
     unavailable): the run stops, and that round is neither recorded nor checkpointed."""
+
+
+class ClientOutOfGpuMemory(RuntimeError):
+    """A client process ran out of GPU memory: the run stops, its checkpoint kept."""
 
 
 class NothingTrained(RuntimeError):

@@ -40,7 +40,10 @@ from partitions.stats import partition_notation
 from strategies.averaging import ModelAveraging, to_numpy
 from strategies.checkpoint import CHECKPOINT_FILE, CLIENT_STATE_METHODS, read_checkpoint, restore_checkpoint, write_checkpoint
 from strategies.exchange import send_and_receive
-from strategies.faults import ClientProcessesDied, NothingTrained, infrastructure_loss, nothing_trained_reason
+from strategies.faults import (
+    ClientOutOfGpuMemory, ClientProcessesDied, NothingTrained, infrastructure_loss, nothing_trained_reason,
+    out_of_gpu_memory,
+)
 from strategies.indicators import CKA_SAMPLES, round_indicators
 from strategies.model_store import discard_rounds_after, save_round_models, saves_round
 from strategies.config import cohort_size, summary_horizon, validate_run_config
@@ -184,6 +187,14 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
                 f"round {server_round}: clients failed because their processes died ({lost}); the round is not "
                 f"counted and the run stops: start the same command again to resume from its last checkpoint "
                 f"(written every {config['checkpoint-every']} rounds)"
+            )
+        out_of_memory = out_of_gpu_memory(strategy.round_failures)
+        if out_of_memory:  # every later round would fail the same way: stop, resumable
+            raise ClientOutOfGpuMemory(
+                f"round {server_round}: a client process ran out of GPU memory ({out_of_memory}); the round is not "
+                f"counted and the run stops: let fewer client processes share the GPU (a larger --gpus-per-client), "
+                f"then start the same command again to resume from its last checkpoint (written every "
+                f"{config['checkpoint-every']} rounds)"
             )
         if aggregated is not None:
             arrays = aggregated

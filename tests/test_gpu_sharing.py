@@ -12,7 +12,8 @@ import torch
 from experiments import launch, sweep
 from experiments.cli import UsageError
 from experiments.launch import client_resources, default_run_config
-from experiments.mps import LOG_ENV, PIPE_ENV, MpsDaemon
+from experiments import mps as mps_module
+from experiments.mps import LOG_ENV, PIPE_ENV, MpsDaemon, probe_cuda
 
 FAKE_CONTROL = """#!/bin/sh
 # Records each call: its arguments, its pipe and log directories, and stdin for 'quit'.
@@ -31,6 +32,7 @@ def fake_control(tmp_path, monkeypatch):
         monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
         monkeypatch.setenv(PIPE_ENV, str(tmp_path / "no-daemon-here"))
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(mps_module, "probe_cuda", lambda: "")  # a CUDA process can use the daemon
         return tmp_path / "calls.log"
     return install
 
@@ -38,6 +40,7 @@ def fake_control(tmp_path, monkeypatch):
 def test_mps_starts_its_own_daemon_for_the_launch_and_stops_it(fake_control):
     calls = fake_control()
     with MpsDaemon(True) as mps:
+        assert mps.active
         pipe, log = os.environ[PIPE_ENV], os.environ[LOG_ENV]
         assert os.path.isdir(pipe) and os.path.isdir(log) and os.path.dirname(pipe) in mps.message
     assert calls.read_text().splitlines() == [f"start {pipe} {log}", f"quit {pipe}"]
@@ -55,10 +58,34 @@ def test_mps_uses_a_daemon_that_is_already_running(fake_control, tmp_path, monke
     assert not calls.exists()  # neither started nor stopped
 
 
+def test_a_daemon_that_does_not_start_leaves_the_run_without_mps_and_says_so(fake_control):
+    calls = fake_control(code=1)
+    before = dict(os.environ)
+    with MpsDaemon(True) as mps:
+        assert not mps.active and dict(os.environ) == before
+        assert "nvidia-cuda-mps-control -d failed (1" in mps.message and "running without MPS" in mps.message
+    assert [line.split()[0] for line in calls.read_text().splitlines()] == ["start"]
+
+
+def test_a_daemon_that_cuda_processes_cannot_use_is_stopped_and_the_run_goes_on_without_it(fake_control, monkeypatch):
+    calls = fake_control()
+    monkeypatch.setattr(mps_module, "probe_cuda", lambda: "RuntimeError: all CUDA-capable devices are busy")
+    before = dict(os.environ)
+    with MpsDaemon(True) as mps:
+        assert not mps.active and dict(os.environ) == before
+        assert "could not use the daemon (RuntimeError: all CUDA-capable devices are busy); running without MPS" \
+            in mps.message
+    assert [line.split()[0] for line in calls.read_text().splitlines()] == ["start", "quit"]  # stopped at once
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the probe succeeds on a GPU")
+def test_the_probe_says_why_a_cuda_process_fails_here():
+    reason = probe_cuda()  # e.g. "RuntimeError: Found no NVIDIA driver on your system. …"
+    assert "Error" in reason and len(reason) <= 300
+
+
 def test_mps_refuses_clearly_where_it_cannot_run(fake_control, monkeypatch):
-    fake_control(code=1)
-    with pytest.raises(UsageError, match="nvidia-cuda-mps-control -d failed"):
-        MpsDaemon(True).__enter__()
+    fake_control()
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(UsageError, match="not on PATH"):
         MpsDaemon(True).__enter__()

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from clients.state_store import CLIENT_STATE_DIR
-from experiments.launch import APP_DIR, launch, resolve_config
+from experiments.launch import APP_DIR, ClientResources, RunFailed, gpu_memory_advice, launch, resolve_config
 from experiments.processes import process_table, process_tree, stop_process_tree
 from strategies.checkpoint import CHECKPOINT_FILE
 from strategies.model_store import load_round_models, saved_rounds
@@ -72,6 +72,31 @@ RESUMED_METHODS = {
     "fedadam+ima": {"strategy": "fedadam", "server-lr": 0.05},
     "scaffold+ima": {"strategy": "scaffold", "momentum": 0.0, "lr": 0.1},
 }
+
+
+def test_a_client_out_of_gpu_memory_stops_the_run_with_its_checkpoint_saying_what_to_lower(tmp_path):
+    """On the CPU, a client raising torch's CUDA out-of-memory error (fault-injection
+    'oom'), as one of a cohort too large for its GPU does: the run stops after the last
+    complete round, with its checkpoint, naming the error and the option to change."""
+    config = resolve_config({"num-clients": 2, "participation": 1.0, "num-rounds": 3, "local-epochs": 1,
+                             "device": "cpu", "checkpoint-every": 1, "fault-injection": "oom:1@2"})
+    with pytest.raises(RunFailed) as failed:
+        launch(config, tmp_path, progress=False)
+    message = str(failed.value)
+    assert "round 2: a client process ran out of GPU memory (partition 1" in message
+    assert "CUDA out of memory. Tried to allocate" in message and "--gpus-per-client" in message
+    assert pd.read_csv(tmp_path / "results.csv")["round"].tolist() == [1]
+    assert torch.load(tmp_path / CHECKPOINT_FILE, weights_only=False)["round"] == 1
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
+
+
+def test_the_launcher_says_how_many_processes_shared_the_gpu_and_what_to_try():
+    summary = {"status": "failed", "error": "ClientOutOfGpuMemory: round 2: a client process ran out of GPU memory"}
+    assert gpu_memory_advice(summary, ClientResources(1.0, 0.125)) == (
+        "\n8 client processes shared the GPU (--gpus-per-client 0.125); try --gpus-per-client 0.25 (4 processes)")
+    assert gpu_memory_advice(summary, ClientResources(1.0, 1.0)).endswith("try --gpus-per-client 1 (1 processes)")
+    assert gpu_memory_advice({"error": "something else"}, ClientResources(1.0, 0.5)) == ""
+    assert gpu_memory_advice(summary, ClientResources(1.0, 0.0)) == ""  # the CPU: no GPU share to change
 
 
 @pytest.mark.slow
