@@ -65,7 +65,7 @@ def test_a_run_of_a_sweep_running_two_at_once_gives_the_same_bits(reference, tmp
     spec.write_text("[set]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in CONFIG.items())
                     + "[grid]\nseed = [0, 1]\n")
     assert sweep.main([str(spec), "--out", str(tmp_path / "sweep"), "--parallel", "2", "--no-progress"]) == 0
-    runs = [path.parent for path in (tmp_path / "sweep").rglob("results.csv")]
+    runs = [path.parent for path in (tmp_path / "sweep").rglob("config.json")]  # each run's folder
     seed_0 = [path for path in runs if json.loads((path / "config.json").read_text())["seed"] == 0]
     assert len(runs) == 2 and len(seed_0) == 1
     _assert_same(reference, seed_0[0])

@@ -1,0 +1,46 @@
+"""``python -m experiments.gpu_check``: its dry run on the CPU runs every step (tiny), and
+its table says what each gave; bad arguments are refused before anything runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from experiments import gpu_check
+from experiments.launch import APP_DIR
+
+
+def test_help_documents_the_one_command():
+    done = subprocess.run([sys.executable, "-m", "experiments.gpu_check", "--help"], capture_output=True, text=True,
+                          cwd=APP_DIR, timeout=60)
+    assert done.returncode == 0
+    for words in ("--data-dir", "--device", "9 minutes", "81.17", "84.68", "--processes", "dry run"):
+        assert words in done.stdout
+
+
+def test_the_dry_run_on_the_cpu_runs_every_step_and_writes_its_table(fashion_mnist_dir, tmp_path, capsys):
+    assert gpu_check.main(["--data-dir", str(fashion_mnist_dir), "--device", "cpu", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    checks = [row["check"] for row in report["rows"]]
+    assert checks == ["gpu-marked tests", "benchmark: eager steps", "same bits, 2 vs 1 client processes",
+                      "IMA FMNIST #C=2: FedAvg", "IMA FMNIST #C=2: FedAvg + IMA"]
+    assert all(row["ok"] for row in report["rows"]) and report["dry-run"]
+    rows = {row["check"]: row for row in report["rows"]}
+    assert rows["same bits, 2 vs 1 client processes"]["result"].startswith("identical (3 rounds")
+    assert rows["IMA FMNIST #C=2: FedAvg + IMA"]["paper"] == 84.68 and 0 <= rows["IMA FMNIST #C=2: FedAvg"]["accuracy"] <= 100
+    assert rows["benchmark: eager steps"]["ratio"] > 0
+    out = capsys.readouterr().out
+    assert "same bits, 2 vs 1 client processes  yes" in out and "gpu-check.json" in out
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--processes", "8"], "--processes '8' is not allowed"),
+    (["--pair-rounds", "0", "--device", "cpu"], "allowed: integers >= 1"),
+])
+def test_bad_arguments_are_refused_in_one_line(fashion_mnist_dir, tmp_path, capsys, arguments, message):
+    assert gpu_check.main(["--data-dir", str(fashion_mnist_dir), "--out", str(tmp_path / "x"), *arguments]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
