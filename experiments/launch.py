@@ -227,7 +227,9 @@ def client_resources(
     cohort = max(cohort_size(c) for c in configs)
     by_cores = max(1, machine_cpus() // (int(cpus_per_client) * parallel))
     if not on_cuda:
-        print(f"[basin] {min(cohort, by_cores)} client processes train at once per run: cohort {cohort}, at most "
+        at_once = min(cohort, by_cores)
+        print(f"[basin] {at_once} client process{'es' if at_once != 1 else ''} train{'s' if at_once == 1 else ''} "
+              f"at once per run: cohort {cohort}, at most "
               f"{by_cores} by CPU cores (--cpus-per-client {cpus_per_client:g} each)"
               + (f" for {parallel} runs at once" if parallel > 1 else ""), file=sys.stderr, flush=True)
         return ClientResources(cpus_per_client, 0.0)

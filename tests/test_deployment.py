@@ -44,7 +44,9 @@ def no_process_left_behind():
 @pytest.mark.slow
 def test_deployment_and_simulation_give_identical_rounds_and_model(tmp_path):
     config = resolve_config(FEDAVG_IMA)
-    deployed = deploy(config, tmp_path / "deployment", progress=False)
+    # SuperNodes of 2 CPUs (OMP_NUM_THREADS = 2) against simulated clients of 1: torch-threads
+    # keeps both at one thread, so the bits agree however each is given CPUs.
+    deployed = deploy(config, tmp_path / "deployment", cpus_per_client=2.0, progress=False)
     simulated = launch(config, tmp_path / "simulation", progress=False)
 
     assert deployed["status"] == simulated["status"] == "completed"

@@ -20,6 +20,7 @@ from experiments import launch as launch_module
 from experiments import run, sweep
 from experiments.launch import RunFailed, _free_port, launch, resolve_config
 from experiments.processes import stop_process_tree
+from experiments.reproducible import compare_runs
 from experiments.ray_cluster import LocalRayCluster, RayClusterUnreachable, check_ray_address
 
 RAY = Path(sys.executable).parent / "ray"
@@ -168,6 +169,10 @@ def test_clients_run_on_every_node_of_a_ray_cluster(ray_cluster, tmp_path):
     # One client actor per CPU of the cluster, one on each node (the run's actors are
     # dead by now: the launcher stopped the simulation that owned them).
     assert len(clients) == 2 and {actor["node"] for actor in clients} == nodes
+    # The same bits as the same config on this machine alone (tests/test_reproducible.py).
+    launch(resolve_config(SMALL), tmp_path / "alone", progress=False)
+    comparison = compare_runs(tmp_path, tmp_path / "alone")
+    assert comparison.identical and comparison.tensors > 0, comparison.report(tmp_path, tmp_path / "alone")
 
 
 def test_a_job_of_runs_one_after_another_shares_one_ray_cluster(tmp_path, tiny_sweep, monkeypatch):
