@@ -51,5 +51,5 @@ def client_tensors(run_config_items: tuple, partition_id: int, num_partitions: i
     data = load_dataset(cfg["dataset"], cfg["data-dir"], bool(cfg["normalize"]))
     settings = partition_settings({**cfg, "num-clients": num_partitions})
     indices = partition_indices(cfg["dataset"], cfg["data-dir"], bool(cfg["normalize"]), settings)[partition_id]
-    index = torch.from_numpy(indices)
+    index = torch.from_numpy(np.array(indices))  # a copy: the cached partition is a read-only mapped view
     return data.x_train[index].to(device), data.y_train[index].to(device)

@@ -84,3 +84,49 @@ def test_the_sweep_mode_runs_the_small_grid_one_at_a_time_then_in_parallel(tmp_p
     figures = json.loads((tmp_path / "benchmark-sweep.json").read_text())
     assert figures["runs"] == 4 and figures["parallel"] == 2 and figures["parallel-2"]["completed"] == 4
     assert "runs per hour" in capsys.readouterr().out
+
+
+def test_the_clients_mode_holds_the_cohort_and_each_clients_work_fixed_across_k(tmp_path):
+    """--clients: K clients, --cohort of them a round, every client 300 images at every K;
+    bad counts are refused by argparse, a cohort above a count before anything runs."""
+    import argparse
+
+    import pytest
+
+    from experiments import benchmark
+    from experiments.cli import UsageError
+
+    args = benchmark.build_parser().parse_args(["--clients", "100,10000", "--set", "data-dir=/nowhere"])
+    assert args.clients == (100, 10000) and args.cohort == 10 and args.preset is None
+    args.rounds = 5
+    for k in args.clients:
+        config = benchmark.resolve_config(benchmark.CLIENTS_SETUP, benchmark.parse_overrides(["data-dir=/nowhere"]),
+                                          {"num-clients": k, "participation": 10 / k, "num-rounds": 5})
+        assert benchmark.cohort_size(config) == 10 and config["samples-per-client"] == 300
+    assert benchmark.build_parser().parse_args(["--clients"]).clients == benchmark.DEFAULT_CLIENT_COUNTS
+    with pytest.raises(argparse.ArgumentTypeError, match="comma-separated integers >= 1"):
+        benchmark.client_counts("100,0")
+    args.cohort = 200
+    with pytest.raises(UsageError, match="--cohort 200 with 100 clients is not allowed"):
+        benchmark.clients_config(args, 100)
+
+
+def test_the_clients_table_gives_each_figure_its_ratio_and_the_memory_growth(capsys):
+    from experiments.benchmark import print_clients_table
+
+    row = {"clients": 100, "wall-seconds": 30.0, "round-1-starts-seconds": 8.0, "round-1-seconds": 6.0,
+           "overhead-rounds-2-on-seconds": 0.02, "wall-minus-rounds-seconds": 10.0, "peak-memory-mib": 3500.0}
+    print_clients_table([row, {**row, "clients": 10_000, "round-1-starts-seconds": 12.0,
+                               "overhead-rounds-2-on-seconds": 0.03, "peak-memory-mib": 3599.0}])
+    out = capsys.readouterr().out
+    assert "12.0 (1.50x)" in out and "0.030 (1.50x)" in out and "8.0 (1.00x)" in out
+    assert "memory K=100 -> 10,000: +1.00 MiB per 100 clients" in out
+
+
+def test_the_memory_sampler_reads_a_process_proportional_set_size():
+    import os
+
+    from experiments.benchmark import proportional_set_mib
+
+    assert 1 < proportional_set_mib(os.getpid()) < 100_000
+    assert proportional_set_mib(2**22 + 12345) == 0.0  # no such process

@@ -37,7 +37,7 @@ def assert_same(a, b):
 
 
 def entries(cache, kind):
-    return sorted((cache / kind).glob("*.npz"))
+    return sorted((cache / kind).glob("*.npz")) + sorted((cache / kind).glob("*.npy"))
 
 
 @pytest.fixture
@@ -199,3 +199,26 @@ def test_files_decoded_before_are_not_read_again_by_the_data_check(tmp_path, cac
     load_dataset.__wrapped__("fashion-mnist", str(source))
     read.clear()
     assert availability.data_problem("fashion-mnist", str(source)) is None and read == []
+
+
+def test_a_cached_partition_is_one_mapped_file_of_read_only_views_and_a_damaged_one_is_rebuilt(tmp_path, monkeypatch):
+    from partitions import cache
+
+    monkeypatch.setenv("BASIN_CACHE_DIR", str(tmp_path))
+    clients = [np.array([5, 1, 9]), np.array([], dtype=np.int64), np.array([2])]
+    built = []
+
+    def build():
+        built.append(1)
+        return clients
+
+    first = cache.cached_partition("data", ("iid", 3), build)
+    again = cache.cached_partition("data", ("iid", 3), build)
+    assert len(built) == 1 and [a.tolist() for a in again] == [[5, 1, 9], [], [2]]
+    assert all(isinstance(a.base, np.memmap) or isinstance(a, np.memmap) for a in again)
+    assert not again[0].flags.writeable  # the mapping is shared: nobody may write into it
+    assert [a.tolist() for a in first] == [[5, 1, 9], [], [2]]
+    (entry,) = (tmp_path / "partitions").glob("*.npy")
+    entry.write_bytes(entry.read_bytes()[:-8])  # a truncated file: read fails, built again
+    assert [a.tolist() for a in cache.cached_partition("data", ("iid", 3), build)] == [[5, 1, 9], [], [2]]
+    assert len(built) == 2
