@@ -217,6 +217,8 @@ def test_runs_on_the_jobs_ray_cluster_equal_runs_with_their_own_ray(tmp_path):
     shared_rows = pd.read_csv(tmp_path / "job" / "none" / "results.csv")[columns]
     alone_rows = pd.read_csv(tmp_path / "alone" / "results.csv")[columns]
     assert shared_rows.to_csv() == alone_rows.to_csv()
+    comparison = compare_runs(tmp_path / "job" / "none", tmp_path / "alone")  # every column, and the final model
+    assert comparison.identical and comparison.tensors > 0, comparison.report(tmp_path / "job" / "none", tmp_path / "alone")
     stages = json.loads((tmp_path / "job" / "none" / "summary.json").read_text())["startup-stages"]
     assert "training round 1" in stages
 
