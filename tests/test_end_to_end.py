@@ -150,7 +150,7 @@ def test_run_writes_results_config_model_and_summary(flower_runs, data_cache):
     # The engine hands messages out when stored (clients/simulation_engine.py), in this Flower.
     assert "[basin] simulation engine: messages reach the client processes when stored" in log
     # The data set and partition the ServerApp built are in the suite's cache for the clients.
-    assert any(data_cache.glob("datasets/*.npz")) and any(data_cache.glob("partitions/*.npz"))
+    assert any(data_cache.glob("datasets/*.npz")) and any(data_cache.glob("partitions/*.npy"))
 
 
 @pytest.mark.flower_runs("fedavg", "fedavg-again")

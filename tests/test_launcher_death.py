@@ -19,9 +19,11 @@ from experiments.launch import APP_DIR, launch, resolve_config
 from experiments.output_dir import LOCK_FILE
 from experiments.processes import process_table, processes_of_home, ray_sessions
 
-# 4 clients, 2 per round, 16 rounds of ~0.15 s (4 epochs of batches of 4), a checkpoint
-# every 2: killed after round 3 or so, the resumed run redoes the rounds after its last checkpoint.
-SETTINGS = {"num-clients": 4, "participation": 0.5, "num-rounds": 16, "local-epochs": 4, "batch-size": 4, "device": "cpu",
+# 4 clients, 2 per round, 40 rounds of ~0.1 s (4 epochs of batches of 4), a checkpoint
+# every 2: killed after round 3 or so, the resumed run redoes the rounds after its last
+# checkpoint. Enough rounds that the run cannot finish while its launcher's death is
+# being cleaned up (16 did, once rounds got faster: the summary then said completed).
+SETTINGS = {"num-clients": 4, "participation": 0.5, "num-rounds": 40, "local-epochs": 4, "batch-size": 4, "device": "cpu",
             "averaging": "ima", "window": 2, "avg-start": 4, "checkpoint-every": 2}
 TIMING_COLUMNS = ["round-seconds", "train-seconds", "eval-seconds", "client-seconds"]
 WAYS = ("sigkill", "sighup-group", "ctrl-c-twice")
@@ -101,7 +103,7 @@ def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(tm
     assert ray_sessions() <= sessions  # the run's Ray session folder (logs, sockets) is removed
     rows, final = uninterrupted
     results = pd.read_csv(out / "results.csv")
-    assert results["round"].tolist() == list(range(1, 17))  # each round once
+    assert results["round"].tolist() == list(range(1, SETTINGS["num-rounds"] + 1))  # each round once
     pd.testing.assert_frame_equal(results.drop(columns=TIMING_COLUMNS), rows.drop(columns=TIMING_COLUMNS), check_exact=True)
     model = torch.load(out / "final_model.pt", weights_only=True)
     assert all(torch.equal(model[k], final[k]) for k in final)
@@ -140,7 +142,7 @@ def test_client_processes_killed_mid_run_stop_it_without_a_skipped_round_and_it_
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     rows, final = uninterrupted
     results = pd.read_csv(out / "results.csv")
-    assert results["round"].tolist() == list(range(1, 17))
+    assert results["round"].tolist() == list(range(1, SETTINGS["num-rounds"] + 1))
     pd.testing.assert_frame_equal(results.drop(columns=TIMING_COLUMNS), rows.drop(columns=TIMING_COLUMNS), check_exact=True)
     model = torch.load(out / "final_model.pt", weights_only=True)
     assert all(torch.equal(model[k], final[k]) for k in final)
