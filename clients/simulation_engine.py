@@ -43,48 +43,31 @@ ServerApp's thread does that first, while Flower registers the nodes; when the t
 comes too late (a small federation, registered in milliseconds) Flower's own runs,
 which costs little there; the run's log says which ran.
 
-The replacements are
-written for one Flower release and the exact source of the functions they replace: on
-any other, the ClientApp fails to load with :class:`EngineMismatch`, which says what to do
-(``BASIN_ENGINE_WAKEUP=off`` runs Flower's engine unchanged). Installed files are never
-edited.
+The replacements are written for one Flower release and the exact sources of the
+functions they replace, checked in clients/flower_internals.py (the one module that
+touches Flower's private surface): on any other the engine runs unchanged, and the log
+says so once. ``BASIN_ENGINE_WAKEUP=off`` also runs Flower's engine unchanged. Installed
+files are never edited.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import os
-import sys
 import threading
 from collections.abc import Callable
-from importlib.metadata import version
 from queue import Queue
 from typing import Any
 
-ENGINE_MODULE = "flwr.server.superlink.fleet.vce.vce_api"
-FLOWER_VERSION = "1.41.0"
-# SHA-256 of Flower 1.41.0's ``inspect.getsource`` of each function replaced here (or,
-# for register_context, copied in spirit: register_node_info_stores_once builds its result).
-FLOWER_SOURCE_SHA256 = {
-    "add_messages_to_queue": "953f4bd41a931a7779a4a670ab17b633f6e20b08a0128535328674466419777a",
-    "_register_node_info_stores": "09f302a270d22f1e1be21483f4e4475824a0e7c66ee93c58d6b696d57b5f2881",
-    "DeprecatedRunInfoStore.register_context": "e506bc9eefe80c326bafa1a64681a612ef77f901d7ea7ff7bebcbb898b2abe4f",
-}
+from clients import flower_internals
+
 SWITCH = "BASIN_ENGINE_WAKEUP"
 # Flower's own interval: the longest a scan waits for a store before looking again.
 MAX_WAIT_S = 0.1
 
 
-class EngineMismatch(RuntimeError):
-    """The installed Flower is not the release this change was written for."""
-
-
 # The running engine's {node id: partition id}, published when its scan thread starts.
 _engine_nodes: dict[int, int] = {}
 _engine_nodes_published = threading.Event()
-# Flower's functions this process replaced, by name (for tests comparing the two).
-replaced: dict[str, Callable] = {}
 # Set whenever the running engine stores a client's reply in the link state.
 _reply_stored = threading.Event()
 
@@ -162,17 +145,16 @@ def register_node_info_stores_once(nodes_mapping: dict[int, int], run, app_dir: 
     """Flower's ``_register_node_info_stores`` (a ``DeprecatedRunInfoStore`` per node, its
     run's context registered), reading the app's run config once for all nodes instead of
     once per node, and sharing it (see the module docstring)."""
-    from flwr.compat.client.run_info_store import DeprecatedRunInfoStore, RunInfo
     from flwr.app import Context, RecordDict
 
-    engine = sys.modules[ENGINE_MODULE]
-    stores: dict[int, DeprecatedRunInfoStore] = {}
+    store_class, run_info_class = flower_internals.run_info_store_classes()
+    partition_id_key, num_partitions_key = flower_internals.partition_keys()
+    stores: dict[int, Any] = {}
     num_partitions = len(set(nodes_mapping.values()))
     run_config = None
     for node_id, partition_id in nodes_mapping.items():
-        store = DeprecatedRunInfoStore(
-            node_id=node_id,
-            node_config={engine.PARTITION_ID_KEY: partition_id, engine.NUM_PARTITIONS_KEY: num_partitions},
+        store = store_class(
+            node_id=node_id, node_config={partition_id_key: partition_id, num_partitions_key: num_partitions},
         )
         if run_config is None:  # Flower's own registration, once
             store.register_context(run_id=run.run_id, run=run, app_dir=app_dir)
@@ -180,7 +162,7 @@ def register_node_info_stores_once(nodes_mapping: dict[int, int], run, app_dir: 
         else:
             context = Context(run_id=run.run_id, node_id=node_id, node_config=store.node_config, state=RecordDict(),
                               run_config=run_config)
-            store.run_infos[run.run_id] = RunInfo(initial_run_config=run_config, context=context)
+            store.run_infos[run.run_id] = run_info_class(initial_run_config=run_config, context=context)
         stores[node_id] = store
     print(f"[basin] simulation engine: {len(stores)} node contexts from one read of the run config "
           "(clients/simulation_engine.py)", flush=True)
@@ -192,27 +174,10 @@ register_node_info_stores_once.installed_by_basin = True
 
 def install_engine_wakeup() -> bool:
     """Install this module's replacements in this process when it runs Flower's
-    simulation engine; True when they are in place."""
-    engine = sys.modules.get(ENGINE_MODULE)
-    if engine is None or os.environ.get(SWITCH, "on") == "off":
+    simulation engine (of the release they were written for); True when they are in place."""
+    if os.environ.get(SWITCH, "on") == "off":
         return False
-    replacements = {"_register_node_info_stores": register_node_info_stores_once,
-                    "add_messages_to_queue": add_messages_to_queue_on_store}
-    missing = {name: f for name, f in replacements.items() if not getattr(getattr(engine, name), "installed_by_basin", False)}
-    if not missing:
-        return True
-    from flwr.compat.client.run_info_store import DeprecatedRunInfoStore
-
-    flower_version = version("flwr")
-    # register_node_info_stores_once registers the first node's context with this method
-    check_engine(flower_version, inspect.getsource(DeprecatedRunInfoStore.register_context),
-                 "DeprecatedRunInfoStore.register_context")
-    for name in missing:
-        check_engine(flower_version, inspect.getsource(getattr(engine, name)), name)
-    for name, replacement in missing.items():
-        replaced[name] = getattr(engine, name)
-        setattr(engine, name, replacement)
-    return True
+    return flower_internals.replace_engine_functions(add_messages_to_queue_on_store, register_node_info_stores_once)
 
 
 def wait_for_reply(seconds: float) -> None:
@@ -236,17 +201,3 @@ def simulated_partitions(timeout: float) -> dict[int, int] | None:
     if not install_engine_wakeup() or not _engine_nodes_published.wait(timeout):
         return None
     return dict(_engine_nodes)
-
-
-def check_engine(flower_version: str, source: str, function: str = "add_messages_to_queue") -> None:
-    """Raise EngineMismatch unless this is the Flower release and ``function``'s source
-    the replacement was written for."""
-    found = hashlib.sha256(source.encode()).hexdigest()
-    if flower_version != FLOWER_VERSION or found != FLOWER_SOURCE_SHA256[function]:
-        raise EngineMismatch(
-            f"Basin's engine changes (clients/simulation_engine.py) replace {ENGINE_MODULE}.{function} "
-            f"of flwr {FLOWER_VERSION}; this is flwr {flower_version}"
-            + ("" if flower_version != FLOWER_VERSION else f" with a different {function}")
-            + f". Install flwr=={FLOWER_VERSION} (pyproject.toml pins it), or set {SWITCH}=off to run "
-            "Flower's engine unchanged (0.1 s more per round)"
-        )

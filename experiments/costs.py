@@ -123,11 +123,11 @@ import numpy as np
 import pandas as pd
 import torch
 from flwr.app import ArrayRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from clients import protocol
+from clients.flower_internals import task_identity
 from clients.local_round import LocalRound
 from clients.models import MODEL_NAMES, build_model, uses_projection_head
 from clients.training import select_device
@@ -212,15 +212,13 @@ class _OneNodeGrid:
 def server_side() -> Iterator[None]:
     """Messages are stamped with the sender's ids, as inside a ServerApp; restored after.
     Flower's INFO/WARNING lines (strategy settings, sampled nodes) are silenced meanwhile."""
-    saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
     flower_logger = logging.getLogger("flwr")
     level = flower_logger.level
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     flower_logger.setLevel(logging.ERROR)
     try:
-        yield
+        with task_identity(run_id=1, node_id=0, task_id=1):
+            yield
     finally:
-        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
         flower_logger.setLevel(level)
 
 

@@ -30,6 +30,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from clients.state_store import atomic_save
+from clients.flower_internals import STRATEGY_STATE_ATTRIBUTES
 from strategies.averaging import ModelAveraging, to_arrays, to_numpy
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -44,8 +45,9 @@ RESUMABLE_CHANGES = (
 CLIENT_STATE_METHODS = ("scaffold", "fedmoswa", "feddyn", "moon", "fedlesam", "adabest")
 
 
-# Attributes in which Flower's strategies keep server state across rounds.
-BASE_STATE_ATTRIBUTES = ("current_arrays", "m_t", "v_t", "momentum_vector", "control")
+# Attributes in which strategies keep server state across rounds: Flower's FedAvgM's and
+# FedOpt's (clients/flower_internals.py), and SCAFFOLD's server control.
+BASE_STATE_ATTRIBUTES = (*STRATEGY_STATE_ATTRIBUTES, "control")
 
 
 def _encode(value: Any) -> Any:

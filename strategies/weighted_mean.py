@@ -27,9 +27,10 @@ from collections.abc import Iterable
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
-from flwr.common.constant import SType
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from numpy.lib import format as npy_format
+
+from clients import flower_internals
 
 
 def npy_header_length(data: bytes) -> int:
@@ -63,7 +64,7 @@ def array_view(array: Array) -> np.ndarray:
     for the rare .npy version or object dtype it does not read in place)."""
     data = array.data
     offset = npy_header_length(data)
-    layout = npy_layout(bytes(data[:offset])) if array.stype == SType.NUMPY else None
+    layout = npy_layout(bytes(data[:offset])) if array.stype == flower_internals.numpy_stype() else None
     if layout is None:
         return array.numpy()
     shape, fortran_order, dtype = layout
@@ -96,13 +97,20 @@ class InPlaceFedAvg(FlowerFedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Flower 1.41's ``FedAvg.aggregate_train``: the same checks, the same mean."""
+        """Flower 1.41's ``FedAvg.aggregate_train``: the same checks, the same mean (on
+        another Flower release, Flower's own: clients/flower_internals.py)."""
+        if not flower_internals.speed_up_available("in-place mean"):
+            return super().aggregate_train(server_round, replies)
         contents = self.checked_contents(replies)
         if not contents:
             return None, None
         return weighted_mean_arrays(contents, self.weighted_by_key), self.train_metrics_aggr_fn(contents, self.weighted_by_key)
 
     def checked_contents(self, replies: Iterable[Message]) -> list[RecordDict]:
-        """The contents of the replies without an error, after Flower's consistency checks."""
-        valid_replies, _ = self._check_and_log_replies(replies, is_train=True)
+        """The contents of the replies without an error, after Flower's consistency checks
+        (on another Flower release: the replies without an error)."""
+        replies = list(replies)
+        if not flower_internals.speed_up_available("in-place mean"):
+            return [message.content for message in replies if not message.has_error()]
+        valid_replies, _ = flower_internals.check_and_log_replies(self, replies, is_train=True)
         return [message.content for message in valid_replies]

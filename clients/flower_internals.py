@@ -1,0 +1,200 @@
+"""Every use Basin makes of Flower's private surface, in one place, checked against the
+release it was written for.
+
+Basin builds on Flower's public API (``flwr.app``, ``flwr.serverapp``,
+``flwr.serverapp.strategy``, ``flwr.clientapp``) freely. What it uses beyond that is
+named here and nowhere else (``tests/test_flower_internals.py`` fails on a private name
+used in another module):
+
+- **The simulation engine** (``clients/simulation_engine.py``, a speed-up): it replaces
+  ``vce_api.add_messages_to_queue`` and ``vce_api._register_node_info_stores``, builds the
+  stores ``DeprecatedRunInfoStore.register_context`` would, and wraps the in-memory link
+  state's ``store_message_ins``/``store_message_res``, relying on ``get_message_ins``
+  handing each message out once.
+- **Reply checks and FedAvg's mean** (``strategies/weighted_mean.py``, a speed-up):
+  ``FedAvg._check_and_log_replies``, and ``FedAvg.aggregate_train`` whose arithmetic the
+  in-place mean repeats bit for bit.
+- **Strategy state** (``strategies/checkpoint.py``): the attributes in which Flower's
+  FedAvgM and FedOpt keep their state across rounds (:data:`STRATEGY_STATE_ATTRIBUTES`).
+- **Array encoding** (``strategies/weighted_mean.py``): ``SType.NUMPY``, the tag of an
+  array serialised by ``np.save``.
+- **The task identity** (``experiments/costs.py``): ``TaskIdentity``'s ids, set to build
+  messages outside a ServerApp.
+
+:func:`matches` compares the installed release and each function's source with the
+hashes below. Where the use is only a speed-up, a mismatch says so once and Basin runs
+Flower's own code instead (:func:`speed_up_available`); nothing refuses to run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib
+import inspect
+from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+FLOWER_VERSION = "1.41.0"
+ENGINE_MODULE = "flwr.server.superlink.fleet.vce.vce_api"
+RUN_INFO_STORE_MODULE = "flwr.compat.client.run_info_store"
+LINK_STATE_MODULE = "flwr.server.superlink.linkstate.in_memory_linkstate"
+
+# SHA-256 of ``inspect.getsource`` of each private function Basin replaces or relies on,
+# in flwr 1.41.0, by "module:qualified name".
+SOURCE_SHA256 = {
+    f"{ENGINE_MODULE}:add_messages_to_queue": "953f4bd41a931a7779a4a670ab17b633f6e20b08a0128535328674466419777a",
+    f"{ENGINE_MODULE}:_register_node_info_stores": "09f302a270d22f1e1be21483f4e4475824a0e7c66ee93c58d6b696d57b5f2881",
+    f"{RUN_INFO_STORE_MODULE}:DeprecatedRunInfoStore.register_context":
+        "e506bc9eefe80c326bafa1a64681a612ef77f901d7ea7ff7bebcbb898b2abe4f",
+    f"{LINK_STATE_MODULE}:InMemoryLinkState.store_message_ins":
+        "a2b78afac51dc4a23d236ccf8d02958c8d0532aac179cd9ad9b1a0d939eecbea",
+    f"{LINK_STATE_MODULE}:InMemoryLinkState.store_message_res":
+        "52a4f7ccc70e890843671cc17e603239f50b88de2a0c5d30810a19021c9d594d",
+    f"{LINK_STATE_MODULE}:InMemoryLinkState.get_message_ins":
+        "6547c8dcbc62e12f5b2aa5c69f4de8c7c7072c10d6c0876512cf37197d941056",
+    "flwr.serverapp.strategy.fedavg:FedAvg.aggregate_train":
+        "0e014b5d7cc3164dbb9b2e453624a02a89673690b62bb091255d9998a632cc57",
+    "flwr.serverapp.strategy.fedavg:FedAvg._check_and_log_replies":
+        "8eacfa6be09cc25540e8cf2c8b5c6443c044f13f1bfd33607d6ef072c1ce7a35",
+}
+# The functions each speed-up relies on.
+SPEED_UPS = {
+    "engine": [name for name in SOURCE_SHA256 if not name.startswith("flwr.serverapp")],
+    "in-place mean": [name for name in SOURCE_SHA256 if name.startswith("flwr.serverapp")],
+}
+# Attributes in which Flower's strategies keep server state across rounds (FedOpt's
+# current model and moments, FedAvgM's momentum).
+STRATEGY_STATE_ATTRIBUTES = ("current_arrays", "m_t", "v_t", "momentum_vector")
+# Names that are Flower's private surface: used in this module only (identifiers, and
+# module prefixes in imports and strings). STRATEGY_STATE_ATTRIBUTES are not among them:
+# Basin's FedAvgM and FedOpt subclass Flower's and share those public attribute names.
+PRIVATE_NAMES = (
+    "vce_api", "add_messages_to_queue", "_register_node_info_stores", "DeprecatedRunInfoStore", "RunInfo",
+    "run_info_store", "in_memory_linkstate", "_check_and_log_replies", "SType", "TaskIdentity", "flwr.common",
+    "flwr.supercore", "flwr.compat", "flwr.server.",
+)
+
+
+def installed_flower() -> str:
+    try:
+        return version("flwr")
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def resolve(name: str) -> Any:
+    """The object ``module:qualified.name`` names (imports the module)."""
+    module_name, _, qualified = name.partition(":")
+    value: Any = importlib.import_module(module_name)
+    for part in qualified.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def source_hash(function: Any) -> str:
+    return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()
+
+
+# Flower's functions this process replaced, by "module:name" (the originals, for checks and tests).
+replaced: dict[str, Any] = {}
+
+
+def original(name: str) -> Any:
+    """Flower's object under ``name``, also after Basin replaced it in this process."""
+    return replaced[name] if name in replaced else resolve(name)
+
+
+def mismatch(name: str) -> str:
+    """'' when Flower's object under ``name`` is flwr 1.41.0's exact source, else what differs."""
+    flower = installed_flower()
+    if flower != FLOWER_VERSION:
+        return f"this is flwr {flower}, not {FLOWER_VERSION}"
+    try:
+        found = source_hash(original(name))
+    except (ImportError, AttributeError, OSError, TypeError) as error:
+        return f"{name} is not there ({type(error).__name__}: {error})"
+    return "" if found == SOURCE_SHA256[name] else f"{name} differs from flwr {FLOWER_VERSION}'s"
+
+
+@functools.cache
+def speed_up_available(speed_up: str) -> bool:
+    """Whether every Flower function ``speed_up`` relies on is 1.41.0's; if not, say so
+    once (Basin then runs Flower's own code for it)."""
+    problems = [problem for name in SPEED_UPS[speed_up] if (problem := mismatch(name))]
+    if problems:
+        print(f"[basin] {speed_up} speed-up off, Flower's own code runs instead: {problems[0]} "
+              f"(clients/flower_internals.py was written for flwr=={FLOWER_VERSION}, which pyproject.toml pins)",
+              flush=True)
+    return not problems
+
+
+def check_and_log_replies(strategy: Any, replies: Any, is_train: bool) -> tuple[list, list]:
+    """Flower's ``FedAvg._check_and_log_replies``: (valid replies, error replies)."""
+    return strategy._check_and_log_replies(replies, is_train=is_train)
+
+
+def numpy_stype() -> str:
+    """The ``Array.stype`` of an array serialised with ``np.save``."""
+    from flwr.common.constant import SType
+
+    return SType.NUMPY
+
+
+def strategy_state(strategy: Any) -> dict[str, Any]:
+    """The values of :data:`STRATEGY_STATE_ATTRIBUTES` that ``strategy`` has."""
+    return {name: getattr(strategy, name) for name in STRATEGY_STATE_ATTRIBUTES if hasattr(strategy, name)}
+
+
+def engine_module() -> Any:
+    """Flower's simulation engine module when this process runs it (imported), else None."""
+    import sys
+
+    return sys.modules.get(ENGINE_MODULE)
+
+
+def replace_engine_functions(hand_out: Any, node_contexts: Any) -> bool:
+    """In a process running Flower's simulation engine, make ``hand_out`` its message
+    hand-out scan (``add_messages_to_queue``) and ``node_contexts`` its registration of the
+    nodes' contexts (``_register_node_info_stores``); True when they are in place, False
+    where no engine runs or the engine is not 1.41.0's (said once: Flower's run)."""
+    engine = engine_module()
+    if engine is None:
+        return False
+    wanted = {"add_messages_to_queue": hand_out, "_register_node_info_stores": node_contexts}
+    if all(getattr(engine, name) is function for name, function in wanted.items()):
+        return True
+    if not speed_up_available("engine"):
+        return False
+    for name, function in wanted.items():
+        if getattr(engine, name) is not function:
+            replaced[f"{ENGINE_MODULE}:{name}"] = getattr(engine, name)
+            setattr(engine, name, function)
+    return True
+
+
+def partition_keys() -> tuple[str, str]:
+    """The node-config keys of a simulated node's partition id and partition count."""
+    engine = importlib.import_module(ENGINE_MODULE)
+    return engine.PARTITION_ID_KEY, engine.NUM_PARTITIONS_KEY
+
+
+def run_info_store_classes() -> tuple[type, type]:
+    """(DeprecatedRunInfoStore, RunInfo): a simulated node's run contexts."""
+    module = importlib.import_module(RUN_INFO_STORE_MODULE)
+    return module.DeprecatedRunInfoStore, module.RunInfo
+
+
+@contextlib.contextmanager
+def task_identity(run_id: int, node_id: int, task_id: int) -> Iterator[None]:
+    """Messages built inside are stamped with these ids, as inside a ServerApp; restored after."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, node_id, task_id
+    try:
+        yield
+    finally:
+        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved

@@ -1,0 +1,108 @@
+"""Flower's private surface is used in clients/flower_internals.py only, checked against
+flwr 1.41.0, and failing soft where it is only a speed-up."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+
+from clients import flower_internals
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("strategies", "clients", "partitions", "experiments")
+MODULE_PREFIXES = tuple(name for name in flower_internals.PRIVATE_NAMES if "." in name)
+IDENTIFIERS = {name for name in flower_internals.PRIVATE_NAMES if "." not in name}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                ids.add(id(first.value))
+    return ids
+
+
+def private_uses(path: Path) -> list[str]:
+    """Flower private names a module's code (not its docstrings or comments) uses."""
+    tree = ast.parse(path.read_text())
+    docstrings = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.alias):
+            names = [node.name, node.name.split(".")[-1]]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found += [f"import from {node.module}" for prefix in MODULE_PREFIXES if node.module.startswith(prefix.rstrip("."))
+                      and (node.module + ".").startswith(prefix if prefix.endswith(".") else prefix + ".")]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            found += [f"string {node.value!r}" for prefix in MODULE_PREFIXES if node.value.startswith(prefix)]
+        found += [name for name in names if name in IDENTIFIERS]
+    return found
+
+
+def test_private_flower_names_are_used_in_flower_internals_only():
+    uses = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            if path.name == "flower_internals.py":
+                continue
+            if found := private_uses(path):
+                uses[str(path.relative_to(REPO))] = sorted(set(found))
+    assert not uses, f"Flower's private surface used outside clients/flower_internals.py: {uses}"
+
+
+def test_the_scan_finds_what_it_looks_for(tmp_path):
+    """The rule bites: each kind of use is found, a docstring mentioning a name is not."""
+    module = tmp_path / "m.py"
+    module.write_text('"""Mentions vce_api and _check_and_log_replies in prose."""\n'
+                      "from flwr.common.constant import SType\n"
+                      "import flwr.server.superlink.linkstate as link\n"
+                      "x = strategy._check_and_log_replies(replies)\n"
+                      "name = 'flwr.supercore.task_identity'\n")
+    found = private_uses(module)
+    assert "import from flwr.common.constant" in found and "SType" in found and "_check_and_log_replies" in found
+    assert any(use.startswith("string 'flwr.supercore") for use in found)
+    assert "vce_api" not in found
+
+
+def test_every_function_basin_relies_on_is_the_installed_flowers():
+    """Fails when Flower is upgraded: re-read each function against the new release and
+    update FLOWER_VERSION and SOURCE_SHA256 (the speed-ups are off until then)."""
+    problems = {name: problem for name in flower_internals.SOURCE_SHA256 if (problem := flower_internals.mismatch(name))}
+    assert not problems
+    assert all(flower_internals.speed_up_available(name) for name in flower_internals.SPEED_UPS)
+
+
+@pytest.mark.usefixtures("server_identity")
+def test_on_another_flower_the_mean_is_flowers_own_and_the_same(monkeypatch, capsys):
+    from strategies.weighted_mean import InPlaceFedAvg
+
+    def reply(values, n):
+        content = RecordDict({"arrays": ArrayRecord({"w": Array(np.asarray(values, np.float32))}),
+                              "metrics": MetricRecord({"num-examples": n})})
+        request = Message(content=RecordDict({"config": ConfigRecord()}), dst_node_id=5, message_type=MessageType.TRAIN)
+        return Message(content=content, reply_to=request)
+
+    replies = [reply([1.0, 2.0], 1), reply([4.0, 8.0], 3)]
+    strategy = InPlaceFedAvg()
+    in_place, _ = strategy.aggregate_train(1, replies)
+    monkeypatch.setattr(flower_internals, "installed_flower", lambda: "9.9.9")
+    flower_internals.speed_up_available.cache_clear()
+    try:
+        flowers, _ = strategy.aggregate_train(1, replies)
+        assert "in-place mean speed-up off, Flower's own code runs instead: this is flwr 9.9.9" in capsys.readouterr().out
+        assert [c.content for c in replies] and strategy.checked_contents(replies)  # the replies without an error
+    finally:
+        flower_internals.speed_up_available.cache_clear()
+    assert np.array_equal(in_place["w"].numpy(), flowers["w"].numpy())
+    assert in_place["w"].numpy().tolist() == [3.25, 6.5]
