@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from clients.protocol import ADABEST_MEAN_EXAMPLES_PER_STEP, ADABEST_MU, ADABEST_OFFICIAL_CODE
-from strategies.averaging import counter_mean, is_float, to_numpy
+from strategies.arrays import counter_mean, is_float, to_numpy
 from strategies.config import ADABEST_VARIANTS
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg

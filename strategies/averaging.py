@@ -42,47 +42,14 @@ from collections import deque
 from collections.abc import Iterable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from strategies.weighted_mean import array_view
+from strategies.arrays import to_arrays, to_numpy
+from strategies.round_interface import RoundStrategy, attribute_state
 
 AVERAGING_SUBSETS = ("all", "features", "classifier")
-
-
-def is_float(array: np.ndarray) -> bool:
-    """Whether an array holds trained values (floating point), not a counter such as
-    BatchNorm's ``num_batches_tracked``."""
-    return np.issubdtype(array.dtype, np.floating)
-
-
-def counter_mean(client_ws: list[dict[str, np.ndarray]], key: str, dtype, weights: list[float] | None = None) -> np.ndarray:
-    """The clients' mean of a non-float array (a counter such as ``num_batches_tracked``),
-    weighted by ``weights`` when given, rounded back to its dtype: methods whose update
-    rule is for trained values apply it to floats only."""
-    weights = weights or [1.0] * len(client_ws)
-    mean = sum(w * cw[key].astype(np.float64) for w, cw in zip(weights, client_ws)) / sum(weights)
-    return np.rint(mean).astype(dtype)
-
-
-def to_numpy(arrays: ArrayRecord) -> dict[str, np.ndarray]:
-    """The record's arrays as read-only views of its bytes (strategies/weighted_mean.py)."""
-    return {key: array_view(array) for key, array in arrays.items()}
-
-
-def to_arrays(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({key: Array(np.ascontiguousarray(value)) for key, value in arrays.items()})
-
-
-def with_record(messages, key: str, arrays: dict[str, np.ndarray]) -> list:
-    """The messages, each carrying ``arrays`` as an extra ArrayRecord named ``key``
-    (a server control variate sent beside the model)."""
-    record = to_arrays(arrays)
-    messages = list(messages)
-    for message in messages:
-        message.content[key] = record
-    return messages
 
 
 def window_mean(models: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -91,7 +58,7 @@ def window_mean(models: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray
     return {key: (sum(m[key] for m in models) / len(models)).astype(models[0][key].dtype) for key in models[0]}
 
 
-class ModelAveraging(Strategy):
+class ModelAveraging(RoundStrategy, Strategy):
     """Average the base strategy's global models over a window of rounds.
 
     Parameters
@@ -185,6 +152,24 @@ class ModelAveraging(Strategy):
     @property
     def sends_average(self) -> bool:
         return self.feedback and self.averaged_arrays is not None
+
+    def prepare_round(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> None:
+        """The base method's exchange before training, if it has one."""
+        if isinstance(self.base, RoundStrategy):
+            self.base.prepare_round(server_round, arrays, grid)
+
+    def checkpoint_state(self) -> dict:
+        """The base strategy's checkpoint state (any Flower strategy's attributes), and the window's."""
+        base = self.base.checkpoint_state() if isinstance(self.base, RoundStrategy) else {"base": attribute_state(self.base)}
+        return {**base, "averaging": self.state_dict()}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        if isinstance(self.base, RoundStrategy):
+            self.base.load_checkpoint_state(state)
+        else:
+            for name, value in state["base"].items():
+                setattr(self.base, name, value)
+        self.load_state_dict(state["averaging"])
 
     # -- Strategy hooks -----------------------------------------------------------------
     def configure_train(

@@ -30,8 +30,8 @@ import torch
 from flwr.app import ArrayRecord
 
 from clients.state_store import atomic_save
-from clients.flower_internals import STRATEGY_STATE_ATTRIBUTES
-from strategies.averaging import ModelAveraging, to_arrays, to_numpy
+from strategies.arrays import to_arrays, to_numpy
+from strategies.round_interface import RoundStrategy
 
 CHECKPOINT_FILE = "checkpoint.pt"
 CHECKPOINT_FORMAT = 2
@@ -43,11 +43,6 @@ RESUMABLE_CHANGES = (
 )
 # Methods whose clients keep state across rounds (in context.state, snapshot by the clients).
 CLIENT_STATE_METHODS = ("scaffold", "fedmoswa", "feddyn", "moon", "fedlesam", "adabest")
-
-
-# Attributes in which strategies keep server state across rounds: Flower's FedAvgM's and
-# FedOpt's (clients/flower_internals.py), and SCAFFOLD's server control.
-BASE_STATE_ATTRIBUTES = (*STRATEGY_STATE_ATTRIBUTES, "control")
 
 
 def _encode(value: Any) -> Any:
@@ -74,25 +69,13 @@ def _decode(value: Any) -> Any:
     return value
 
 
-def strategy_state(strategy) -> dict[str, Any]:
+def strategy_state(strategy: RoundStrategy) -> dict[str, Any]:
     """The state a strategy (possibly wrapped by ModelAveraging) carries across rounds."""
-    base = strategy.base if isinstance(strategy, ModelAveraging) else strategy
-    state = {"base": {name: getattr(base, name) for name in BASE_STATE_ATTRIBUTES if hasattr(base, name)}}
-    if hasattr(base, "state_dict"):  # Basin's own methods (FedDyn, FedSWA, …) name their state
-        state["method"] = base.state_dict()
-    if isinstance(strategy, ModelAveraging):
-        state["averaging"] = strategy.state_dict()
-    return state
+    return strategy.checkpoint_state()
 
 
-def load_strategy_state(strategy, state: dict[str, Any]) -> None:
-    base = strategy.base if isinstance(strategy, ModelAveraging) else strategy
-    for name, value in state["base"].items():
-        setattr(base, name, value)
-    if "method" in state:
-        base.load_state_dict(state["method"])
-    if isinstance(strategy, ModelAveraging):
-        strategy.load_state_dict(state["averaging"])
+def load_strategy_state(strategy: RoundStrategy, state: dict[str, Any]) -> None:
+    strategy.load_checkpoint_state(state)
 
 
 class CheckpointError(RuntimeError):

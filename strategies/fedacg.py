@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.averaging import counter_mean, is_float, to_arrays, to_numpy
+from strategies.arrays import counter_mean, is_float, to_arrays, to_numpy
 from strategies.config import FEDACG_VARIANTS
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg

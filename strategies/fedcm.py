@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from clients.protocol import FEDCM_ALPHA, FEDCM_DIRECTION, FEDCM_SCALE
-from strategies.averaging import counter_mean, is_float, to_numpy, with_record
+from strategies.arrays import counter_mean, is_float, to_numpy, with_record
 from strategies.config import FEDCM_VARIANTS
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from clients.protocol import FEDDYN_ALPHA
-from strategies.averaging import to_numpy
+from strategies.arrays import to_numpy
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from clients.protocol import FEDFA_ANCHOR_LOSS, FEDFA_ANCHORS, FEDFA_CALIBRATE, OBJECTIVE_RECORD
-from strategies.averaging import with_record
+from strategies.arrays import with_record
 from strategies.client_objective import ClientObjectiveFedAvg
 from strategies.config import FEDFA_VARIANTS
 

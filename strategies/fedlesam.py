@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from clients.protocol import FEDLESAM_UPDATE
-from strategies.averaging import counter_mean, is_float, to_arrays, to_numpy, with_record
+from strategies.arrays import counter_mean, is_float, to_arrays, to_numpy, with_record
 from strategies.client_objective import ClientObjectiveFedAvg
 from strategies.config import FEDLESAM_VARIANTS, FEDLESAM_WEIGHTINGS
 

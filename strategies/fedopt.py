@@ -32,7 +32,7 @@ from flwr.serverapp.strategy import FedAdagrad as FlowerFedAdagrad
 from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 
-from strategies.averaging import to_arrays, to_numpy
+from strategies.arrays import to_arrays, to_numpy
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -52,7 +52,7 @@ from clients.protocol import (
     STEP_LR_END,
     STEP_LR_START,
 )
-from strategies.averaging import to_arrays, to_numpy, with_record
+from strategies.arrays import to_arrays, to_numpy, with_record
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -31,7 +31,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from clients.protocol import (
     FULL_GRADIENT_ACTION, MIME_CORRECTION, MIME_DAMPENED, MIME_MOMENTUM, MIME_STATE, OBJECTIVE,
 )
-from strategies.averaging import counter_mean, is_float, to_numpy, with_record
+from strategies.arrays import counter_mean, is_float, to_numpy, with_record
 from strategies.config import MIME_VARIANTS
 from strategies.exchange import send_and_receive
 from strategies.sampling import ServerUpdate

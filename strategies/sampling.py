@@ -20,6 +20,7 @@ from flwr.serverapp import Grid
 from clients import protocol
 from clients.simulation_engine import simulated_partitions
 from strategies.exchange import send_and_receive
+from strategies.round_interface import RoundStrategy
 from strategies.faults import NODE_UNAVAILABLE, ClientFailure, Layout, layout_of, screen_replies
 from strategies.weighted_mean import array_view
 
@@ -122,7 +123,7 @@ class CohortGrid:
         return getattr(self._grid, name)
 
 
-class CohortSampling:
+class CohortSampling(RoundStrategy):
     """Mixin, listed before a Flower strategy class, that samples seeded cohorts and
     screens their replies (strategies/faults.py) before aggregating.
 

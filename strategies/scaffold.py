@@ -12,7 +12,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from clients.protocol import SCAFFOLD_DELTA_CONTROL, SCAFFOLD_SERVER_CONTROL
-from strategies.averaging import to_numpy, with_record
+from strategies.arrays import to_numpy, with_record
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

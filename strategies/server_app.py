@@ -37,7 +37,8 @@ from clients.data import partition_indices
 from partitions import class_count_table, load_dataset, plot_class_counts
 from partitions.feasibility import check_no_empty_clients, partition_settings
 from partitions.stats import partition_notation
-from strategies.averaging import ModelAveraging, to_numpy
+from strategies.arrays import to_numpy
+from strategies.round_interface import RoundStrategy
 from strategies.checkpoint import CHECKPOINT_FILE, CLIENT_STATE_METHODS, read_checkpoint, restore_checkpoint, write_checkpoint
 from strategies.exchange import send_and_receive
 from strategies.faults import (
@@ -171,9 +172,7 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
         train_config = round_train_config(config, schedule, server_round, data.black)
         if snapshots:
             train_config.update({**snapshots, protocol.RESUMED_AFTER_ROUND: first_round - 1})
-        prepare_round = getattr(strategy, "prepare_round", None)
-        if prepare_round is not None:  # a method's exchange before training (MIME's full-batch gradients)
-            prepare_round(server_round, arrays, grid)
+        strategy.prepare_round(server_round, arrays, grid)  # a method's exchange before training (MIME's)
         replies = send_and_receive(
             grid, strategy.configure_train(server_round, arrays, train_config, grid),
             round_timeout(config, first_contact=server_round == first_round and clients_unasked),
@@ -234,8 +233,7 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
     never = nothing_trained_reason(recorder.rows, config)
     if never:  # the untrained model's accuracy is no result
         raise NothingTrained(never)
-    final = strategy.averaged_arrays if isinstance(strategy, ModelAveraging) and strategy.averaged_arrays else arrays
-    torch.save(final.to_torch_state_dict(), recorder.directory / "final_model.pt")
+    torch.save(strategy.final_arrays(arrays).to_torch_state_dict(), recorder.directory / "final_model.pt")
     if snapshots:  # the run is complete: no resume will need them
         remove_run_snapshots(run_snapshots)
 
@@ -248,11 +246,10 @@ def indicators_of_round(strategy, model, cka_inputs) -> dict[str, float]:
     return round_indicators(model, states, weights, cka_inputs)
 
 
-def save_models_of_round(config: dict[str, Any], directory: Path, server_round: int, strategy, sent: ArrayRecord) -> None:
+def save_models_of_round(config: dict[str, Any], directory: Path, server_round: int, strategy: RoundStrategy,
+                         sent: ArrayRecord) -> None:
     """models/round-RRRR.pt: the base model, the average (if any) and capped client models."""
-    averaging = strategy if isinstance(strategy, ModelAveraging) else None
-    base = averaging.base_arrays if averaging and averaging.base_arrays is not None else sent
-    averaged = averaging.averaged_arrays if averaging else None
+    base, averaged = strategy.round_models(sent)
     clients = strategy.round_client_models(config["save-client-models"])
     save_round_models(
         directory, server_round, to_numpy(base), None if averaged is None else to_numpy(averaged),
@@ -310,7 +307,8 @@ def test_split_by_domain(data) -> tuple[torch.Tensor, torch.Tensor, dict[str, sl
     return data.x_test[order], data.y_test[order], slices
 
 
-def evaluate_round(strategy, sent: ArrayRecord, model, x_test, y_test, domains: dict[str, slice] | None = None) -> dict[str, Any]:
+def evaluate_round(strategy: RoundStrategy, sent: ArrayRecord, model, x_test, y_test,
+                   domains: dict[str, slice] | None = None) -> dict[str, Any]:
     """Central accuracy/loss of the base model and, when there is one, the averaged model;
     with ``domains`` (:func:`test_split_by_domain`), the reported model's accuracy on each domain's
     test samples and their mean.
@@ -322,16 +320,15 @@ def evaluate_round(strategy, sent: ArrayRecord, model, x_test, y_test, domains: 
         model.load_state_dict(arrays.to_torch_state_dict())
         return evaluate(model, x_test, y_test)
 
-    averaging = strategy if isinstance(strategy, ModelAveraging) else None
-    base = averaging.base_arrays if averaging and averaging.base_arrays is not None else sent
+    base, averaged = strategy.round_models(sent)
     base_loss, base_accuracy = score(base)
     row = {"base-accuracy": base_accuracy, "base-loss": base_loss, "sent-model": "base",
            "test-accuracy": base_accuracy, "test-loss": base_loss}
-    if averaging and averaging.averaged_arrays is not None:
-        averaged_loss, averaged_accuracy = score(averaging.averaged_arrays)
+    if averaged is not None:
+        averaged_loss, averaged_accuracy = score(averaged)
         row.update({"averaged-accuracy": averaged_accuracy, "averaged-loss": averaged_loss,
                     "test-accuracy": averaged_accuracy, "test-loss": averaged_loss})
-        row["sent-model"] = "averaged" if averaging.sends_average else "base"
+        row["sent-model"] = "averaged" if strategy.sends_average else "base"
     if domains:  # the model holds the reported weights (scored last)
         for column, part in domains.items():
             row[column] = evaluate(model, x_test[part], y_test[part])[1]

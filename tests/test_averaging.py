@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from strategies.averaging import ModelAveraging, to_arrays, to_numpy, window_mean
+from strategies.arrays import to_arrays, to_numpy
+from strategies.averaging import ModelAveraging, window_mean
 from strategies.checkpoint import load_checkpoint, load_strategy_state, save_checkpoint, strategy_state
 from strategies.fedavg import FedAvg
 from strategies.fedavgm import FedAvgM

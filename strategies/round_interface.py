@@ -1,0 +1,76 @@
+"""What Basin's round loop (strategies/server_app.py) and checkpoints
+(strategies/checkpoint.py) ask of a strategy, with the defaults a plain method needs.
+
+A method overrides what it does differently:
+
+- :meth:`RoundStrategy.prepare_round`: an exchange before the round's training (MIME's
+  full-batch gradients); by default none.
+- the models of a round: the model sent is the round loop's; ``base_arrays`` is the
+  round's base model where a method reports one besides it, ``averaged_arrays`` its
+  average (strategies/averaging.ModelAveraging), ``sends_average`` whether the average is
+  what clients receive; :meth:`round_models` and :meth:`final_arrays` read them.
+- :meth:`state_dict` / :meth:`load_state_dict`: the state a method carries across rounds
+  (FedDyn's h, FedSWA's momentum, …), for checkpoints; by default none beyond the
+  attributes Flower's strategies keep it in (clients/flower_internals.py) and SCAFFOLD's
+  ``control``, which :meth:`checkpoint_state` adds.
+
+Every strategy the registry builds is one (strategies/sampling.CohortSampling and
+ModelAveraging derive from it), so the round loop and checkpoints call these methods
+without asking what kind of strategy they hold.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flwr.app import ArrayRecord
+
+from clients.flower_internals import STRATEGY_STATE_ATTRIBUTES
+
+# Attributes in which strategies keep server state across rounds: Flower's FedAvgM's and
+# FedOpt's, and SCAFFOLD's server control.
+BASE_STATE_ATTRIBUTES = (*STRATEGY_STATE_ATTRIBUTES, "control")
+
+
+def attribute_state(strategy: Any) -> dict[str, Any]:
+    """The values of BASE_STATE_ATTRIBUTES that ``strategy`` (any Flower strategy) has."""
+    return {name: getattr(strategy, name) for name in BASE_STATE_ATTRIBUTES if hasattr(strategy, name)}
+
+
+class RoundStrategy:
+    """Mixin: the interface of the round loop and checkpoints (see the module docstring)."""
+
+    base_arrays: ArrayRecord | None = None
+    averaged_arrays: ArrayRecord | None = None
+
+    @property
+    def sends_average(self) -> bool:
+        return False
+
+    def prepare_round(self, server_round: int, arrays: ArrayRecord, grid) -> None:
+        """An exchange before the round's training messages (none by default)."""
+
+    def round_models(self, sent: ArrayRecord) -> tuple[ArrayRecord, ArrayRecord | None]:
+        """(the round's base model, its average or None), given the model ``sent``."""
+        return (sent if self.base_arrays is None else self.base_arrays), self.averaged_arrays
+
+    def final_arrays(self, sent: ArrayRecord) -> ArrayRecord:
+        """The run's result after its last round: the average when there is one."""
+        return sent if self.averaged_arrays is None else self.averaged_arrays
+
+    def state_dict(self) -> dict:
+        """The method's own state across rounds (none by default)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s state (nothing by default)."""
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything a checkpoint keeps of this strategy."""
+        return {"base": attribute_state(self), "method": self.state_dict()}
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        for name, value in state["base"].items():
+            setattr(self, name, value)
+        if "method" in state:
+            self.load_state_dict(state["method"])

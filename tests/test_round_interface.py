@@ -1,0 +1,66 @@
+"""The interface between the round loop and the strategies (strategies/round_interface.py):
+the loop and checkpoints ask every strategy the same questions, with no-op defaults."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
+
+from strategies.averaging import ModelAveraging
+from strategies.fedavg import FedAvg
+from strategies.registry import build_strategy
+from strategies.round_interface import RoundStrategy
+from experiments.launch import resolve_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _record(value: float) -> ArrayRecord:
+    return ArrayRecord({"w": Array(np.full(2, value, np.float32))})
+
+
+def test_the_round_loop_and_checkpoints_do_not_ask_what_kind_of_strategy_they_hold():
+    for module in ("strategies/server_app.py", "strategies/checkpoint.py"):
+        tree = ast.parse((REPO / module).read_text())
+        calls = [node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                 and node.func.id in ("isinstance", "getattr", "hasattr") and node.args
+                 and isinstance(node.args[0], ast.Name) and "strateg" in node.args[0].id]
+        names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        assert not calls and "ModelAveraging" not in names, module
+
+
+def test_a_plain_method_reports_the_sent_model_and_no_state_of_its_own():
+    strategy = FedAvg()
+    sent = _record(1.0)
+    assert strategy.round_models(sent) == (sent, None) and strategy.final_arrays(sent) is sent
+    assert not strategy.sends_average and strategy.prepare_round(1, sent, None) is None
+    assert strategy.checkpoint_state() == {"base": {}, "method": {}}
+
+
+def test_every_strategy_the_registry_builds_is_a_round_strategy():
+    for strategy in ("fedavg", "fedadam", "scaffold", "mime", "fedswa", "fedalign"):
+        for averaging in ("none", "ima"):
+            config = resolve_config({"strategy": strategy, "averaging": averaging,
+                                     **({"model": "resnet20-gn"} if strategy == "fedalign" else {}),
+                                     **({"momentum": 0.0} if strategy == "mime" else {})})
+            assert isinstance(build_strategy(config), RoundStrategy), (strategy, averaging)
+
+
+def test_averaging_around_flowers_own_strategy_checkpoints_its_attributes_and_reports_the_average():
+    averaging = ModelAveraging(FlowerFedAvgM(server_momentum=0.9), window_size=2, start_round=1, feedback=True)
+    averaging.base.momentum_vector = {"w": np.ones(2)}
+    averaging.averaged_arrays, averaging.base_arrays = _record(2.0), _record(3.0)
+    sent = _record(1.0)
+    assert averaging.round_models(sent) == (averaging.base_arrays, averaging.averaged_arrays)
+    assert averaging.final_arrays(sent) is averaging.averaged_arrays and averaging.sends_average
+    averaging.prepare_round(1, sent, None)  # Flower's FedAvgM has no exchange: nothing happens
+    state = averaging.checkpoint_state()
+    assert set(state) == {"base", "averaging"} and state["base"]["momentum_vector"]["w"].tolist() == [1.0, 1.0]
+    restored = ModelAveraging(FlowerFedAvgM(server_momentum=0.9), window_size=2, start_round=1, feedback=True)
+    restored.load_checkpoint_state(state)
+    assert restored.base.momentum_vector["w"].tolist() == [1.0, 1.0]
+    assert restored.averaged_arrays["w"].numpy().tolist() == [2.0, 2.0]
