@@ -21,8 +21,8 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from clients.client_step import GradientTerm
-from clients.state_store import stored_or_zeros
 from clients.protocol import ADABEST_CLIENT_BIAS, ADABEST_LAST_ROUND
+from clients.state_store import stored_or_zeros
 
 
 @torch.no_grad()

@@ -14,8 +14,8 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from clients.client_step import GradientTerm
-from clients.state_store import stored_or_zeros
 from clients.protocol import FEDDYN_CLIENT_GRADIENT
+from clients.state_store import stored_or_zeros
 
 
 @torch.no_grad()

@@ -16,12 +16,12 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from clients import protocol
+from clients.adabest import AdaBestClient
 from clients.augmentation import crop_flip
 from clients.control_variates import ControlVariateClient
-from clients.adabest import AdaBestClient
 from clients.fedcm import fedcm_term
-from clients.mime import momentum_term
 from clients.feddyn import FedDynClient
+from clients.mime import momentum_term
 from clients.objectives import build_objective
 from clients.training import LocalTrainingConfig, LocalTrainingResult, momentum_a_norm, proximal_hook, train_local
 

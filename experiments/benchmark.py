@@ -126,19 +126,25 @@ from clients.local_round import LocalRound, round_randomness
 from clients.models import build_run_model, resolve_model_name
 from clients.training import evaluate, select_device
 from experiments.launch import (
-    RunFailed, check_machine, client_resources, default_run_config, launch, load_preset, machine_cpus, parse_overrides,
+    RunFailed,
+    check_machine,
+    client_resources,
+    default_run_config,
+    launch,
+    load_preset,
+    machine_cpus,
+    parse_overrides,
     resolve_config,
 )
 from experiments.mps import MpsDaemon, check_mps
-from experiments.ray_cluster import LocalRayCluster
 from experiments.output_dir import LOCK_FILE, OutputLock, create_output_dir, unique_output_dir
 from experiments.processes import processes_of_home
+from experiments.ray_cluster import LocalRayCluster
 from partitions import load_dataset
 from strategies.config import ConfigError, cohort_size
 from strategies.registry import build_client_schedule
 from strategies.sampling import CohortSampling
 from strategies.server_app import round_train_config
-
 
 
 @dataclasses.dataclass

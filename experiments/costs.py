@@ -81,7 +81,6 @@ import time
 import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from experiments.cli import UsageError, guarded, nonempty_path
@@ -96,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.costs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="resnet56", help="a model name (default resnet56; `python -m experiments.run --list-keys` lists them)")
+    parser.add_argument("--model", default="resnet56",
+                        help="a model name (default resnet56; `python -m experiments.run --list-keys` lists them)")
     parser.add_argument("--methods", default=DEFAULT_METHODS,
                         help=f"comma-separated strategy names or gradaug-n<k> (default {DEFAULT_METHODS})")
     parser.add_argument("--input-shape", default="3,32,32", help="C,H,W of one sample (default 3,32,32: CIFAR)")

@@ -39,10 +39,10 @@ from experiments.processes import (
     stop_home,
 )
 from experiments.ray_cluster import check_ray_address
-from strategies.checkpoint import read_checkpoint, run_identity
 from partitions.availability import data_problem
 from partitions.datasets import FASHION_MNIST_DEFAULT_DIR
 from partitions.feasibility import check_partition
+from strategies.checkpoint import read_checkpoint, run_identity
 from strategies.config import ConfigError, cohort_size, summary_horizon, validate_run_config
 from strategies.results import summarize, write_json_atomic
 

@@ -39,7 +39,8 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
 METHOD_NAMES = {
     "fedavg": "FedAvg", "fedavgm": "FedAvgM", "fedadam": "FedAdam", "fedyogi": "FedYogi", "fedadagrad": "FedAdagrad",
     "fedprox": "FedProx", "scaffold": "SCAFFOLD", "fednova": "FedNova", "feddyn": "FedDyn", "fedgma": "FedGMA",
-    "fedswa": "FedSWA", "fedmoswa": "FedMoSWA", "fedcm": "FedCM", "fedacg": "FedACG", "mofedsam": "MoFedSAM", "fedlesam": "FedLESAM", "adabest": "AdaBest", "mime": "MIME", "mimelite": "MimeLite", "fedfa": "FedFA",
+    "fedswa": "FedSWA", "fedmoswa": "FedMoSWA", "fedcm": "FedCM", "fedacg": "FedACG", "mofedsam": "MoFedSAM",
+    "fedlesam": "FedLESAM", "adabest": "AdaBest", "mime": "MIME", "mimelite": "MimeLite", "fedfa": "FedFA",
     "moon": "MOON", "fedsam": "FedSAM", "fedasam": "FedASAM",
     "fedalign": "FedAlign", "mixup": "Mixup", "stochastic-depth": "Stochastic Depth", "gradaug": "GradAug",
 }

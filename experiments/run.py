@@ -153,8 +153,17 @@ def run_job(args: argparse.Namespace, argv: list[str]) -> int:
     import pandas as pd
 
     from experiments.launch import (
-        RunFailed, check_data, check_folder_reuse, check_machine, client_resources, count_rounds, launch, load_preset,
-        machine_cpus, parse_overrides, resolve_config,
+        RunFailed,
+        check_data,
+        check_folder_reuse,
+        check_machine,
+        client_resources,
+        count_rounds,
+        launch,
+        load_preset,
+        machine_cpus,
+        parse_overrides,
+        resolve_config,
     )
     from experiments.mps import MpsDaemon, check_mps
     from experiments.output_dir import OutputLock

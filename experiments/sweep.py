@@ -88,8 +88,19 @@ if __name__ == "__main__":
 import pandas as pd
 
 from experiments.launch import (
-    CLIENT_PROCESS_GPU_BYTES, ClientResources, RunFailed, check_machine, client_resources, data_problem_of, launch,
-    load_preset, machine_cpus, named_toml, parse_overrides, read_toml, resolve_config,
+    CLIENT_PROCESS_GPU_BYTES,
+    ClientResources,
+    RunFailed,
+    check_machine,
+    client_resources,
+    data_problem_of,
+    launch,
+    load_preset,
+    machine_cpus,
+    named_toml,
+    parse_overrides,
+    read_toml,
+    resolve_config,
 )
 from experiments.mps import MpsDaemon, check_mps
 from experiments.output_dir import OutputLock, create_output_dir

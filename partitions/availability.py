@@ -8,8 +8,8 @@ and once per run of a sweep. :func:`data_problem` answers in about a second:
 - ``fashion-mnist``: the directory exists and its four IDX files (raw or ``.gz``) are
   readable and whole: gzip where named ``.gz``, an unsigned-byte IDX header, exactly the
   payload the header promises (a truncated file, or one with trailing bytes, is named);
-  images of 28×28, labels a vector of classes 0–9, as many labels as images in each split. Files whose exact contents are in the decoded-data cache
-  (partitions/cache.py) decoded completely before and are not read again.
+  images of 28×28, labels a vector of classes 0–9, as many labels as images in each split.
+  Files whose exact contents are in the decoded-data cache (partitions/cache.py) decoded completely before and are not read again.
 - ``cifar10``, ``cifar100``, ``hf:<id>``: a local path, or a copy in the Hugging Face
   datasets cache, or the hub answering for the id within a few seconds (offline, the
   message says so and how to use a local copy).
@@ -22,9 +22,13 @@ import os
 import struct
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from partitions.cache import is_cached
 from partitions.datasets import FASHION_MNIST_DEFAULT_DIR, HUB_ALIASES, IDX_STEMS, local_fingerprint
+
+if TYPE_CHECKING:  # numpy is imported where the values are read
+    import numpy as np
 
 HUB_TIMEOUT_S = 5.0
 
@@ -92,7 +96,7 @@ FASHION_MNIST_CLASSES = 10
 FASHION_MNIST_SIDE = (28, 28)
 
 
-def _idx_problem(path: Path) -> tuple[str | None, tuple[int, ...], "np.ndarray | None"]:
+def _idx_problem(path: Path) -> tuple[str | None, tuple[int, ...], np.ndarray | None]:
     """(what is wrong with the IDX file or None, its shape, its values when it is a vector)."""
     import numpy as np
 

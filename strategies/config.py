@@ -16,9 +16,9 @@ from typing import Any
 
 from clients.faults import FAULT_FORMAT, parse_faults
 from clients.models import MODEL_NAMES, REQUIRED_INPUT, SEQUENCE_MODELS, SLIMMABLE_MODELS, resolve_model_name
-from partitions.datasets import BUILTIN_DATASETS, INPUT_SHAPES, is_known_dataset
 from partitions.client_dirichlet import CONCENTRATIONS as CLIENT_CONCENTRATIONS
 from partitions.client_dirichlet import EXHAUSTIONS as CLIENT_EXHAUSTIONS
+from partitions.datasets import BUILTIN_DATASETS, INPUT_SHAPES, is_known_dataset
 from partitions.stats import LABEL_SCHEMES, PARTITION_SCHEMES
 from strategies.averaging import AVERAGING_SUBSETS
 from strategies.schedules import EXPLORATIONS, LR_SCHEDULES
@@ -102,11 +102,16 @@ SCHEMA: dict[str, Option] = {
     "classes-per-client": Option(int, "an integer >= 1", lambda v: v >= 1),
     "pachinko-alpha": Option(float, "a number > 0 (Pachinko: each client's Dirichlet over coarse labels)", lambda v: v > 0),
     "pachinko-beta": Option(float, "a number > 0 (Pachinko: each client's Dirichlet over a coarse label's fine labels)", lambda v: v > 0),
-    "clients-per-domain": Option(int, "an integer >= 0 (> 0: split each domain of a multi-domain data set into this many clients with the label scheme of 'partition'; num-clients = this × domains)", lambda v: v >= 0),
-    "dirichlet-balance": Option(bool, "true or false (NIID-Bench/FedLab rule: a client holding >= N/K samples gets no share of later classes)"),
+    "clients-per-domain": Option(int,
+            "an integer >= 0 (> 0: split each domain of a multi-domain data set into this many clients with the "
+            "label scheme of 'partition'; num-clients = this × domains)", lambda v: v >= 0),
+    "dirichlet-balance": Option(bool,
+            "true or false (NIID-Bench/FedLab rule: a client holding >= N/K samples gets no share of later "
+            "classes)"),
     "client-dirichlet-concentration": _one_of(*CLIENT_CONCENTRATIONS),
     "client-dirichlet-exhaustion": _one_of(*CLIENT_EXHAUSTIONS),
-    "samples-per-client": Option(int, "an integer >= 0 (partition = 'dirichlet-client': samples each client receives; 0 = N/K)", lambda v: v >= 0),
+    "samples-per-client": Option(int,
+            "an integer >= 0 (partition = 'dirichlet-client': samples each client receives; 0 = N/K)", lambda v: v >= 0),
     "min-partition-size": Option(int, "an integer >= 0", lambda v: v >= 0),
     "num-clients": Option(int, "an integer >= 1", lambda v: v >= 1),
     "participation": Option(float, "a number in (0, 1]", lambda v: 0 < v <= 1),
@@ -115,26 +120,33 @@ SCHEMA: dict[str, Option] = {
     "batch-size": Option(int, f"an integer from 1 to {MAX_BATCH:,}", lambda v: 1 <= v <= MAX_BATCH),
     "lr": Option(float, "a number > 0", lambda v: v > 0),
     "lr-schedule": _one_of(*LR_SCHEDULES),
-    "lr-decay": Option(float, "a number in (0, 1] (lr-schedule = exponential: client lr of round t is lr * lr-decay^(t-1))", lambda v: 0 < v <= 1),
+    "lr-decay": Option(float,
+            "a number in (0, 1] (lr-schedule = exponential: client lr of round t is lr * lr-decay^(t-1))", lambda v: 0 < v <= 1),
     "momentum": Option(float, "a number in [0, 1)", lambda v: 0 <= v < 1),
     "weight-decay": Option(float, "a number >= 0", lambda v: v >= 0),
     "nesterov": Option(bool, "true or false (Nesterov momentum in local SGD, as FedAlign's code; needs momentum > 0)"),
-    "cuda-graphs": Option(bool, "true or false (on CUDA, capture the local step once per client process and replay it for every full batch; false: eager steps)"),
+    "cuda-graphs": Option(bool,
+            "true or false (on CUDA, capture the local step once per client process and replay it for every full "
+            "batch; false: eager steps)"),
     "augment": _one_of(*AUGMENTATIONS),
     "normalize": Option(bool, "true or false (standardise each channel with the training split's mean and std; false: pixels in [0, 1])"),
     "grad-clip": Option(float, "a number >= 0 (max gradient norm; 0 = no clipping)", lambda v: v >= 0),
     "strategy": _one_of(*STRATEGY_NAMES),
-    "server-lr": Option(float, "a number >= 0 (0 = the method's default: 0.01 for fedadam/fedyogi/fedadagrad, 0.1 for mime/mimelite, else 1; FedSWA's α)", lambda v: v >= 0),
+    "server-lr": Option(float,
+            "a number >= 0 (0 = the method's default: 0.01 for fedadam/fedyogi/fedadagrad, 0.1 for mime/mimelite,"
+            " else 1; FedSWA's α)", lambda v: v >= 0),
     "server-momentum": Option(float, "a number in [0, 1) (FedAvgM's beta; FedOpt's beta_1)", lambda v: 0 <= v < 1),
     "beta-2": Option(float, "a number in [0, 1) (FedAdam/FedYogi second moment)", lambda v: 0 <= v < 1),
-    "fedadam-bias-correction": Option(bool, "true or false (Flower's Adam bias correction of FedAdam's step; false: Reddi et al.'s Algorithm 2)"),
+    "fedadam-bias-correction": Option(bool,
+            "true or false (Flower's Adam bias correction of FedAdam's step; false: Reddi et al.'s Algorithm 2)"),
     "tau": Option(float, "a number > 0 (FedOpt adaptivity)", lambda v: v > 0),
     "prox-mu": Option(float, "a number >= 0 (FedProx proximal weight)", lambda v: v >= 0),
     "feddyn-alpha": Option(float, "a number > 0 (FedDyn's α)", lambda v: v > 0),
     "gma-threshold": Option(float, "a number in (0, 1] (FedGMA's sign-agreement threshold ε)", lambda v: 0 < v <= 1),
     "fedswa-variant": _one_of(*FEDSWA_VARIANTS),
     "fedswa-rho": Option(float, "a number in [0, 1] (FedSWA's in-round lr end factor ρ)", lambda v: 0 <= v <= 1),
-    "fedmoswa-gamma": Option(float, "a number in (0, 1] (FedMoSWA's server control momentum γ: m ← (1 − γ)·m + γ·mean c_i⁺)", lambda v: 0 < v <= 1),
+    "fedmoswa-gamma": Option(float,
+            "a number in (0, 1] (FedMoSWA's server control momentum γ: m ← (1 − γ)·m + γ·mean c_i⁺)", lambda v: 0 < v <= 1),
     "fedcm-alpha": Option(float, "a number in (0, 1] (FedCM's weight of the local gradient: v = α·g + (1 − α)·Δ_t)", lambda v: 0 < v <= 1),
     "fedcm-variant": _one_of(*FEDCM_VARIANTS),
     "fedacg-lambda": Option(float, "a number in [0, 1) (FedACG's momentum and look-ahead λ)", lambda v: 0 <= v < 1),
@@ -152,10 +164,14 @@ SCHEMA: dict[str, Option] = {
     "adabest-variant": _one_of(*ADABEST_VARIANTS),
     "moon-mu": Option(float, "a number >= 0 (MOON's contrastive weight μ)", lambda v: v >= 0),
     "moon-temperature": Option(float, "a number > 0 (MOON's τ)", lambda v: v > 0),
-    "sam-rho": Option(float, "a number >= 0 (SAM/ASAM radius ρ; 0 = the method's default: FedSAM 0.05, MoFedSAM and FedLESAM 0.1, FedASAM 0.7 on CNNs else 0.2)", lambda v: v >= 0),
+    "sam-rho": Option(float,
+            "a number >= 0 (SAM/ASAM radius ρ; 0 = the method's default: FedSAM 0.05, MoFedSAM and FedLESAM 0.1, "
+            "FedASAM 0.7 on CNNs else 0.2)", lambda v: v >= 0),
     "asam-eta": Option(float, "a number >= 0 (ASAM's η; 0 = the method's default)", lambda v: v >= 0),
     "fedalign-mu": Option(float, "a number >= 0 (FedAlign's μ)", lambda v: v >= 0),
-    "fedalign-grad-clip": Option(float, "a number >= 0 (FedAlign's own gradient-norm clip, the authors' methods/fedalign.py; used by strategy = fedalign instead of grad-clip; 0 = none)", lambda v: v >= 0),
+    "fedalign-grad-clip": Option(float,
+            "a number >= 0 (FedAlign's own gradient-norm clip, the authors' methods/fedalign.py; used by strategy"
+            " = fedalign instead of grad-clip; 0 = none)", lambda v: v >= 0),
     "fedalign-width": Option(float, "a number in (0, 1) (FedAlign's slim width ω_S)", lambda v: 0 < v < 1),
     "mixup-gamma": Option(float, "a number > 0 (Mixup's Beta(γ, γ))", lambda v: v > 0),
     "stochdepth-survival": Option(float, "a number in (0, 1] (survival probability of the last block)", lambda v: 0 < v <= 1),
@@ -174,20 +190,44 @@ SCHEMA: dict[str, Option] = {
     "swa-cycle": Option(int, "an integer >= 1 (SWA lr cycle length in rounds)", lambda v: v >= 1),
     "seed": Option(int, "an integer >= 0", lambda v: v >= 0),
     "target-accuracy": Option(float, "a number in [0, 1]", lambda v: 0 <= v <= 1),
-    "summary-last-k": Option(int, "an integer >= 1 (rounds averaged in the summary: the paper setup's horizon, the same for every run of a comparison; WIMA's presets 100, the others 10)", lambda v: v >= 1),
+    "summary-last-k": Option(int,
+            "an integer >= 1 (rounds averaged in the summary: the paper setup's horizon, the same for every run "
+            "of a comparison; WIMA's presets 100, the others 10)", lambda v: v >= 1),
     "device": _one_of(*DEVICES),
-    "torch-threads": Option(int, f"an integer from 0 to {MAX_TORCH_THREADS} (torch's intra-op threads in every client process, whatever --cpus-per-client gives a client, so that results do not depend on how the machine is shared; 0 = torch's own choice, which follows Ray's CPUs per client)", lambda v: 0 <= v <= MAX_TORCH_THREADS),
-    "server-torch-threads": Option(int, f"an integer from 0 to {MAX_TORCH_THREADS} (torch's intra-op threads of the ServerApp's aggregation and central evaluation, which run while the clients wait; fixed like torch-threads; 0 = torch's own choice, the machine's cores)", lambda v: 0 <= v <= MAX_TORCH_THREADS),
-    "cuda-deterministic": Option(bool, "true or false (on CUDA: deterministic cuDNN and torch kernels, no TF32, the same bits for any number of processes sharing a GPU; false: cuDNN's fastest kernels and TF32, results may differ in the last bits)"),
+    "torch-threads": Option(int,
+            f"an integer from 0 to {MAX_TORCH_THREADS} (torch's intra-op threads in every client process, whatever"
+            f" --cpus-per-client gives a client, so that results do not depend on how the machine is shared; 0 = "
+            f"torch's own choice, which follows Ray's CPUs per client)", lambda v: 0 <= v <= MAX_TORCH_THREADS),
+    "server-torch-threads": Option(int,
+            f"an integer from 0 to {MAX_TORCH_THREADS} (torch's intra-op threads of the ServerApp's aggregation "
+            f"and central evaluation, which run while the clients wait; fixed like torch-threads; 0 = torch's own "
+            f"choice, the machine's cores)", lambda v: 0 <= v <= MAX_TORCH_THREADS),
+    "cuda-deterministic": Option(bool,
+            "true or false (on CUDA: deterministic cuDNN and torch kernels, no TF32, the same bits for any number"
+            " of processes sharing a GPU; false: cuDNN's fastest kernels and TF32, results may differ in the last"
+            " bits)"),
     "output-dir": Option(str, "a directory path, or '' for ~/basin-runs/<run id>"),
-    "round-timeout": Option(float, "a number of seconds > 0 (a client without a reply by then counts as failed; in a simulation the first round after a start also gets node-timeout, for the client processes to start)", lambda v: v > 0),
-    "node-timeout": Option(float, f"a number of seconds >= {MIN_NODE_TIMEOUT_S:g} (wait this long for num-clients nodes to connect and report their partition, then fail; client processes take seconds to start)", lambda v: v >= MIN_NODE_TIMEOUT_S),
-    "dead-nodes": Option(str, "'sample' (a node Flower reports unavailable keeps its partition in the seeded sampling, counted failed when drawn: the cohorts stay the config's) or 'skip' (its partition is left out of the sampling until it rejoins; cohorts then depend on when nodes died)", lambda v: v in ("sample", "skip")),
-    "min-replies": Option(int, "an integer >= 1, at most the cohort size (a round with fewer accepted replies is skipped)", lambda v: v >= 1),
-    "checkpoint-every": Option(int, "an integer >= 0 (write output-dir/checkpoint.pt every k rounds and after the last; 0 = never)", lambda v: v >= 0),
-    "save-models-every": Option(int, "an integer >= 0 (save the base, averaged and client models to output-dir/models every k rounds, after the last save-models-last rounds and at the end; 0 = never)", lambda v: v >= 0),
-    "save-models-last": Option(int, "an integer >= 0 (with save-models-every > 0: also save each of the last this-many rounds)", lambda v: v >= 0),
-    "save-client-models": Option(int, "an integer >= 0 (client models kept per saved round, the first in partition order)", lambda v: v >= 0),
+    "round-timeout": Option(float,
+            "a number of seconds > 0 (a client without a reply by then counts as failed; in a simulation the "
+            "first round after a start also gets node-timeout, for the client processes to start)", lambda v: v > 0),
+    "node-timeout": Option(float,
+            f"a number of seconds >= {MIN_NODE_TIMEOUT_S:g} (wait this long for num-clients nodes to connect and "
+            f"report their partition, then fail; client processes take seconds to start)", lambda v: v >= MIN_NODE_TIMEOUT_S),
+    "dead-nodes": Option(str,
+            "'sample' (a node Flower reports unavailable keeps its partition in the seeded sampling, counted "
+            "failed when drawn: the cohorts stay the config's) or 'skip' (its partition is left out of the "
+            "sampling until it rejoins; cohorts then depend on when nodes died)", lambda v: v in ("sample", "skip")),
+    "min-replies": Option(int,
+            "an integer >= 1, at most the cohort size (a round with fewer accepted replies is skipped)", lambda v: v >= 1),
+    "checkpoint-every": Option(int,
+            "an integer >= 0 (write output-dir/checkpoint.pt every k rounds and after the last; 0 = never)", lambda v: v >= 0),
+    "save-models-every": Option(int,
+            "an integer >= 0 (save the base, averaged and client models to output-dir/models every k rounds, "
+            "after the last save-models-last rounds and at the end; 0 = never)", lambda v: v >= 0),
+    "save-models-last": Option(int,
+            "an integer >= 0 (with save-models-every > 0: also save each of the last this-many rounds)", lambda v: v >= 0),
+    "save-client-models": Option(int,
+            "an integer >= 0 (client models kept per saved round, the first in partition order)", lambda v: v >= 0),
     "round-indicators": Option(bool, "true or false (add IMA's locality and client-model CKA to results.csv every round)"),
     "resume": Option(bool, "true or false (continue from output-dir/checkpoint.pt when there is one)"),
     "fault-injection": Option(str, f"'' or {FAULT_FORMAT}", _parses_as_faults),

@@ -29,7 +29,12 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from clients.protocol import (
-    FULL_GRADIENT_ACTION, MIME_CORRECTION, MIME_DAMPENED, MIME_MOMENTUM, MIME_STATE, OBJECTIVE,
+    FULL_GRADIENT_ACTION,
+    MIME_CORRECTION,
+    MIME_DAMPENED,
+    MIME_MOMENTUM,
+    MIME_STATE,
+    OBJECTIVE,
 )
 from strategies.arrays import counter_mean, is_float, to_numpy, with_record
 from strategies.config import MIME_VARIANTS

@@ -11,26 +11,26 @@ from typing import Any
 
 from flwr.serverapp.strategy import Strategy
 
-from strategies.adabest import AdaBest
-from strategies.averaging import ModelAveraging
 from clients.models import resolve_model_name
 from clients.objectives import OBJECTIVE_SETTINGS
-from strategies.config import averaging_start_round
+from strategies.adabest import AdaBest
+from strategies.averaging import ModelAveraging
 from strategies.client_objective import ClientObjectiveFedAvg
-from strategies.fedavg import FedAvg
+from strategies.config import averaging_start_round
 from strategies.fedacg import FedAcg
+from strategies.fedavg import FedAvg
 from strategies.fedavgm import FedAvgM
 from strategies.fedcm import FedCm
-from strategies.fedfa import FedFa
 from strategies.feddyn import FedDyn
+from strategies.fedfa import FedFa
 from strategies.fedgma import FedGMA
 from strategies.fedlesam import FEDLESAM_DEFAULT_RHO, FedLesam
 from strategies.fednova import FedNova
-from strategies.mime import Mime
-from strategies.mofedsam import MOFEDSAM_DEFAULT_RHO, MoFedSam
 from strategies.fedopt import FedAdagrad, FedAdam, FedYogi
 from strategies.fedprox import FedProx
 from strategies.fedswa import FedSwa
+from strategies.mime import Mime
+from strategies.mofedsam import MOFEDSAM_DEFAULT_RHO, MoFedSam
 from strategies.scaffold import Scaffold
 from strategies.schedules import ClientSchedule
 

@@ -20,8 +20,8 @@ from flwr.serverapp import Grid
 from clients import protocol
 from clients.simulation_engine import simulated_partitions
 from strategies.exchange import send_and_receive
-from strategies.round_interface import RoundStrategy
 from strategies.faults import NODE_UNAVAILABLE, ClientFailure, Layout, layout_of, screen_replies
+from strategies.round_interface import RoundStrategy
 from strategies.weighted_mean import array_view
 
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,29 +29,33 @@ from flwr.serverapp import Grid, ServerApp
 
 from clients import protocol
 from clients.arithmetic import arithmetic_record, fix_arithmetic
-from clients.simulation_engine import simulated_partitions
+from clients.data import partition_indices
 from clients.models import build_run_model
+from clients.simulation_engine import simulated_partitions
 from clients.state_store import CLIENT_STATE_DIR, discard_snapshots_after, remove_run_snapshots
 from clients.training import evaluate, select_device
-from clients.data import partition_indices
 from partitions import class_count_table, load_dataset, plot_class_counts
 from partitions.feasibility import check_no_empty_clients, partition_settings
 from partitions.stats import partition_notation
 from strategies.arrays import to_numpy
-from strategies.round_interface import RoundStrategy
 from strategies.checkpoint import CHECKPOINT_FILE, CLIENT_STATE_METHODS, read_checkpoint, restore_checkpoint, write_checkpoint
+from strategies.config import cohort_size, summary_horizon, validate_run_config
 from strategies.exchange import send_and_receive
 from strategies.faults import (
-    ClientOutOfGpuMemory, ClientProcessesDied, NothingTrained, infrastructure_loss, nothing_trained_reason,
+    ClientOutOfGpuMemory,
+    ClientProcessesDied,
+    NothingTrained,
+    infrastructure_loss,
+    nothing_trained_reason,
     out_of_gpu_memory,
 )
 from strategies.indicators import CKA_SAMPLES, round_indicators
 from strategies.model_store import discard_rounds_after, save_round_models, saves_round
-from strategies.config import cohort_size, summary_horizon, validate_run_config
 from strategies.registry import build_client_schedule, build_strategy
-from strategies.schedules import ClientSchedule
 from strategies.results import RunRecorder
+from strategies.round_interface import RoundStrategy
 from strategies.sampling import discover_partitions
+from strategies.schedules import ClientSchedule
 
 app = ServerApp()
 

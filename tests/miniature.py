@@ -98,7 +98,8 @@ def damaged_hub_sets(root: Path) -> dict[str, Path]:
     _write(sets["no-train"], "test", {"image": [_image(rng, i % 2, (8, 8)) for i in range(8)], "label": [i % 2 for i in range(8)]},
            Features(images))
     _write(sets["string-labels"], "train", {"image": [_image(rng, i % 2, (8, 8)) for i in range(8)],
-                                            "label": [str(i % 2) for i in range(8)]}, Features({"image": Image(), "label": Value("string")}))
+                                            "label": [str(i % 2) for i in range(8)]},
+           Features({"image": Image(), "label": Value("string")}))
     _write(sets["empty-test"], "train", {"image": [_image(rng, i % 2, (8, 8)) for i in range(8)], "label": [i % 2 for i in range(8)]},
            Features(images))
     # datasets cannot write an empty set of images to parquet; pyarrow writes its table (features kept).

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -13,7 +12,11 @@ from torch import nn
 from clients.training import evaluate
 from experiments.analysis.decomposition import bias_terms, ensemble_gap, error_vs_count
 from experiments.analysis.hessian import (
-    HessianOperator, hessian_vector_product, hutchinson, pair_indicators, power_iteration,
+    HessianOperator,
+    hessian_vector_product,
+    hutchinson,
+    pair_indicators,
+    power_iteration,
 )
 from experiments.analysis.interpolation import interpolation_curve, interpolation_thetas
 from experiments.analysis.landscape import Plane, evaluate_plane, grid_axes, plane_through

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import write_idx, write_tiny_fashion_mnist
 from miniature import damaged_hub_sets
+
 from experiments.launch import APP_DIR
 from experiments.output_dir import LOCK_FILE, OutputLock, OutputLocked, unique_output_dir
 from strategies.checkpoint import CHECKPOINT_ENTRIES, CHECKPOINT_FORMAT, save_checkpoint
@@ -373,7 +373,8 @@ def test_nothing_trained_names_the_first_failures_and_a_hint():
 def test_ctrl_c_ends_the_job_with_130_and_the_command_that_resumes_it(tmp_path, monkeypatch, capsys):
     """run.main's side; launch's (processes stopped, summary.json ``interrupted``): the real
     sweep interrupted in tests/test_sweep.py, whose SIGTERM takes the same path."""
-    from experiments import launch as launch_module, run
+    from experiments import launch as launch_module
+    from experiments import run
 
     def interrupted_launch(config, out_dir, *args, **kwargs):
         (out_dir / "results.csv").write_text("round\n1\n2\n3\n")

@@ -12,7 +12,11 @@ from flwr.app import Array, ArrayRecord
 from experiments.launch import resolve_config
 from strategies.averaging import ModelAveraging
 from strategies.checkpoint import (
-    CHECKPOINT_FILE, CheckpointError, read_checkpoint, restore_checkpoint, write_checkpoint,
+    CHECKPOINT_FILE,
+    CheckpointError,
+    read_checkpoint,
+    restore_checkpoint,
+    write_checkpoint,
 )
 from strategies.fedavg import FedAvg
 from strategies.results import RunRecorder

@@ -8,7 +8,11 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from clients import protocol
 from clients.state_store import (
-    ClientStateStore, discard_snapshots_after, last_checkpoint_round, remove_run_snapshots, snapshot_rounds,
+    ClientStateStore,
+    discard_snapshots_after,
+    last_checkpoint_round,
+    remove_run_snapshots,
+    snapshot_rounds,
 )
 
 

@@ -11,10 +11,10 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import REPO, write_idx
 
 import partitions.datasets as datasets
 from clients.data import partition_indices
-from conftest import REPO, write_idx
 from partitions.datasets import IDX_STEMS, load_dataset
 
 SETTINGS = ("dirichlet", 10, 0, 0.3, 2, 10, False, 0.1, 10.0, 0, "class-prior", "drop", 0)

@@ -11,9 +11,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageTy
 
 from clients.faults import InjectedFault, inject_faults, parse_faults
 from strategies.averaging import ModelAveraging
-from strategies.fedavg import FedAvg
-from strategies.faults import TIMEOUT_REASON, screen_replies
 from strategies.exchange import send_and_receive
+from strategies.faults import TIMEOUT_REASON, screen_replies
+from strategies.fedavg import FedAvg
 from strategies.sampling import NodeDiscoveryError, discover_partitions
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from experiments import launch, sweep
+from experiments import mps as mps_module
 from experiments.cli import UsageError
 from experiments.launch import client_resources, default_run_config
-from experiments import mps as mps_module
 from experiments.mps import LOG_ENV, PIPE_ENV, MpsDaemon, probe_cuda
 
 FAKE_CONTROL = """#!/bin/sh

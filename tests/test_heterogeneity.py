@@ -11,6 +11,7 @@ import torch
 from clients.data import partition_labels_of
 from clients.models import build_model
 from clients.training import LocalTrainingConfig, evaluate, train_local
+from experiments.launch import resolve_config
 from partitions.datasets import IGNORE_INDEX, VOCABULARY, encode_text, load_dataset
 from partitions.domains import DomainPartitioner
 from partitions.iid import IidPartitioner
@@ -18,7 +19,6 @@ from partitions.natural import NaturalPartitioner
 from partitions.pachinko import PachinkoPartitioner
 from partitions.stats import build_partitioner, class_count_table
 from strategies.config import ConfigError
-from experiments.launch import resolve_config
 from tests.miniature import TEXT
 
 # CIFAR-100's shape: 100 fine labels, 5 per coarse label, 500 samples each.

@@ -7,12 +7,14 @@ import math
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
+from clients import protocol
 from clients.control_variates import ControlVariateClient
 from clients.feddyn import FedDynClient
+from clients.local_round import LocalRound, training_config
 from clients.models import build_model
 from clients.models.slimmable import sliced_channels
 from clients.objectives.fedalign import FedAlign, scaled_lipschitz_loss, top_singular_value, transmitting_matrix
@@ -22,8 +24,6 @@ from clients.objectives.moon import Moon, contrastive_loss
 from clients.objectives.sam import SharpnessAware
 from clients.objectives.stochastic_depth import StochasticDepth, drop_rates
 from clients.protocol import FEDDYN_CLIENT_GRADIENT, MOON_PREVIOUS_MODEL, MOSWA_CLIENT_CONTROL
-from clients import protocol
-from clients.local_round import LocalRound, training_config
 from clients.training import LocalObjective, LocalTrainingConfig, in_round_lrs, train_local
 from strategies.fedswa import FedSwa, moswa_control_update
 
@@ -123,9 +123,7 @@ def test_fedmoswa_two_rounds_by_hand_with_partial_participation():
     assert states["B"][MOSWA_CLIENT_CONTROL]["weight"].numpy().item() == pytest.approx(1.0)  # unsampled: kept
 
 
-def _record(values: dict[str, list]) -> "ArrayRecord":
-    from flwr.app import ArrayRecord
-
+def _record(values: dict[str, list]) -> ArrayRecord:
     return ArrayRecord({k: torch.tensor(v) for k, v in values.items()})
 
 

@@ -20,8 +20,8 @@ from experiments import launch as launch_module
 from experiments import run, sweep
 from experiments.launch import RunFailed, _free_port, launch, resolve_config
 from experiments.processes import stop_process_tree
-from experiments.reproducible import compare_runs
 from experiments.ray_cluster import LocalRayCluster, RayClusterUnreachable, check_ray_address
+from experiments.reproducible import compare_runs
 
 RAY = Path(sys.executable).parent / "ray"
 SMALL = {"num-clients": 4, "participation": 0.5, "num-rounds": 2, "local-epochs": 1, "device": "cpu"}

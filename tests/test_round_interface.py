@@ -10,11 +10,11 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
 
+from experiments.launch import resolve_config
 from strategies.averaging import ModelAveraging
 from strategies.fedavg import FedAvg
 from strategies.registry import build_strategy
 from strategies.round_interface import RoundStrategy
-from experiments.launch import resolve_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from torch import nn
 from clients import protocol
 from clients.fedcm import fedcm_term
 from clients.local_round import LocalRound
-from clients.training import LocalTrainingConfig, proximal_hook, train_local
+from clients.training import proximal_hook
 from strategies.checkpoint import load_checkpoint, save_checkpoint
 from strategies.fedacg import FedAcg, fedacg_server_update, lookahead
 from strategies.fedcm import FedCm, fedcm_server_update

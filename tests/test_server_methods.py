@@ -9,12 +9,12 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from clients import protocol
+from clients.training import momentum_a_norm
 from strategies.checkpoint import load_checkpoint, save_checkpoint
 from strategies.feddyn import FedDyn, feddyn_server_update
-from strategies.fedopt import FedAdam
 from strategies.fedgma import FedGMA, fedgma_update, gma_mask
-from clients.training import momentum_a_norm
 from strategies.fednova import FedNova, fednova_aggregate
+from strategies.fedopt import FedAdam
 from strategies.fedswa import (
     FedSwa,
     moswa_control_update,

@@ -144,9 +144,7 @@ def test_installed_only_in_the_engine_process_and_only_when_switched_on(monkeypa
 def test_node_contexts_are_flowers_from_one_read_of_the_run_config(tmp_path, monkeypatch):
     """The same stores as Flower's _register_node_info_stores (node config, run config,
     an empty state per node), with pyproject.toml read once, not once per node."""
-    import flwr.common.config as flower_config
     from flwr.compat.client import run_info_store
-    from flwr.server.superlink.fleet.vce import vce_api
     from flwr.supercore.run import Run
 
     original = flower_internals.original(f"{flower_internals.ENGINE_MODULE}:_register_node_info_stores")

@@ -8,11 +8,9 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-
 from strategies.fedavg import FedAvg
 from strategies.results import RunRecorder, summarize
 from strategies.sampling import union_length
-
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
 

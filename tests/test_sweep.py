@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-
 from conftest import processes_in_scope
+
 from experiments import sweep as sweep_module
 from experiments.launch import RunFailed, launch
 from experiments.sweep import SWEEPS_DIR, SweepError, collect, load_sweep, run_sweep

@@ -6,10 +6,10 @@ import torch
 
 from clients.models import build_model
 from clients.training import LocalTrainingConfig, add_proximal_gradient, evaluate, proximal_hook, train_local
-from partitions import load_dataset
-from strategies.server_app import round_train_config
 from experiments.launch import resolve_config
+from partitions import load_dataset
 from strategies.registry import build_client_schedule
+from strategies.server_app import round_train_config
 
 
 def _train(seed: int, **overrides):

@@ -14,6 +14,7 @@ import numpy as np
 from flwr.app import RecordDict
 from torch import nn
 
+from clients.mime import MimeObjective
 from clients.objectives.fedalign import FedAlign
 from clients.objectives.fedfa import FeatureAnchors
 from clients.objectives.fedlesam import LocallyEstimatedSam
@@ -22,7 +23,6 @@ from clients.objectives.mixup import Mixup
 from clients.objectives.moon import Moon
 from clients.objectives.sam import SharpnessAware
 from clients.objectives.stochastic_depth import StochasticDepth
-from clients.mime import MimeObjective
 from clients.protocol import FEDFA_ANCHOR_LOSS, FEDFA_ANCHORS, FEDFA_CALIBRATE, FEDLESAM_UPDATE, MIME_CORRECTION
 from clients.training import LocalObjective
 

@@ -13,7 +13,6 @@ time; the expectation is the same). Drop rates are reset after the round.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from clients.models.slimmable import StagedNet
@@ -24,7 +23,7 @@ def drop_rates(num_blocks: int, final_survival: float) -> list[float]:
     """1 − p_l for l = 0 … L − 1 with p_l = 1 − (l/(L − 1))(1 − p_L) (one block: p_L)."""
     if num_blocks == 1:
         return [1 - final_survival]
-    return [(l / (num_blocks - 1)) * (1 - final_survival) for l in range(num_blocks)]
+    return [(block / (num_blocks - 1)) * (1 - final_survival) for block in range(num_blocks)]
 
 
 class StochasticDepth(LocalObjective):

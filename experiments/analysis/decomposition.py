@@ -38,7 +38,15 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from experiments.analysis.runs import (
-    AnalysisRun, ThetaSpace, finished, pyplot, resolve_round, save_figure, save_table, theta_space, tool_parser,
+    AnalysisRun,
+    ThetaSpace,
+    finished,
+    pyplot,
+    resolve_round,
+    save_figure,
+    save_table,
+    theta_space,
+    tool_parser,
 )
 from strategies.indicators import CKA_SAMPLES, client_distances, mean_pairwise_cka
 

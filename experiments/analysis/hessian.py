@@ -43,13 +43,20 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from experiments.output_dir import create_output_dir
+from clients.training import select_device
 from experiments.analysis.interpolation import parse_model_spec, pick_model
 from experiments.analysis.landscape import Plane, evaluate_plane, model_scorer
 from experiments.analysis.runs import (
-    AnalysisRun, find_runs, finished, pyplot, save_figure, save_table, theta_space, tool_parser,
+    AnalysisRun,
+    find_runs,
+    finished,
+    pyplot,
+    save_figure,
+    save_table,
+    theta_space,
+    tool_parser,
 )
-from clients.training import select_device
+from experiments.output_dir import create_output_dir
 
 Vectors = list[torch.Tensor]
 HVP = Callable[[Vectors], Vectors]

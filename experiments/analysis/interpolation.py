@@ -26,10 +26,18 @@ import numpy as np
 import pandas as pd
 import torch
 
-from experiments.output_dir import create_output_dir
 from experiments.analysis.runs import (
-    AnalysisRun, ThetaSpace, find_runs, finished, pyplot, save_figure, save_table, theta_space, tool_parser,
+    AnalysisRun,
+    ThetaSpace,
+    find_runs,
+    finished,
+    pyplot,
+    save_figure,
+    save_table,
+    theta_space,
+    tool_parser,
 )
+from experiments.output_dir import create_output_dir
 
 
 def interpolation_thetas(theta_a: torch.Tensor, theta_b: torch.Tensor, alphas: Sequence[float]) -> torch.Tensor:

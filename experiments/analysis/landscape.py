@@ -23,7 +23,6 @@ as a white cross::
 from __future__ import annotations
 
 import argparse
-
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,7 +32,14 @@ import torch
 from tqdm import tqdm
 
 from experiments.analysis.runs import (
-    AnalysisRun, ThetaSpace, finished, pyplot, save_figure, save_table, theta_space, tool_parser,
+    AnalysisRun,
+    ThetaSpace,
+    finished,
+    pyplot,
+    save_figure,
+    save_table,
+    theta_space,
+    tool_parser,
 )
 
 # Relative margin around the models' coordinates (plane.py: α, β ∈ [−0.2, 1.2]).
