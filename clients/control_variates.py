@@ -83,7 +83,8 @@ class ControlVariateClient:
         self.state = state
         self.state_key = state_key
 
-    def control_norm(self) -> float:
+    def state_norm(self) -> float:
+        """‖c_i‖ as the round started (0 before the client's first round)."""
         return float(torch.sqrt(sum((v.double() ** 2).sum() for v in self.client_control.values())))
 
     def finish(self, model: nn.Module, lr_sum: float) -> tuple[ArrayRecord, ArrayRecord]:

@@ -47,7 +47,7 @@ FEDLESAM_PREVIOUS_GLOBAL = "fedlesam-previous-global"  # θ^{τ_i}: the global m
 FULL_GRADIENT_ACTION = "full_gradient"  # reply with ∇f_i(θ) over all of the client's examples (MIME)
 
 # Reply metrics (MetricRecord "metrics").
-FEDNOVA_A_NORM = "fednova-a-norm"  # ‖a_i‖₁ of the client's local solver (FedNova)
+SOLVER_A_NORM = "fednova-a-norm"  # ‖a_i‖₁ of the client's local solver (FedNova normalises by it)
 TRAIN_START = "train-start"  # wall clock (s since the epoch) when the client began the round's work
 TRAIN_END = "train-end"  # … and when it finished, before its reply is serialised
 GPU_PEAK_MB = "gpu-peak-mb"  # the client process's peak CUDA memory allocated so far (MiB; CUDA only)

@@ -9,7 +9,7 @@ updates d_i = G_i·a_i/‖a_i‖₁ and rescales by an effective number of steps
 
 (the paper's generalized update rule with weights p_i, §4–5). Because η·d_i =
 (w − w_i)/‖a_i‖₁, the server needs only the client models and ‖a_i‖₁, which each client
-reports in its metrics as ``FEDNOVA_A_NORM``. For K steps of SGD with momentum ρ
+reports in its metrics as ``SOLVER_A_NORM``. For K steps of SGD with momentum ρ
 (PyTorch form v ← ρv + g, w ← w − ηv) a_i = [1 − ρ^K, …, 1 − ρ², 1 − ρ]/(1 − ρ), so
 ‖a_i‖₁ = Σ_{k=1}^{K} (1 − ρ^k)/(1 − ρ) (``clients.training.momentum_a_norm``); ρ = 0 gives K.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.protocol import FEDNOVA_A_NORM
+from clients.protocol import SOLVER_A_NORM
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 
@@ -50,11 +50,11 @@ class FedNova(ServerUpdate, InPlaceFedAvg):
 
     def server_update(self, models, metrics, replies):
         for reply, metrics_of_client in zip(replies, metrics):
-            if FEDNOVA_A_NORM not in metrics_of_client:
+            if SOLVER_A_NORM not in metrics_of_client:
                 raise ValueError(
-                    f"FedNova: the reply of node {reply.metadata.src_node_id} has no '{FEDNOVA_A_NORM}' metric; "
+                    f"FedNova: the reply of node {reply.metadata.src_node_id} has no '{SOLVER_A_NORM}' metric; "
                     "the client must report ‖a_i‖₁ of its local solver"
                 )
         num_examples = [m[self.weighted_by_key] for m in metrics]
-        a_norms = [float(m[FEDNOVA_A_NORM]) for m in metrics]
+        a_norms = [float(m[SOLVER_A_NORM]) for m in metrics]
         return fednova_aggregate(self.sent_weights, models, num_examples, a_norms)

@@ -39,7 +39,7 @@ def test_client_corrects_gradients_and_keeps_its_control_across_rounds():
     state = RecordDict()
     server = ArrayRecord({"weight": torch.tensor([[0.25, -0.25]])})
     client = ControlVariateClient(model, server, state, STATE_KEY)
-    assert client.control_norm() == 0.0  # first round: c_i = 0
+    assert client.state_norm() == 0.0  # first round: c_i = 0
     model.weight.grad = torch.zeros(1, 2)
     client.hook([model.weight])
     assert model.weight.grad.tolist() == [[0.25, -0.25]]  # g − c_i + c
@@ -50,5 +50,5 @@ def test_client_corrects_gradients_and_keeps_its_control_across_rounds():
     assert delta["weight"].numpy().tolist() == [[0.25, 1.25]]
     assert new_control["weight"].numpy().tolist() == [[0.25, 1.25]]  # c_i was 0
     again = ControlVariateClient(model, server, state, STATE_KEY)  # the next round finds c_i in the state
-    assert again.control_norm() == pytest.approx(float(np.hypot(0.25, 1.25)))
+    assert again.state_norm() == pytest.approx(float(np.hypot(0.25, 1.25)))
     assert STATE_KEY in state

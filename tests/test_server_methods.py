@@ -139,15 +139,15 @@ def test_moswa_control_updates_by_hand():
 def test_fedmoswa_official_code_divides_its_control_by_fifty_steps():
     from types import SimpleNamespace
 
-    from clients.local_round import LocalRound
+    from clients.components import ControlVariate
 
     settings = FedSwa(momentum_control=True, variant="official-code", **COMMON).client_settings()
     assert settings[protocol.CONTROL_STEP_COUNT] == settings[protocol.LOCAL_STEPS] == 50
     # A client that ran 12 steps at the constant lr 0.1 divides by 0.1·50, not Σ η_k = 1.2.
     ran = SimpleNamespace(lr_sum=1.2, num_steps=12)
     official = SimpleNamespace(round_config={protocol.CONTROL_STEP_COUNT: 50})
-    assert LocalRound.control_lr_sum(official, ran) == pytest.approx(5.0)
-    assert LocalRound.control_lr_sum(SimpleNamespace(round_config={}), ran) == 1.2
+    assert ControlVariate.lr_sum(official, ran) == pytest.approx(5.0)
+    assert ControlVariate.lr_sum(SimpleNamespace(round_config={}), ran) == 1.2
     assert protocol.CONTROL_STEP_COUNT not in FedSwa(momentum_control=True, **COMMON).client_settings()
 
 
@@ -201,7 +201,7 @@ def _replies(strategy, messages, metrics=None, extra=None):
 def test_fednova_round_through_messages():
     strategy = _bound(FedNova(**COMMON))
     messages = _configure(strategy)
-    a_norms = {p: {protocol.FEDNOVA_A_NORM: 2.0 + p} for p in range(NUM_CLIENTS)}
+    a_norms = {p: {protocol.SOLVER_A_NORM: 2.0 + p} for p in range(NUM_CLIENTS)}
     arrays, metrics = strategy.aggregate_train(1, _replies(strategy, messages, metrics=a_norms))
     cohort = strategy.sample_partitions(1)
     expected = fednova_aggregate(
@@ -212,7 +212,7 @@ def test_fednova_round_through_messages():
     assert metrics["train-loss"] == pytest.approx(sum((p + 1) * p for p in cohort) / sum(p + 1 for p in cohort))
 
     missing = _replies(strategy, _configure(strategy))
-    with pytest.raises(ValueError, match=protocol.FEDNOVA_A_NORM):
+    with pytest.raises(ValueError, match=protocol.SOLVER_A_NORM):
         strategy.aggregate_train(1, missing)
 
 
