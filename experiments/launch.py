@@ -569,13 +569,14 @@ def _follow(
     process is gone twice in a row (checked every second) without a recorded end: killed
     from outside, where ``flwr run`` itself would wait about a minute.
     """
-    from tqdm import tqdm
+    from experiments.progress import progress_bar
 
     log_path = out_dir / "flwr.log"
     last_stage = STARTUP_STAGES[-1][1]
     seen: dict[str, float] = {}
     server_checked, server_missing = 0.0, 0
-    with tqdm(total=num_rounds, desc=label or out_dir.name, unit="round", disable=not progress, leave=leave) as bar:
+    shown_stage = ""
+    with progress_bar(total=num_rounds, desc=label or out_dir.name, unit="round", disable=not progress, leave=leave) as bar:
         while process.poll() is None:
             if stop is not None and stop.is_set():
                 raise KeyboardInterrupt
@@ -588,8 +589,9 @@ def _follow(
                 now = time.time()
                 for stage in startup_stages(log_text):
                     seen.setdefault(stage, now)
-                if progress and bar.n == 0:
-                    bar.set_postfix_str(startup_stage(log_text), refresh=True)
+                if progress and bar.n == 0 and startup_stage(log_text) != shown_stage:
+                    shown_stage = startup_stage(log_text)  # a line of its own when written to a file
+                    bar.set_postfix_str(shown_stage, refresh=True)
             if progress and bar.n > 0 and bar.postfix:
                 bar.set_postfix_str("", refresh=False)
             summary = _read_summary(out_dir)

@@ -289,13 +289,13 @@ def run_sweep(
     running run, then propagates. ``ray_address``: run the clients on that existing Ray
     cluster (``experiments.ray_cluster``).
     """
-    from tqdm import tqdm
+    from experiments.progress import progress_bar
 
     out_dir.mkdir(parents=True, exist_ok=True)
     todo = pending_runs(sweep, out_dir, retry_failed)
     finished = len(sweep.runs) - len(todo)
     stop, tables_lock = threading.Event(), threading.Lock()
-    with tqdm(total=len(sweep.runs), initial=finished, desc=f"sweep {sweep.name}", unit="run", disable=not progress) as bar:
+    with progress_bar(total=len(sweep.runs), initial=finished, desc=f"sweep {sweep.name}", unit="run", disable=not progress) as bar:
 
         def run_one(run: SweepRun) -> None:
             if stop.is_set():  # interrupted before this run started: it stays pending

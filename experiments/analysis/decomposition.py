@@ -35,7 +35,6 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from experiments.analysis.runs import (
     AnalysisRun,
@@ -48,6 +47,7 @@ from experiments.analysis.runs import (
     theta_space,
     tool_parser,
 )
+from experiments.progress import progress_bar
 from strategies.indicators import CKA_SAMPLES, client_distances, mean_pairwise_cka
 
 
@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = AnalysisRun.open(args.run)
     count_round = resolve_round(run, args.round)
     space = theta_space(run, args.device, reference=run.models(count_round)["base"])
-    rows = [row for r in tqdm(run.rounds(), desc="decomposing saved rounds", unit="round")
+    rows = [row for r in progress_bar(run.rounds(), desc="decomposing saved rounds", unit="round")
             if (row := round_decomposition(run, space, r, args.batch_size)) is not None]
     if not rows:
         raise ValueError(f"{run.directory}: no saved round has two or more client models (save-client-models >= 2)")

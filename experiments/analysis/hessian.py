@@ -41,7 +41,6 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
 from clients.training import select_device
 from experiments.analysis.interpolation import parse_model_spec, pick_model
@@ -57,6 +56,7 @@ from experiments.analysis.runs import (
     tool_parser,
 )
 from experiments.output_dir import create_output_dir
+from experiments.progress import progress_bar
 
 Vectors = list[torch.Tensor]
 HVP = Callable[[Vectors], Vectors]
@@ -122,7 +122,7 @@ def power_iteration(
     for _ in range(top_n):
         v = normalized([torch.randn(x.shape, generator=generator, dtype=x.dtype).to(x.device) for x in like])
         eigenvalue = None
-        for _ in tqdm(range(max_iter), desc=f"eigenvalue {len(eigenvalues) + 1}", unit="hvp", leave=False):
+        for _ in progress_bar(range(max_iter), desc=f"eigenvalue {len(eigenvalues) + 1}", unit="hvp", leave=False):
             for e in eigenvectors:  # deflation: orthogonal to the eigenvectors found
                 v = [x - dot(v, e) * y for x, y in zip(v, e)]
             v = normalized(v)
@@ -147,7 +147,7 @@ def hutchinson(
     blocks: list[np.ndarray] = []
     diagonal_sum = None
     previous_mean = 0.0
-    for _ in tqdm(range(max_iter), desc="trace", unit="hvp", leave=False):
+    for _ in progress_bar(range(max_iter), desc="trace", unit="hvp", leave=False):
         z = [(torch.randint(0, 2, x.shape, generator=generator) * 2 - 1).to(x.device, x.dtype) for x in like]
         hz = hvp(z)
         block = np.array([float((a * b).sum()) for a, b in zip(z, hz)])
@@ -251,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = find_runs(args.runs)
     out = args.out or runs[0].output_dir
     rows, block_rows, pair_rows = [], [], []
-    for run in tqdm(runs, desc="runs", unit="run", disable=len(runs) == 1):
+    for run in progress_bar(runs, desc="runs", unit="run", disable=len(runs) == 1):
         picked = pick_model(run, args.model)
         if picked is None:
             print(f"skipped {run.directory.name}: no {args.model} model saved", flush=True)
@@ -286,7 +286,7 @@ def client_pairs(run: AnalysisRun, global_name: str, args, out: Path) -> dict[st
     if len(clients) < 2:
         raise ValueError(f"--clients: round {server_round} of {run.directory} saved {len(clients)} client model(s); H_N/H_D need >= 2")
     vectors, rows = [], []
-    for pid, state in tqdm(clients.items(), desc="client Hessians", unit="client"):
+    for pid, state in progress_bar(clients.items(), desc="client Hessians", unit="client"):
         _, _, trace = curvature_of(run, state, args, 1)
         vector = trace["diagonal"] if args.diagonal else trace["block-traces"]
         vectors.append(vector)

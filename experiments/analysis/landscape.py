@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from experiments.analysis.runs import (
     AnalysisRun,
@@ -41,6 +40,7 @@ from experiments.analysis.runs import (
     theta_space,
     tool_parser,
 )
+from experiments.progress import progress_bar
 
 # Relative margin around the models' coordinates (plane.py: α, β ∈ [−0.2, 1.2]).
 MARGIN = 0.2
@@ -99,7 +99,7 @@ def evaluate_plane(
 ) -> dict[str, np.ndarray]:
     """``score`` ((B, d) θ → {name: (B,) values}) on every grid point: {name: (len(ys), len(xs))}."""
     values: dict[str, list[np.ndarray]] = {}
-    for start in tqdm(range(0, len(ys), rows_per_call), desc="grid rows", unit="row", leave=False):
+    for start in progress_bar(range(0, len(ys), rows_per_call), desc="grid rows", unit="row", leave=False):
         scored = score(plane.points(xs, ys[start : start + rows_per_call]))
         for name, value in scored.items():
             values.setdefault(name, []).append(np.asarray(value))
@@ -215,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     data = run.data
     panels, tables = [], []
-    for name, states in tqdm(sets, desc="landscape panels", unit="panel"):
+    for name, states in progress_bar(sets, desc="landscape panels", unit="panel"):
         space = theta_space(run, args.device, states[0], args.models_per_pass)
         grid, marks = landscape(space, [space.theta(s) for s in states], data.x_test, data.y_test, args.points, args.batch_size)
         panels.append((name, grid, marks))

@@ -26,12 +26,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
 from clients.data import partition_indices
 from clients.models import build_run_model
 from clients.training import select_device
 from experiments.launch import default_run_config
+from experiments.progress import progress_bar
 from partitions.datasets import IGNORE_INDEX, TensorDataset, load_dataset
 from partitions.feasibility import partition_settings
 from strategies.indicators import trainable_names
@@ -184,7 +184,7 @@ class ThetaSpace:
         scored_targets = max(int((y != IGNORE_INDEX).sum()), 1)  # a next-character set: every position but padding
         losses, errors = [], []
         chunks = range(0, len(thetas), self.models_per_pass)
-        for start in tqdm(chunks, desc=progress, unit="chunk", disable=progress is None, leave=False):
+        for start in progress_bar(chunks, desc=progress, unit="chunk", disable=progress is None, leave=False):
             chunk = thetas[start : start + self.models_per_pass]
             loss = torch.zeros(len(chunk), dtype=torch.float64, device=self.device)
             wrong = torch.zeros(len(chunk), dtype=torch.float64, device=self.device)

@@ -1,0 +1,61 @@
+"""Progress written to a file (experiments/progress.py): whole lines, no redraws."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+from experiments import progress
+from experiments.launch import APP_DIR
+
+
+class NotATerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return False
+
+
+def _lines(monkeypatch, interval: float) -> str:
+    monkeypatch.setattr(progress, "LINE_INTERVAL_S", interval)
+    out = NotATerminal()
+    bar = progress.progress_bar(total=6, desc="run", unit="round", file=out)
+    for _ in range(6):
+        bar.update(1)
+    bar.close()
+    return out.getvalue()
+
+
+def test_a_bar_written_to_a_file_is_whole_lines_at_most_one_per_interval(monkeypatch):
+    every = _lines(monkeypatch, 0.0)  # rounds slower than the interval: a line for each
+    assert "\r" not in every and every.endswith("\n")
+    lines = every.splitlines()
+    assert lines[0].startswith("run:   0% 0/6") and [line[5:13] for line in lines[1:7]] == [
+        " 17% 1/6", " 33% 2/6", " 50% 3/6", " 67% 4/6", " 83% 5/6", "100% 6/6"]
+    fast = _lines(monkeypatch, 3600.0).splitlines()  # faster: the first line and the last
+    assert len(fast) == 2 and fast[-1].startswith("run: 100% 6/6")
+
+
+def test_a_terminal_still_gets_tqdms_bar():
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    bar = progress.progress_bar(total=2, file=Terminal())
+    assert type(bar).__name__ == "tqdm"
+    bar.close()
+
+
+def test_a_run_with_its_output_in_a_file_writes_a_few_whole_lines(tmp_path):
+    log = tmp_path / "run.log"
+    with open(log, "w") as stderr:
+        done = subprocess.run(
+            [sys.executable, "-m", "experiments.run", "--set", "num-rounds=3", "--set", "num-clients=4",
+             "--set", "participation=0.5", "--set", "local-epochs=1", "--out", str(tmp_path / "run")],
+            cwd=APP_DIR, stdout=subprocess.DEVNULL, stderr=stderr, timeout=300)
+    text = log.read_text()
+    assert done.returncode == 0, text[-2000:]
+    assert "\r" not in text
+    lines = [line for line in text.splitlines() if " 0/3 " in line or "/3 [" in line]
+    # the first line, one per start-up stage (7 at most), the rounds (at most one per round) and the end
+    assert 2 <= len(lines) <= 12, text
+    assert lines[-1].split(":")[1].strip().startswith("100% 3/3")
