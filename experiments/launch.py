@@ -9,6 +9,7 @@ ServerApp failed, so success is read from the run's ``summary.json`` instead.
 from __future__ import annotations
 
 import csv
+import difflib
 import json
 import math
 import os
@@ -91,8 +92,10 @@ def named_toml(name_or_path: str, directory: Path, kind: str) -> Path:
     if path.suffix != ".toml":
         path = directory / f"{name_or_path}.toml"
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in directory.glob("*.toml")))
-        raise FileNotFoundError(f"{kind} {name_or_path!r} not found; known {kind}s: {known}")
+        names = sorted(p.stem for p in directory.glob("*.toml"))
+        guess = difflib.get_close_matches(str(name_or_path), names, n=1)
+        hint = f" (did you mean {guess[0]!r}?)" if guess else ""
+        raise FileNotFoundError(f"{kind} {name_or_path!r} not found{hint}; known {kind}s: {', '.join(names)}")
     return path
 
 

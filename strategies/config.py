@@ -79,10 +79,11 @@ class Option:
     kind: type
     allowed: str
     check: Callable[[Any], bool] = lambda _: True
+    choices: tuple[str, ...] = ()  # the allowed values, when they are a list (for "did you mean")
 
 
 def _one_of(*names: str) -> Option:
-    return Option(str, "one of " + ", ".join(repr(n) for n in names), lambda v: v in names)
+    return Option(str, "one of " + ", ".join(repr(n) for n in names), lambda v: v in names, names)
 
 
 def _parses_as_faults(spec: str) -> bool:
@@ -252,7 +253,9 @@ def _coerce(key: str, value: Any) -> Any:
             f"allowed: {option.allowed}, below 2^63"
         )
     if not option.check(value):
-        raise ConfigError(f"run config key '{key}' = {value!r} is not allowed; allowed: {option.allowed}")
+        guess = difflib.get_close_matches(value, option.choices, n=1) if option.choices and isinstance(value, str) else []
+        hint = f" (did you mean {guess[0]!r}?)" if guess else ""
+        raise ConfigError(f"run config key '{key}' = {value!r} is not allowed{hint}; allowed: {option.allowed}")
     return value
 
 

@@ -87,6 +87,8 @@ CASES = [
     ("run", [*SMALL, "--set", "lr"], "'lr'"),
     ("run", [*SMALL, "--set", "=0.1"], "unknown run config key"),
     ("run", [*SMALL, "--set", "num-round=3"], "did you mean 'num-rounds'"),
+    ("run", [*SMALL, "--set", "strategy=fedprx"], "'strategy' = 'fedprx' is not allowed (did you mean 'fedprox'?)"),
+    ("run", ["--preset", "ima-fmnist-shard"], "preset 'ima-fmnist-shard' not found (did you mean 'ima-fmnist-shards'?)"),
     ("run", [*SMALL, "--compare", "averaging"], "--compare 'averaging'"),
     ("run", [*SMALL, "--compare", "lr=0.1,inf"], "'lr' = inf"),
     ("run", [*SMALL, "--compare", "averaging=none,ima", "--set", "window=10"], "'window' = 10"),

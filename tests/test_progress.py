@@ -59,3 +59,12 @@ def test_a_run_with_its_output_in_a_file_writes_a_few_whole_lines(tmp_path):
     # the first line, one per start-up stage (7 at most), the rounds (at most one per round) and the end
     assert 2 <= len(lines) <= 12, text
     assert lines[-1].split(":")[1].strip().startswith("100% 3/3")
+
+
+def test_a_python_without_the_dependencies_is_told_to_use_the_environment_in_one_line():
+    """The system's python instead of .venv/bin/python: one line, exit 2, no traceback."""
+    code = "import sys, runpy; sys.modules['pandas'] = None; runpy.run_module('experiments.run', run_name='__main__')"
+    done = subprocess.run([sys.executable, "-c", code, "--help"], cwd=APP_DIR, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert "lacks Basin's dependencies (pandas)" in done.stderr and ".venv/bin/python -m experiments.<tool>" in done.stderr
