@@ -4,7 +4,7 @@
     python -m experiments.costs --model resnet56 --methods fedavg,fedprox,moon,gradaug-n1,gradaug-n2,fedalign \\
         --input-shape 3,32,32 --num-classes 100 --batch-size 64 --steps 10 --device auto --out costs.csv
 
-FedAlign's claim (METHODS.md §2.1) is about cost: one model in memory and ~2% extra FLOPs
+FedAlign's claim (Mendieta et al., CVPR 2022) is about cost: one model in memory and ~2% extra FLOPs
 on ResNet-56, against MOON's three models and GradAug's n extra sub-network passes. This
 command measures those costs on Basin's own client path, not on a re-implementation:
 for each method the run config is resolved and validated (``resolve_config``), the

@@ -48,13 +48,19 @@ def label_of(overrides: dict) -> str:
 
 
 def list_presets() -> str:
-    """Each preset's name and the first line of its description."""
+    """Each preset's name and the first sentence of its description (its leading comment)."""
     from experiments.launch import PRESETS_DIR
 
     lines = []
     for path in sorted(PRESETS_DIR.glob("*.toml")):
-        first = next((line.lstrip("# ").strip() for line in path.read_text().splitlines() if line.startswith("#")), "")
-        lines.append(f"{path.stem:32s} {first}")
+        comment = []
+        for line in path.read_text().splitlines():
+            if not line.startswith("#"):
+                break
+            comment.append(line.lstrip("# ").strip())
+        text = " ".join(part for part in comment if part)
+        sentence = re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
+        lines.append(f"{path.stem:32s} {sentence}")
     return "\n".join(lines)
 
 
