@@ -202,6 +202,7 @@ def test_list_presets_and_keys_and_a_guess_for_a_mistyped_key(capsys):
     assert main(["--list-presets"]) == 0
     listed = capsys.readouterr().out
     assert all(path.stem in listed for path in PRESETS_DIR.glob("*.toml"))
+    assert "(MNIST, MNIST-M, SVHN, SynthDigits, USPS).\n" in listed  # a whole first sentence, not cut
     assert main(["--list-keys"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(default_run_config())
