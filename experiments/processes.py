@@ -146,10 +146,22 @@ def flwr_homes() -> dict[int, str]:
 
 
 def processes_of_home(home: Path | str) -> list[int]:
-    """The live processes whose FLWR_HOME is ``home`` or inside it: one run's processes."""
+    """The live processes whose FLWR_HOME is ``home`` or inside it: one run's processes.
+    Never this process or its ancestors (a shell that exported FLWR_HOME, then asked to
+    stop that run, would otherwise stop itself first)."""
     home = str(home).rstrip(os.sep)
+    ours = ancestry(os.getpid())
     return sorted(pid for pid, value in flwr_homes().items()
-                  if (value == home or value.startswith(home + os.sep)) and alive(pid))
+                  if (value == home or value.startswith(home + os.sep)) and pid not in ours and alive(pid))
+
+
+def ancestry(pid: int) -> set[int]:
+    """``pid`` and every process it descends from."""
+    chain, table = {pid}, process_table()
+    while pid in table and table[pid][0] not in chain and table[pid][0] > 0:
+        pid = table[pid][0]
+        chain.add(pid)
+    return chain
 
 
 def stop_home(home: Path | str, grace: float = 1.0) -> list[int]:

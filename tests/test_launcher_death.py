@@ -146,3 +146,18 @@ def test_client_processes_killed_mid_run_stop_it_without_a_skipped_round_and_it_
     pd.testing.assert_frame_equal(results.drop(columns=TIMING_COLUMNS), rows.drop(columns=TIMING_COLUMNS), check_exact=True)
     model = torch.load(out / "final_model.pt", weights_only=True)
     assert all(torch.equal(model[k], final[k]) for k in final)
+
+
+def test_stopping_a_run_from_a_process_that_carries_its_flwr_home_does_not_stop_that_process(tmp_path):
+    """The plain `flwr run` recipe's last step, run with FLWR_HOME still exported."""
+    home = tmp_path / "home"
+    home.mkdir()
+    code = ("import subprocess, sys, time\n"
+            "from experiments.processes import processes_of_home, stop_home\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            "time.sleep(0.5)\n"
+            f"stopped = stop_home({str(home)!r})\n"
+            "print('survived', child.pid in stopped, child.wait(timeout=10) != 0, flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=APP_DIR, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "FLWR_HOME": str(home), "PYTHONPATH": str(APP_DIR)})
+    assert done.stdout.strip() == "survived True True", done.stderr[-2000:]
