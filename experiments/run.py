@@ -73,12 +73,15 @@ def list_keys() -> str:
     return "\n".join(f"{key:26s} default {defaults[key]!r:12s} {option.allowed}" for key, option in SCHEMA.items())
 
 
-def output_name(preset: str | None, main_job: bool, config: dict) -> str:
-    """The output folder's name: the preset, "main" for the main job, else what ran."""
+def output_name(preset: str | None, main_job: bool, config: dict, compared: list[str] = ()) -> str:
+    """The output folder's name: the preset, "main" for the main job, the compared keys
+    ("compare-strategy") for a comparison without a preset, else what ran."""
     if preset:  # a name ("ima-fmnist-dir0.1", whose ".1" is not a suffix) or a TOML path
         return Path(preset).stem if preset.endswith(".toml") else Path(preset).name
     if main_job:
         return "main"
+    if compared:  # not the first run's method: the comparison's
+        return "compare-" + "-".join(dict.fromkeys(spec.partition("=")[0] for spec in compared))
     from experiments.report import method_label
 
     return re.sub(r"[^A-Za-z0-9.+=-]+", "-", method_label(config).lower()).strip("-")
@@ -188,7 +191,7 @@ def run_job(args: argparse.Namespace, argv: list[str]) -> int:
     if args.ray_address is not None:
         check_ray_address(args.ray_address)
 
-    name = output_name(args.preset, main_job, next(iter(runs.values())))
+    name = output_name(args.preset, main_job, next(iter(runs.values())), compare if len(runs) > 1 else [])
     out_dir = output_dir_of(args.out, list(runs.values()), name)
     run_dirs = {label: out_dir / label if len(runs) > 1 else out_dir for label in runs}
     # Runs are named by what ran ("FedAvg+IMA"), plus any other compared key, in the

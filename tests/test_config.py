@@ -220,6 +220,9 @@ def test_the_output_folder_is_named_after_what_ran():
     assert output_name(None, True, resolve_config({})) == "main"
     assert output_name(None, False, resolve_config({"strategy": "scaffold"})) == "scaffold"
     assert output_name(None, False, resolve_config({"averaging": "ima"})) == "fedavg+ima"
+    # a comparison without a preset is named by what it compares, not by its first run
+    assert output_name(None, False, resolve_config({}), ["strategy=fedavg,fedprox"]) == "compare-strategy"
+    assert output_name(None, False, resolve_config({}), ["strategy=fedavg,fedprox", "seed=0,1"]) == "compare-strategy-seed"
 
 
 def test_user_facing_docs_stand_alone():
