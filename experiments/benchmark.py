@@ -271,7 +271,17 @@ def report(config: dict[str, Any], rows: pd.DataFrame, launch_seconds: float, ba
         "bare-graph-steps-per-second": None if bare_graph is None else sum(bare_graph.round_steps) / sum(bare_graph.round_seconds),
         "config": config, "device": str(device), "torch": torch.__version__, "cpu-count": os.cpu_count(),
         "torch-threads": torch.get_num_threads(), "resources": dataclasses.asdict(resources), "mps": mps,
+        "flower-client-processes": client_processes(config, resources, device),
     }
+
+
+def client_processes(config: dict[str, Any], resources, device: torch.device) -> int:
+    """How many client processes the Flower run trains with at once: the cohort, at most
+    what the CPU cores (``num_cpus`` each) or the GPU share (``num_gpus`` each) allow."""
+    cohort = cohort_size(config)
+    if device.type == "cuda" and resources.num_gpus > 0:
+        return min(cohort, max(1, int(1 / resources.num_gpus)))
+    return min(cohort, max(1, machine_cpus() // max(1, int(resources.num_cpus))))
 
 
 def print_report(figures: dict[str, Any]) -> None:
@@ -295,6 +305,11 @@ def print_report(figures: dict[str, Any]) -> None:
                                       ("flower overhead per round", "overhead-mean-seconds", 3, " s")]:
         steady = f"; {windows[1][key]:.{digits}f}{unit} excluding round 1" if len(windows) > 1 else ""
         print(f"{prefix}: {windows[0][key]:.{digits}f}{unit} (all rounds{steady})")
+    processes = figures["flower-client-processes"]
+    if processes > 1:  # like with like: the bare loop is one process
+        ratio = windows[-1]["throughput-ratio"]
+        print(f"the Flower run trains with {processes} client processes at once, the bare loop with one: "
+              f"{ratio / processes:.2f}x the bare loop per client process ({windows[-1]['rounds']})")
     if figures["bare-graph-steps-per-second"] is not None:
         eager = figures["all-rounds"]["bare-steps-per-second"]
         graph = figures["bare-graph-steps-per-second"]

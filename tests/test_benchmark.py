@@ -46,6 +46,9 @@ def test_benchmark_compares_a_flower_run_with_the_bare_loop(tmp_path):
     assert list(stages.values()) == sorted(stages.values()) and stages["training round 1"] > 0
     assert "startup stages, seconds after the launch: starting the SuperLink" in result.stdout
     assert json.loads((tmp_path / "flower" / "summary.json").read_text())["startup-stages"] == stages
+    # Like with like: 2 client processes (cohort 2, 2 cores) against the one-process bare loop.
+    assert figures["flower-client-processes"] == 2
+    assert "trains with 2 client processes at once, the bare loop with one" in result.stdout
 
 
 def test_bad_config_fails_before_anything_starts(tmp_path):
