@@ -88,15 +88,18 @@ def _value(v: object) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def setting_label(row: pd.Series, keys: Iterable[str]) -> str:
+def setting_label(row: pd.Series, keys: Iterable[str], exclude: Iterable[str] = ()) -> str:
     """Human-readable setting: the partition in paper notation (always: a sweep on one
-    partition still says which, e.g. ``#C=2``), other varied keys as key=value."""
-    keys = list(keys)
+    partition still says which, e.g. ``#C=2``), other varied keys as key=value. An
+    ``exclude``d partition key (a figure's x-axis) is left symbolic: ``Dir(α)``, ``#C=k``,
+    so that its values are points of one line, not lines of one point."""
+    keys, exclude = list(keys), set(exclude)
     parts = []
     if "partition" in row:
-        notation = {"dirichlet": f"Dir({_value(row.get('alpha'))})",
-                    "dirichlet-client": f"client-wise Dir({_value(row.get('alpha'))})",
-                    "shards": f"#C={_value(row.get('classes-per-client'))}", "iid": "IID"}
+        alpha = "α" if "alpha" in exclude else _value(row.get("alpha"))
+        classes = "k" if "classes-per-client" in exclude else _value(row.get("classes-per-client"))
+        notation = {"dirichlet": f"Dir({alpha})", "dirichlet-client": f"client-wise Dir({alpha})",
+                    "shards": f"#C={classes}", "iid": "IID"}
         parts.append(notation.get(row["partition"], str(row["partition"])))
         keys = [k for k in keys if k not in PARTITION_KEYS]
     parts += [f"{k}={_value(row[k])}" for k in keys]
@@ -119,7 +122,7 @@ def label_runs(completed: pd.DataFrame, exclude: Iterable[str] = ()) -> pd.DataF
 
     labelled = completed.copy()
     labelled["method"] = [method(row) for _, row in completed.iterrows()]
-    labelled["setting"] = [setting_label(row, setting_keys) for _, row in completed.iterrows()]
+    labelled["setting"] = [setting_label(row, setting_keys, exclude) for _, row in completed.iterrows()]
     return labelled
 
 

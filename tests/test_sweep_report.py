@@ -201,3 +201,18 @@ def test_accuracy_figure_names_methods_setup_and_averaging_start():
     widths = [line.get_linewidth() for line in ax.lines if line.get_label() in curves]
     assert widths == sorted(widths, reverse=True) and len(set(widths)) == 3
     plt.close(fig)
+
+
+def test_gain_vs_alpha_draws_one_curve_per_method_across_alpha(tmp_path, monkeypatch):
+    """Each method's gains at α = 0.1 and 0.5 are two points of one line, not two lines of
+    one point each (the Dirichlet notation named α in every line's label)."""
+    import experiments.sweep_report as report
+
+    drawn = []
+
+    def record_lines(ax, stats, key, colours):
+        drawn.append({line: sorted(points[key]) for line, points in stats.groupby("line", sort=False)})
+
+    monkeypatch.setattr(report, "_errorbar_lines", record_lines)
+    assert report.plot_gain_vs(grid(), "alpha", tmp_path / "gain-vs-alpha.png") is not None
+    assert drawn == [{"fedavg+ima, Dir(α)": [0.1, 0.5], "fedprox+ima, Dir(α)": [0.1, 0.5]}]
