@@ -156,12 +156,18 @@ def processes_of_home(home: Path | str) -> list[int]:
 
 
 def ancestry(pid: int) -> set[int]:
-    """``pid`` and every process it descends from."""
-    chain, table = {pid}, process_table()
-    while pid in table and table[pid][0] not in chain and table[pid][0] > 0:
-        pid = table[pid][0]
-        chain.add(pid)
-    return chain
+    """``pid`` and every process it descends from (a few /proc reads, not a scan)."""
+    chain = {pid}
+    while True:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return chain
+        parent = int(stat[stat.rindex(")") + 2:].split()[1])  # after "pid (comm) state"
+        if parent <= 0 or parent in chain:
+            return chain
+        chain.add(parent)
+        pid = parent
 
 
 def stop_home(home: Path | str, grace: float = 1.0) -> list[int]:
