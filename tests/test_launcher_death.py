@@ -83,7 +83,9 @@ def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(tm
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait()
-    assert stopped_within < 5
+    # Alone: 1.1 s (SIGHUP) and 1.7 s (Ctrl-C twice) on 2 cores; 5.4–5.5 s once late in a
+    # full suite run on the same machine. The bound is for "stopped promptly", not a benchmark.
+    assert stopped_within < 8
     summary = json.loads((out / "summary.json").read_text())
     if way == "sighup-group" and summary["status"] == "failed":
         # SIGHUP reaches the whole group, Ray's client processes too: the ServerApp may see
