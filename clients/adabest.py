@@ -20,7 +20,9 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
+from clients import protocol
 from clients.client_step import GradientTerm
+from clients.components import ClientComponent, StatefulTerm
 from clients.protocol import ADABEST_CLIENT_BIAS, ADABEST_LAST_ROUND
 from clients.state_store import stored_or_zeros
 
@@ -74,3 +76,15 @@ class AdaBestClient:
         self.state[ADABEST_CLIENT_BIAS] = ArrayRecord({k: v.cpu() for k, v in updated.items()})
         # An ArrayRecord, as every client state entry: snapshots keep ArrayRecords (clients/state_store.py).
         self.state[ADABEST_LAST_ROUND] = ArrayRecord({"round": torch.tensor(self.server_round)})
+
+
+def adabest_component(model: nn.Module, content: RecordDict, state: RecordDict) -> ClientComponent | None:
+    config = content["config"]
+    if protocol.ADABEST_MU not in config:
+        return None
+    client = AdaBestClient(
+        model, state, float(config[protocol.ADABEST_MU]), int(config["server-round"]),
+        bool(config[protocol.ADABEST_OFFICIAL_CODE]), float(config[protocol.ADABEST_MEAN_EXAMPLES_PER_STEP]),
+        int(config["local-epochs"]),
+    )
+    return StatefulTerm(client, client.term)  # the official-code μ_ad needs this client's n_i

@@ -19,12 +19,18 @@ The papers use plain SGD (``momentum = 0``); Basin applies the formula as writte
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
+from clients import protocol
 from clients.client_step import GradientTerm
+from clients.components import Builder, ClientComponent
 from clients.state_store import stored_or_zeros
+from clients.training import LocalTrainingConfig, LocalTrainingResult
 
 
 def client_control_update(
@@ -97,3 +103,48 @@ class ControlVariateClient:
         self.state[self.state_key] = new_control
         reference = self.client_control if self.delta_reference == "client" else self.server_control
         return ArrayRecord({k: (updated[k] - reference[k]).cpu() for k in updated}), new_control
+
+
+class ControlVariate(ClientComponent):
+    """SCAFFOLD's or FedMoSWA's control variate (clients/control_variates.py): its
+    correction, then c_i⁺ stored and Δc_i (and c_i⁺ where the server needs it) sent."""
+
+    # Server record → (where the client keeps c_i, its Δc_i record, its c_i⁺ record or None,
+    # what Δc_i is measured from).
+    RECORDS = {
+        protocol.SCAFFOLD_SERVER_CONTROL: (protocol.SCAFFOLD_CLIENT_CONTROL, protocol.SCAFFOLD_DELTA_CONTROL, None, "client"),
+        protocol.MOSWA_SERVER_CONTROL: (
+            protocol.MOSWA_CLIENT_CONTROL, protocol.MOSWA_DELTA_CONTROL, protocol.MOSWA_NEW_CONTROL, "server"
+        ),
+    }
+
+    def __init__(self, model: nn.Module, content: RecordDict, state: RecordDict, server_key: str):
+        state_key, self.delta_key, self.new_key, reference = self.RECORDS[server_key]
+        self.round_config: Mapping[str, Any] = content["config"]
+        self.client = ControlVariateClient(model, content[server_key], state, state_key, reference)
+        self.after_clip = bool(self.round_config.get(protocol.CONTROL_AFTER_CLIP, False))
+
+    def gradient_terms(self, config: LocalTrainingConfig, num_examples: int) -> list:
+        return [] if self.after_clip else [self.client.hook]
+
+    def post_clip_terms(self) -> list:
+        return [self.client.hook] if self.after_clip else []
+
+    def finish(self, model: nn.Module, result: LocalTrainingResult) -> tuple[dict[str, float], dict[str, ArrayRecord]]:
+        metrics = {"client-state-norm": self.client.state_norm()}  # c_i as the round started
+        delta, new = self.client.finish(model, self.lr_sum(result))
+        return metrics, {self.delta_key: delta, **({self.new_key: new} if self.new_key is not None else {})}
+
+    def lr_sum(self, result: LocalTrainingResult) -> float:
+        """Σ_k η_k, or (the constant in-round lr) × the step count the server names."""
+        steps = int(self.round_config.get(protocol.CONTROL_STEP_COUNT, 0))
+        if not steps or not result.num_steps:
+            return result.lr_sum
+        return result.lr_sum / result.num_steps * steps
+
+
+def control_variate(server_key: str) -> Builder:
+    def build(model: nn.Module, content: RecordDict, state: RecordDict) -> ClientComponent | None:
+        return ControlVariate(model, content, state, server_key) if server_key in content else None
+
+    return build

@@ -12,9 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+from flwr.app import RecordDict
 from torch import nn
 
+from clients import protocol
 from clients.client_step import GradientTerm
+from clients.components import ClientComponent
+from clients.training import LocalTrainingConfig
 
 
 @torch.no_grad()
@@ -30,3 +34,22 @@ def fedcm_term(model: nn.Module, direction: Mapping[str, torch.Tensor], alpha: f
     device = next(model.parameters()).device
     directions = [direction[name].to(device) * step_scale for name, _ in model.named_parameters()]
     return GradientTerm(f"fedcm alpha={alpha!r}", lambda params, inputs: mix_direction(params, inputs, alpha), directions)
+
+
+class MomentumDirection(ClientComponent):
+    """FedCM/MoFedSAM: v = α·g + (1 − α)·Δ_t, Δ_t scaled by this client's K_i when per client."""
+
+    def __init__(self, model: nn.Module, content: RecordDict):
+        config = content["config"]
+        self.model = model
+        self.direction = content[protocol.FEDCM_DIRECTION].to_torch_state_dict()
+        self.alpha = float(config[protocol.FEDCM_ALPHA])
+        self.per_client = config[protocol.FEDCM_SCALE] == "client"
+
+    def gradient_terms(self, config: LocalTrainingConfig, num_examples: int) -> list:
+        step_scale = 1.0 / (config.lr * config.num_steps(num_examples)) if self.per_client else 1.0
+        return [fedcm_term(self.model, self.direction, self.alpha, step_scale)]
+
+
+def momentum_direction(model: nn.Module, content: RecordDict, state: RecordDict) -> ClientComponent | None:
+    return MomentumDirection(model, content) if protocol.FEDCM_DIRECTION in content else None

@@ -13,7 +13,9 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
+from clients import protocol
 from clients.client_step import GradientTerm
+from clients.components import ClientComponent, StatefulTerm
 from clients.protocol import FEDDYN_CLIENT_GRADIENT
 from clients.state_store import stored_or_zeros
 
@@ -52,3 +54,11 @@ class FedDynClient:
             for n, p in model.named_parameters()
         }
         self.state[FEDDYN_CLIENT_GRADIENT] = ArrayRecord({k: v.cpu() for k, v in updated.items()})
+
+
+def feddyn_component(model: nn.Module, content: RecordDict, state: RecordDict) -> ClientComponent | None:
+    config = content["config"]
+    if protocol.FEDDYN_ALPHA not in config:
+        return None
+    client = FedDynClient(model, float(config[protocol.FEDDYN_ALPHA]), state)
+    return StatefulTerm(client, lambda num_examples: client.hook)

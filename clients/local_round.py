@@ -17,9 +17,8 @@ from torch import nn
 
 from clients import protocol
 from clients.augmentation import crop_flip
-from clients.components import CLIENT_COMPONENTS
-from clients.objectives import build_objective
-from clients.training import LocalTrainingConfig, LocalTrainingResult, momentum_a_norm, train_local
+from clients.training import LocalObjective, LocalTrainingConfig, LocalTrainingResult, momentum_a_norm, train_local
+from strategies.methods import client_components, objective_builders
 
 
 def training_config(round_config: Mapping[str, Any]) -> LocalTrainingConfig:
@@ -59,6 +58,18 @@ def round_randomness(seed: int, server_round: int, partition_id: int) -> tuple[t
     return generator, np.random.default_rng(objective_seed)
 
 
+def build_objective(name: str, content: RecordDict, model: nn.Module, state: RecordDict,
+                    rng: np.random.Generator) -> LocalObjective:
+    """The local objective the round names (its method's declaration builds it), or
+    cross-entropy when it names none."""
+    if name in ("", "cross-entropy"):
+        return LocalObjective()
+    builders = objective_builders()
+    if name not in builders:
+        raise ValueError(f"unknown local objective {name!r}; allowed: {', '.join(builders)}")
+    return builders[name](content["config"], model, state, rng, content)
+
+
 class LocalRound:
     """The method-specific parts of one round, built from the training message's content:
     the local objective, and the client components the message asks for
@@ -67,11 +78,8 @@ class LocalRound:
 
     def __init__(self, model: nn.Module, content: RecordDict, state: RecordDict, rng: np.random.Generator):
         self.round_config = content["config"]
-        self.objective = build_objective(
-            str(self.round_config.get(protocol.OBJECTIVE, "cross-entropy")), self.round_config, model, state, rng,
-            content,
-        )
-        self.components = [component for build in CLIENT_COMPONENTS if (component := build(model, content, state))]
+        self.objective = build_objective(str(self.round_config.get(protocol.OBJECTIVE, "")), content, model, state, rng)
+        self.components = [component for build in client_components() if (component := build(model, content, state))]
 
     def train(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator) -> LocalTrainingResult:
         config = training_config(self.round_config)

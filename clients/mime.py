@@ -19,10 +19,13 @@ import copy
 from collections.abc import Mapping
 
 import torch
+from flwr.app import RecordDict
 from torch import nn
 from torch.nn import functional as F
 
+from clients import protocol
 from clients.client_step import GradientTerm
+from clients.components import ClientComponent, FixedTerms
 from clients.training import LocalObjective
 
 
@@ -75,3 +78,17 @@ def momentum_term(model: nn.Module, state: Mapping[str, torch.Tensor], beta: flo
     inputs = [state[name].to(device) for name, _ in model.named_parameters()]
     return GradientTerm(f"mime beta={beta!r} dampened={dampened}",
                         lambda params, values: _add_momentum(params, values, beta, dampened), inputs)
+
+
+def server_momentum(model: nn.Module, content: RecordDict, state: RecordDict) -> ClientComponent | None:
+    """MIME/MimeLite: the server optimiser's frozen momentum, in every step."""
+    if protocol.MIME_STATE not in content:
+        return None
+    config = content["config"]
+    return FixedTerms(momentum_term(model, content[protocol.MIME_STATE].to_torch_state_dict(),
+                                    float(config[protocol.MIME_MOMENTUM]), bool(config[protocol.MIME_DAMPENED])))
+
+
+def mime_objective(settings: Mapping, model: nn.Module, state: RecordDict, rng, records: Mapping) -> MimeObjective:
+    """MIME's corrected gradient needs c, sent beside the model."""
+    return MimeObjective(model, records[protocol.MIME_CORRECTION].to_torch_state_dict())

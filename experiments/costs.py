@@ -16,8 +16,9 @@ and every measured step is ``LocalRound.train`` on synthetic data (random inputs
 ``--input-shape`` and random labels; costs do not depend on the values, no data set is
 loaded). The number of measured steps is set through the round config's own
 ``local-steps`` key. ``--set KEY=VALUE`` overrides run-config keys for every method (e.g.
-``prox-mu``, ``fedalign-width``, ``gradaug-min-width``). Method names: any strategy of
-strategies/config.py, plus ``gradaug-n<k>`` (GradAug with ``gradaug-subnets = k``), each
+``prox-mu``, ``fedalign-width``, ``gradaug-min-width``). Method names: any
+strategy, plus the methods' cost-table entries (``gradaug-n1``, ``gradaug-n2``: GradAug with
+``gradaug-subnets = 1, 2``; other values: ``--set gradaug-subnets=k``), each
 optionally with ``+crop-flip`` (``augment = crop-flip``: what the on-device random crop
 and flip of clients/augmentation.py add to a step).
 FedAvg is always measured, first, as the reference of the ratio columns.
@@ -74,7 +75,6 @@ import argparse
 import contextlib
 import gc
 import logging
-import re
 import statistics
 import sys
 import time
@@ -85,10 +85,12 @@ from typing import Any
 
 from experiments.cli import UsageError, guarded, nonempty_path
 
-DEFAULT_METHODS = (
-    "fedavg,fedavg+crop-flip,fedprox,scaffold,fedcm,fedacg,adabest,mime,mimelite,fedfa,moon,fedsam,mofedsam,fedlesam,"
-    "gradaug-n1,gradaug-n2,fedalign"
-)
+
+def default_methods() -> str:
+    """The methods' own cost-table entries (``MethodSpec.cost_table``), in declaration order."""
+    from strategies.methods import METHODS  # imports torch: not before --help has answered
+
+    return ",".join(entry for spec in METHODS.values() for entry in spec.cost_table)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,8 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--model", default="resnet56",
                         help="a model name (default resnet56; `python -m experiments.run --list-keys` lists them)")
-    parser.add_argument("--methods", default=DEFAULT_METHODS,
-                        help=f"comma-separated strategy names or gradaug-n<k> (default {DEFAULT_METHODS})")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated strategy names or cost-table entries such as gradaug-n2 (default: each method's cost-table "
+                             "entries, FedAvg, FedProx, SCAFFOLD, FedCM, … FedAlign)")
     parser.add_argument("--input-shape", default="3,32,32", help="C,H,W of one sample (default 3,32,32: CIFAR)")
     parser.add_argument("--num-classes", type=int, default=100, help="classifier outputs (default 100: CIFAR-100)")
     parser.add_argument("--batch-size", type=int, default=64, help="local batch size (default 64)")
@@ -134,40 +137,41 @@ from clients.training import select_device
 from experiments.launch import parse_overrides, resolve_config
 from experiments.output_dir import create_output_dir
 from partitions.datasets import INPUT_SHAPES
-from strategies.config import DEVICES, PLAIN_SGD_METHODS, STRATEGY_NAMES
+from strategies.config import DEVICES
+from strategies.methods import METHODS
 from strategies.registry import build_client_schedule, build_strategy
 from strategies.server_app import round_train_config
 
 AUGMENTED = "+crop-flip"
 REFERENCE = "fedavg"
-GRADAUG_VARIANT = re.compile(r"gradaug-n(\d+)")
 NODE_ID = 1000  # the one client of the benchmark's cohort
 SYNTHETIC_DATASET = "hf:synthetic"  # config placeholder when no built-in set has the input shape
 
 
 # -- methods and their run configs ---------------------------------------------------------
 def method_overrides(method: str) -> dict[str, Any]:
-    """Run-config keys of a method name: a strategy name, or ``gradaug-n<k>``, optionally
-    followed by ``+crop-flip`` (the same with on-device crop and flip augmentation)."""
+    """Run-config keys of a method name: a strategy name or a method's cost-table entry
+    (``gradaug-n2``: GradAug with ``gradaug-subnets = 2``), optionally followed by
+    ``+crop-flip`` (the same with on-device crop and flip augmentation)."""
     if method.endswith(AUGMENTED):
         return {**method_overrides(method.removesuffix(AUGMENTED)), "augment": "crop-flip"}
-    variant = GRADAUG_VARIANT.fullmatch(method)
-    if variant and int(variant.group(1)) >= 1:
-        return {"strategy": "gradaug", "gradaug-subnets": int(variant.group(1))}
-    if method in STRATEGY_NAMES:
-        # The methods derived from plain SGD are costed as their papers run them (no client momentum).
-        return {"strategy": method, **({"momentum": 0.0} if method in (*PLAIN_SGD_METHODS, "fedmoswa") else {})}
-    raise UsageError(
-        f"--methods: unknown method {method!r}; allowed: {', '.join(STRATEGY_NAMES)}, or gradaug-n<k> with k >= 1, "
-        f"each optionally followed by {AUGMENTED}"
-    )
+    entries = {entry: (spec, keys) for spec in METHODS.values() for entry, keys in spec.cost_table.items()}
+    spec, keys = entries.get(method, (METHODS.get(method), {}))
+    if spec is None:
+        raise UsageError(
+            f"--methods: unknown method {method!r}; allowed: {', '.join(METHODS)}, or a cost-table entry "
+            f"({', '.join(e for e in entries if e not in METHODS)}), each optionally followed by {AUGMENTED}"
+        )
+    # The methods derived from plain SGD are costed as their papers run them (no client momentum;
+    # a plain_sgd that depends on the variant is true of the default one: FedMoSWA's paper variant).
+    return {"strategy": spec.name, **keys, **({"momentum": 0.0} if spec.plain_sgd else {})}
 
 
 def parse_methods(text: str) -> list[str]:
     """The comma-separated method names, FedAvg first (added when missing), no repeats."""
     methods = [m.strip() for m in text.split(",") if m.strip()]
     if not methods:
-        raise UsageError(f"--methods: {text!r} names no method; allowed: a comma-separated list such as {DEFAULT_METHODS}")
+        raise UsageError(f"--methods: {text!r} names no method; allowed: a comma-separated list such as {default_methods()}")
     for method in methods:
         method_overrides(method)
     ordered = [REFERENCE] + [m for m in methods if m != REFERENCE]
@@ -433,7 +437,7 @@ def run_command(args) -> int:
         raise UsageError(f"--model: {args.model!r} is not allowed; allowed: {', '.join(MODEL_NAMES)}")
     if args.device not in DEVICES:
         raise UsageError(f"--device: {args.device!r} is not allowed; allowed: {', '.join(DEVICES)}")
-    methods = parse_methods(args.methods)
+    methods = parse_methods(args.methods if args.methods is not None else default_methods())
     shape = parse_shape(args.input_shape)
     num_classes = _positive("--num-classes", args.num_classes)
     batch_size = _positive("--batch-size", args.batch_size)

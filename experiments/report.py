@@ -35,21 +35,14 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("run")
 
 
-# How the papers write each method's name.
-METHOD_NAMES = {
-    "fedavg": "FedAvg", "fedavgm": "FedAvgM", "fedadam": "FedAdam", "fedyogi": "FedYogi", "fedadagrad": "FedAdagrad",
-    "fedprox": "FedProx", "scaffold": "SCAFFOLD", "fednova": "FedNova", "feddyn": "FedDyn", "fedgma": "FedGMA",
-    "fedswa": "FedSWA", "fedmoswa": "FedMoSWA", "fedcm": "FedCM", "fedacg": "FedACG", "mofedsam": "MoFedSAM",
-    "fedlesam": "FedLESAM", "adabest": "AdaBest", "mime": "MIME", "mimelite": "MimeLite", "fedfa": "FedFA",
-    "moon": "MOON", "fedsam": "FedSAM", "fedasam": "FedASAM",
-    "fedalign": "FedAlign", "mixup": "Mixup", "stochastic-depth": "Stochastic Depth", "gradaug": "GradAug",
-}
 AVERAGING_NAMES = {"ima": "IMA", "wima": "WIMA", "swa": "SWA"}
 
 
 def method_label(config: Mapping[str, Any], extra_keys: Iterable[str] = ()) -> str:
     """What ran, as the papers write it: "FedAvg+IMA", then ``extra_keys`` as key=value."""
-    name = METHOD_NAMES.get(config["strategy"], config["strategy"])
+    from strategies.methods import METHODS  # the declarations import torch: only when a label is asked for
+
+    name = METHODS[config["strategy"]].display_name if config["strategy"] in METHODS else config["strategy"]
     if config["averaging"] != "none":
         name += "+" + AVERAGING_NAMES.get(config["averaging"], config["averaging"])
     extras = [f"{k}={_config_value(config[k])}" for k in extra_keys]

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from clients.adabest import adabest_component
 from clients.protocol import ADABEST_MEAN_EXAMPLES_PER_STEP, ADABEST_MU, ADABEST_OFFICIAL_CODE
 from strategies.arrays import counter_mean, is_float, to_numpy
-from strategies.config import ADABEST_VARIANTS
+from strategies.method import COHORT, MethodSpec
+from strategies.options import Option, one_of
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 
@@ -44,6 +46,8 @@ def adabest_server_update(
         average[key] = (sum(w * cw[key].astype(np.float64) for w, cw in zip(weights, client_ws)) / total).astype(previous.dtype)
         new_theta[key] = (average[key] - beta * (previous - average[key])).astype(previous.dtype)
     return new_theta, average
+
+ADABEST_VARIANTS = ("paper", "official-code")
 
 
 class AdaBest(ServerUpdate, InPlaceFedAvg):
@@ -86,3 +90,20 @@ class AdaBest(ServerUpdate, InPlaceFedAvg):
     def load_state_dict(self, state: dict) -> None:
         self.previous_average = state["previous-average"]
         self.examples_per_step = (float(state["examples-per-step"][0]), int(state["examples-per-step"][1]))
+
+
+METHODS = (
+    MethodSpec(
+        "adabest", "AdaBest",
+        lambda config: AdaBest(**COHORT, mu=config["adabest-mu"], beta=config["adabest-beta"],
+                               variant=config["adabest-variant"]),
+        options={
+            "adabest-mu": Option(float, "a number >= 0 (AdaBest's μ: the bias estimate's step)", lambda v: v >= 0,
+                                 default=0.02),
+            "adabest-beta": Option(float, "a number in [0, 1) (AdaBest's server extrapolation β)",
+                                   lambda v: 0 <= v < 1, default=0.85),
+            "adabest-variant": one_of(*ADABEST_VARIANTS, default="paper"),
+        },
+        client_components=(adabest_component,), client_state=True, plain_sgd=True, cost_table={"adabest": {}},
+    ),
+)

@@ -41,8 +41,6 @@ RESUMABLE_CHANGES = (
     "output-dir", "checkpoint-every", "resume", "round-timeout", "node-timeout",
     "save-models-every", "save-models-last", "save-client-models",
 )
-# Methods whose clients keep state across rounds (in context.state, snapshot by the clients).
-CLIENT_STATE_METHODS = ("scaffold", "fedmoswa", "feddyn", "moon", "fedlesam", "adabest")
 
 
 def _encode(value: Any) -> Any:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from clients.faults import FAULT_FORMAT, parse_faults
@@ -21,31 +20,20 @@ from partitions.client_dirichlet import EXHAUSTIONS as CLIENT_EXHAUSTIONS
 from partitions.datasets import BUILTIN_DATASETS, INPUT_SHAPES, is_known_dataset
 from partitions.stats import LABEL_SCHEMES, PARTITION_SCHEMES
 from strategies.averaging import AVERAGING_SUBSETS
+from strategies.methods import METHODS, method, method_options
+from strategies.options import ConfigError as ConfigError
+from strategies.options import Option
+from strategies.options import one_of as _one_of
 from strategies.schedules import EXPLORATIONS, LR_SCHEDULES
 
-# Server-side methods, then methods that only change the clients' local objective.
-STRATEGY_NAMES = (
-    "fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold", "fednova", "feddyn", "fedgma",
-    "fedswa", "fedmoswa", "fedcm", "fedacg", "mofedsam", "fedlesam", "adabest", "mime", "mimelite", "fedfa",
-    "moon", "fedsam", "fedasam", "fedalign", "mixup", "stochastic-depth", "gradaug",
-)
-# Methods that need a residual network with width-slimmable stages.
-RESIDUAL_ONLY = ("fedalign", "stochastic-depth", "gradaug")
-# Methods whose objective works on one label per image (a representation per sample, mixed
-# images): not for sequence models (next-character prediction).
-IMAGE_ONLY = ("moon", "fedfa", "mixup", *RESIDUAL_ONLY)
-FEDSWA_VARIANTS = ("paper", "official-code")
-FEDCM_VARIANTS = ("per-client", "server")
-FEDACG_VARIANTS = ("code", "half")
-FEDLESAM_VARIANTS = ("paper", "official-code")
-FEDLESAM_WEIGHTINGS = ("uniform", "samples")
-ADABEST_VARIANTS = ("paper", "official-code")
-MIME_VARIANTS = ("heavy-ball", "dampened")
-FEDFA_VARIANTS = ("paper", "fedfa-ima")
-# Methods whose papers derive their own term (a control, a correction, a look-ahead, a
-# momentum of their own) on plain local SGD steps: client heavy-ball momentum on top is not
-# their method (FedMoSWA: its paper variant; MIME's base momentum is mime-momentum).
-PLAIN_SGD_METHODS = ("mime", "mimelite", "fedcm", "mofedsam", "fedacg", "adabest")
+# Every declared method (strategies/methods.py): server-side methods, then methods that only
+# change the clients' local objective.
+STRATEGY_NAMES = tuple(METHODS)
+# Methods that need a residual network with width-slimmable stages; methods whose objective
+# works on one label per image (a representation per sample, mixed images), which excludes
+# sequence models (next-character prediction).
+RESIDUAL_ONLY = tuple(name for name, spec in METHODS.items() if spec.model_needs == "slimmable-residual")
+IMAGE_ONLY = tuple(name for name, spec in METHODS.items() if spec.model_needs != "any")
 AVERAGING_NAMES = ("none", "ima", "wima", "swa")
 # IMA on FedAdam/FedYogi/FedAdagrad: the window of FMA aggregates is the target of the
 # optimiser's step (the IMA authors' code), or the window of the optimiser's outputs is sent.
@@ -70,28 +58,21 @@ INT64_RANGE = (-(2**63), 2**63 - 1)
 MIN_NODE_TIMEOUT_S = 10.0
 
 
-class ConfigError(ValueError):
-    """A run-config value is missing, of the wrong type, or out of range."""
-
-
-@dataclass(frozen=True)
-class Option:
-    kind: type
-    allowed: str
-    check: Callable[[Any], bool] = lambda _: True
-    choices: tuple[str, ...] = ()  # the allowed values, when they are a list (for "did you mean")
-
-
-def _one_of(*names: str) -> Option:
-    return Option(str, "one of " + ", ".join(repr(n) for n in names), lambda v: v in names, names)
-
-
 def _parses_as_faults(spec: str) -> bool:
     try:
         parse_faults(spec)
     except ValueError:
         return False
     return True
+
+
+def _server_lr_defaults() -> str:
+    """The methods whose server-lr = 0 means something other than 1, grouped by value."""
+    by_value: dict[float, list[str]] = {}
+    for name, spec in METHODS.items():
+        if spec.default_server_lr != 1.0:
+            by_value.setdefault(spec.default_server_lr, []).append(name)
+    return ", ".join(f"{value:g} for {'/'.join(names)}" for value, names in by_value.items())
 
 
 SCHEMA: dict[str, Option] = {
@@ -134,51 +115,8 @@ SCHEMA: dict[str, Option] = {
     "grad-clip": Option(float, "a number >= 0 (max gradient norm; 0 = no clipping)", lambda v: v >= 0),
     "strategy": _one_of(*STRATEGY_NAMES),
     "server-lr": Option(float,
-            "a number >= 0 (0 = the method's default: 0.01 for fedadam/fedyogi/fedadagrad, 0.1 for mime/mimelite,"
-            " else 1; FedSWA's α)", lambda v: v >= 0),
-    "server-momentum": Option(float, "a number in [0, 1) (FedAvgM's beta; FedOpt's beta_1)", lambda v: 0 <= v < 1),
-    "beta-2": Option(float, "a number in [0, 1) (FedAdam/FedYogi second moment)", lambda v: 0 <= v < 1),
-    "fedadam-bias-correction": Option(bool,
-            "true or false (Flower's Adam bias correction of FedAdam's step; false: Reddi et al.'s Algorithm 2)"),
-    "tau": Option(float, "a number > 0 (FedOpt adaptivity)", lambda v: v > 0),
-    "prox-mu": Option(float, "a number >= 0 (FedProx proximal weight)", lambda v: v >= 0),
-    "feddyn-alpha": Option(float, "a number > 0 (FedDyn's α)", lambda v: v > 0),
-    "gma-threshold": Option(float, "a number in (0, 1] (FedGMA's sign-agreement threshold ε)", lambda v: 0 < v <= 1),
-    "fedswa-variant": _one_of(*FEDSWA_VARIANTS),
-    "fedswa-rho": Option(float, "a number in [0, 1] (FedSWA's in-round lr end factor ρ)", lambda v: 0 <= v <= 1),
-    "fedmoswa-gamma": Option(float,
-            "a number in (0, 1] (FedMoSWA's server control momentum γ: m ← (1 − γ)·m + γ·mean c_i⁺)", lambda v: 0 < v <= 1),
-    "fedcm-alpha": Option(float, "a number in (0, 1] (FedCM's weight of the local gradient: v = α·g + (1 − α)·Δ_t)", lambda v: 0 < v <= 1),
-    "fedcm-variant": _one_of(*FEDCM_VARIANTS),
-    "fedacg-lambda": Option(float, "a number in [0, 1) (FedACG's momentum and look-ahead λ)", lambda v: 0 <= v < 1),
-    "fedacg-beta": Option(float, "a number >= 0 (FedACG's proximal weight β of β·‖y − θ̃‖²)", lambda v: v >= 0),
-    "fedacg-variant": _one_of(*FEDACG_VARIANTS),
-    "fedlesam-variant": _one_of(*FEDLESAM_VARIANTS),
-    "fedlesam-weighting": _one_of(*FEDLESAM_WEIGHTINGS),
-    "fedfa-lambda": Option(float, "a number >= 0 (FedFA's anchor-loss weight λ)", lambda v: v >= 0),
-    "fedfa-rho": Option(float, "a number in [0, 1] (FedFA's anchor EMA ρ: ā ← ρ·ā + (1 − ρ)·class mean)", lambda v: 0 <= v <= 1),
-    "fedfa-variant": _one_of(*FEDFA_VARIANTS),
-    "mime-momentum": Option(float, "a number in [0, 1) (MIME/MimeLite's base optimizer momentum β; 0 = plain SGD)", lambda v: 0 <= v < 1),
-    "mime-variant": _one_of(*MIME_VARIANTS),
-    "adabest-mu": Option(float, "a number >= 0 (AdaBest's μ: the bias estimate's step)", lambda v: v >= 0),
-    "adabest-beta": Option(float, "a number in [0, 1) (AdaBest's server extrapolation β)", lambda v: 0 <= v < 1),
-    "adabest-variant": _one_of(*ADABEST_VARIANTS),
-    "moon-mu": Option(float, "a number >= 0 (MOON's contrastive weight μ)", lambda v: v >= 0),
-    "moon-temperature": Option(float, "a number > 0 (MOON's τ)", lambda v: v > 0),
-    "sam-rho": Option(float,
-            "a number >= 0 (SAM/ASAM radius ρ; 0 = the method's default: FedSAM 0.05, MoFedSAM and FedLESAM 0.1, "
-            "FedASAM 0.7 on CNNs else 0.2)", lambda v: v >= 0),
-    "asam-eta": Option(float, "a number >= 0 (ASAM's η; 0 = the method's default)", lambda v: v >= 0),
-    "fedalign-mu": Option(float, "a number >= 0 (FedAlign's μ)", lambda v: v >= 0),
-    "fedalign-grad-clip": Option(float,
-            "a number >= 0 (FedAlign's own gradient-norm clip, the authors' methods/fedalign.py; used by strategy"
-            " = fedalign instead of grad-clip; 0 = none)", lambda v: v >= 0),
-    "fedalign-width": Option(float, "a number in (0, 1) (FedAlign's slim width ω_S)", lambda v: 0 < v < 1),
-    "mixup-gamma": Option(float, "a number > 0 (Mixup's Beta(γ, γ))", lambda v: v > 0),
-    "stochdepth-survival": Option(float, "a number in (0, 1] (survival probability of the last block)", lambda v: 0 < v <= 1),
-    "gradaug-subnets": Option(int, "an integer >= 1 (GradAug's n)", lambda v: v >= 1),
-    "gradaug-min-width": Option(float, "a number in (0, 1] (GradAug's ω_b)", lambda v: 0 < v <= 1),
-    "gradaug-mu": Option(float, "a number >= 0 (GradAug's distillation weight μ)", lambda v: v >= 0),
+            f"a number >= 0 (0 = the method's default: {_server_lr_defaults()}, else 1; FedSWA's α)", lambda v: v >= 0),
+    **method_options(),
     "averaging": _one_of(*AVERAGING_NAMES),
     "window": Option(int, "an integer >= 1 (IMA's P, WIMA's W)", lambda v: v >= 1),
     "avg-start": Option(float, "a fraction of num-rounds in (0, 1), or a round number >= 1 (IMA t_s, SWA start)", lambda v: v > 0),
@@ -305,20 +243,16 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"run config key 'nesterov' = true needs momentum > 0 (momentum = {config['momentum']}); "
             f"allowed: nesterov = false, or momentum in (0, 1)"
         )
-    plain_sgd = config["strategy"] in PLAIN_SGD_METHODS or (
-        config["strategy"] == "fedmoswa" and config["fedswa-variant"] == "paper"
-    )
-    if plain_sgd and config["momentum"] > 0:
+    spec = method(config["strategy"])
+    if spec.steps_plain_sgd(config) and config["momentum"] > 0:
+        own = [key for key in spec.options if key.endswith("-momentum")]
         raise ConfigError(
             f"run config key 'momentum' = {config['momentum']} would stack client heavy-ball momentum on "
             f"{config['strategy']}'s own term, whose paper steps with plain SGD; allowed: momentum = 0 "
-            f"(--set momentum=0){' (the method momentum is mime-momentum)' if config['strategy'].startswith('mime') else ''}"
+            f"(--set momentum=0){f' (the method momentum is {own[0]})' if own else ''}"
         )
-    if config["nesterov"] and config["strategy"] == "fednova":
-        raise ConfigError(
-            "run config key 'nesterov' = true cannot run strategy = 'fednova', whose normalisation ‖a_i‖₁ is "
-            "derived for heavy-ball momentum; allowed: nesterov = false with fednova"
-        )
+    if spec.check is not None:
+        spec.check(config)
     if config["augment"] != "none" and len(INPUT_SHAPES.get(config["dataset"], (3, 32, 32))) != 3:
         raise ConfigError(f"run config key 'augment' = {config['augment']!r} needs image inputs; allowed: 'none'")
     side = min(INPUT_SHAPES.get(config["dataset"], (3, 32, 32))[1:] or (0,))

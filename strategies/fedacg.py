@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from clients.components import proximal
 from strategies.arrays import counter_mean, is_float, to_arrays, to_numpy
-from strategies.config import FEDACG_VARIANTS
+from strategies.method import COHORT, MethodSpec
+from strategies.options import Option, one_of
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 
@@ -53,6 +55,8 @@ def fedacg_server_update(
         new_momentum[key] = (lam * momentum[key] + update).astype(value.dtype)
         new_theta[key] = (value + update).astype(value.dtype)
     return new_momentum, new_theta
+
+FEDACG_VARIANTS = ("code", "half")
 
 
 class FedAcg(ServerUpdate, InPlaceFedAvg):
@@ -89,3 +93,20 @@ class FedAcg(ServerUpdate, InPlaceFedAvg):
 
     def load_state_dict(self, state: dict) -> None:
         self.momentum = state["momentum"]
+
+
+METHODS = (
+    MethodSpec(
+        "fedacg", "FedACG",
+        lambda config: FedAcg(**COHORT, lam=config["fedacg-lambda"], beta=config["fedacg-beta"],
+                              variant=config["fedacg-variant"]),
+        options={
+            "fedacg-lambda": Option(float, "a number in [0, 1) (FedACG's momentum and look-ahead λ)",
+                                    lambda v: 0 <= v < 1, default=0.85),
+            "fedacg-beta": Option(float, "a number >= 0 (FedACG's proximal weight β of β·‖y − θ̃‖²)",
+                                  lambda v: v >= 0, default=0.001),
+            "fedacg-variant": one_of(*FEDACG_VARIANTS, default="code"),
+        },
+        client_components=(proximal,), plain_sgd=True, cost_table={"fedacg": {}},
+    ),
+)

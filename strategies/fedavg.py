@@ -4,9 +4,13 @@ Flower's FedAvg (its weighted mean read in place: strategies/weighted_mean.py), 
 seeded cohort sampling and partition-ordered aggregation.
 """
 
+from strategies.method import COHORT, MethodSpec
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 
 
 class FedAvg(CohortSampling, InPlaceFedAvg):
     """Federated averaging over a seeded cohort."""
+
+
+METHODS = (MethodSpec("fedavg", "FedAvg", lambda config: FedAvg(**COHORT), cost_table={"fedavg": {}, "fedavg+crop-flip": {}}),)

@@ -11,6 +11,8 @@ the copy is refreshed from the arrays sent each round.
 
 from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
 
+from strategies.method import COHORT, MethodSpec
+from strategies.options import Option
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 
@@ -21,3 +23,15 @@ class FedAvgM(CohortSampling, FlowerFedAvgM, InPlaceFedAvg):
     def configure_train(self, server_round, arrays, config, grid):
         self.current_arrays = arrays
         return super().configure_train(server_round, arrays, config, grid)
+
+
+SERVER_MOMENTUM = Option(float, "a number in [0, 1) (FedAvgM's beta; FedOpt's beta_1)", lambda v: 0 <= v < 1, default=0.9)
+
+METHODS = (
+    MethodSpec(
+        "fedavgm", "FedAvgM",
+        lambda config: FedAvgM(**COHORT, server_learning_rate=METHODS[0].server_lr(config),
+                               server_momentum=config["server-momentum"]),
+        options={"server-momentum": SERVER_MOMENTUM},
+    ),
+)

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from clients.fedcm import momentum_direction
 from clients.protocol import FEDCM_ALPHA, FEDCM_DIRECTION, FEDCM_SCALE
 from strategies.arrays import counter_mean, is_float, to_numpy, with_record
-from strategies.config import FEDCM_VARIANTS
+from strategies.method import COHORT, MethodSpec
+from strategies.options import Option, one_of
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 
@@ -50,6 +52,8 @@ def fedcm_server_update(
         new_theta[key] = (value + server_lr * update).astype(value.dtype)
         direction[key] = (-update * step_scale).astype(value.dtype)
     return new_theta, direction
+
+FEDCM_VARIANTS = ("per-client", "server")
 
 
 class FedCm(ServerUpdate, InPlaceFedAvg):
@@ -88,3 +92,19 @@ class FedCm(ServerUpdate, InPlaceFedAvg):
 
     def load_state_dict(self, state: dict) -> None:
         self.direction = state["direction"]
+
+
+FEDCM_OPTIONS = {
+    "fedcm-alpha": Option(float, "a number in (0, 1] (FedCM's weight of the local gradient: v = α·g + (1 − α)·Δ_t)",
+                          lambda v: 0 < v <= 1, default=0.1),
+    "fedcm-variant": one_of(*FEDCM_VARIANTS, default="per-client"),
+}
+
+METHODS = (
+    MethodSpec(
+        "fedcm", "FedCM",
+        lambda config: FedCm(**COHORT, alpha=config["fedcm-alpha"], variant=config["fedcm-variant"],
+                             server_learning_rate=METHODS[0].server_lr(config)),
+        options=FEDCM_OPTIONS, client_components=(momentum_direction,), plain_sgd=True, cost_table={"fedcm": {}},
+    ),
+)

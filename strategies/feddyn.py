@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from clients.feddyn import feddyn_component
 from clients.protocol import FEDDYN_ALPHA
 from strategies.arrays import to_numpy
+from strategies.method import COHORT, MethodSpec
+from strategies.options import Option
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 
@@ -73,3 +76,12 @@ class FedDyn(ServerUpdate, InPlaceFedAvg):
 
     def load_state_dict(self, state: dict) -> None:
         self.h = state["h"]
+
+
+METHODS = (
+    MethodSpec(
+        "feddyn", "FedDyn", lambda config: FedDyn(**COHORT, alpha=config["feddyn-alpha"]),
+        options={"feddyn-alpha": Option(float, "a number > 0 (FedDyn's α)", lambda v: v > 0, default=0.01)},
+        client_components=(feddyn_component,), client_state=True,
+    ),
+)

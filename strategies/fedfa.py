@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from clients.objectives.fedfa import fedfa_objective
 from clients.protocol import FEDFA_ANCHOR_LOSS, FEDFA_ANCHORS, FEDFA_CALIBRATE, OBJECTIVE_RECORD
 from strategies.arrays import with_record
 from strategies.client_objective import ClientObjectiveFedAvg
-from strategies.config import FEDFA_VARIANTS
+from strategies.method import COHORT, MethodSpec
+from strategies.options import Option, one_of
 
+FEDFA_VARIANTS = ("paper", "fedfa-ima")
 CLASSIFIER_WEIGHT = "classifier.weight"  # (C, d): every Basin model's linear head
 
 
@@ -85,3 +88,20 @@ class FedFa(ClientObjectiveFedAvg):
 
     def load_state_dict(self, state: dict) -> None:
         self.anchors = state["anchors"]
+
+
+METHODS = (
+    MethodSpec(
+        "fedfa", "FedFA",
+        lambda config: FedFa(**COHORT, lam=config["fedfa-lambda"], rho=config["fedfa-rho"],
+                             variant=config["fedfa-variant"], num_rounds=config["num-rounds"], seed=config["seed"]),
+        options={
+            "fedfa-lambda": Option(float, "a number >= 0 (FedFA's anchor-loss weight λ)", lambda v: v >= 0, default=0.1),
+            "fedfa-rho": Option(float, "a number in [0, 1] (FedFA's anchor EMA ρ: ā ← ρ·ā + (1 − ρ)·class mean)",
+                                lambda v: 0 <= v <= 1, default=0.5),
+            "fedfa-variant": one_of(*FEDFA_VARIANTS, default="paper"),
+        },
+        objective=fedfa_objective, objective_keys=("fedfa-lambda", "fedfa-rho"), model_needs="image",
+        cost_table={"fedfa": {}},
+    ),
+)

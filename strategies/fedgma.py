@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from strategies.method import COHORT, MethodSpec
+from strategies.options import Option
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 
@@ -80,3 +82,14 @@ class FedGMA(ServerUpdate, InPlaceFedAvg):
     def server_update(self, models, metrics, replies):
         num_examples = [m[self.weighted_by_key] for m in metrics]
         return fedgma_update(self.sent_weights, models, num_examples, self.mask_threshold, self.server_learning_rate)
+
+
+METHODS = (
+    MethodSpec(
+        "fedgma", "FedGMA",
+        lambda config: FedGMA(**COHORT, mask_threshold=config["gma-threshold"],
+                              server_learning_rate=METHODS[0].server_lr(config)),
+        options={"gma-threshold": Option(float, "a number in (0, 1] (FedGMA's sign-agreement threshold ε)",
+                                         lambda v: 0 < v <= 1, default=0.8)},
+    ),
+)

@@ -23,12 +23,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from clients.objectives.fedlesam import fedlesam_objective
+from clients.objectives.sam import SAM_RHO
 from clients.protocol import FEDLESAM_UPDATE
 from strategies.arrays import counter_mean, is_float, to_arrays, to_numpy, with_record
 from strategies.client_objective import ClientObjectiveFedAvg
-from strategies.config import FEDLESAM_VARIANTS, FEDLESAM_WEIGHTINGS
+from strategies.method import COHORT, MethodSpec
+from strategies.options import one_of
 
 FEDLESAM_DEFAULT_RHO = 0.1
+FEDLESAM_VARIANTS = ("paper", "official-code")
+FEDLESAM_WEIGHTINGS = ("uniform", "samples")
 
 
 class FedLesam(ClientObjectiveFedAvg):
@@ -75,3 +80,15 @@ class FedLesam(ClientObjectiveFedAvg):
 
     def load_state_dict(self, state: dict) -> None:
         self.previous_sent = state["previous-sent"]
+
+
+METHODS = (
+    MethodSpec(
+        "fedlesam", "FedLESAM",
+        lambda config: FedLesam(**COHORT, rho=config["sam-rho"] or FEDLESAM_DEFAULT_RHO,
+                                variant=config["fedlesam-variant"], weighting=config["fedlesam-weighting"]),
+        options={"sam-rho": SAM_RHO, "fedlesam-variant": one_of(*FEDLESAM_VARIANTS, default="paper"),
+                 "fedlesam-weighting": one_of(*FEDLESAM_WEIGHTINGS, default="uniform")},
+        objective=fedlesam_objective, objective_keys=("sam-rho",), client_state=True, cost_table={"fedlesam": {}},
+    ),
+)

@@ -25,6 +25,8 @@ from __future__ import annotations
 import numpy as np
 
 from clients.protocol import SOLVER_A_NORM
+from strategies.method import COHORT, MethodSpec
+from strategies.options import ConfigError
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 
@@ -58,3 +60,14 @@ class FedNova(ServerUpdate, InPlaceFedAvg):
         num_examples = [m[self.weighted_by_key] for m in metrics]
         a_norms = [float(m[SOLVER_A_NORM]) for m in metrics]
         return fednova_aggregate(self.sent_weights, models, num_examples, a_norms)
+
+
+def _check(config) -> None:
+    if config["nesterov"]:
+        raise ConfigError(
+            "run config key 'nesterov' = true cannot run strategy = 'fednova', whose normalisation ‖a_i‖₁ is "
+            "derived for heavy-ball momentum; allowed: nesterov = false with fednova"
+        )
+
+
+METHODS = (MethodSpec("fednova", "FedNova", lambda config: FedNova(**COHORT), check=_check),)

@@ -33,6 +33,9 @@ from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 
 from strategies.arrays import to_arrays, to_numpy
+from strategies.fedavgm import SERVER_MOMENTUM
+from strategies.method import COHORT, MethodSpec
+from strategies.options import Option
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 
@@ -115,3 +118,30 @@ class FedAdagrad(ServerOptimizer, FlowerFedAdagrad, InPlaceFedAvg):
 
     def second_moment(self, v, delta):
         return v + delta**2
+
+
+FEDOPT_OPTIONS = {
+    "server-momentum": SERVER_MOMENTUM,
+    "beta-2": Option(float, "a number in [0, 1) (FedAdam/FedYogi second moment)", lambda v: 0 <= v < 1, default=0.99),
+    "tau": Option(float, "a number > 0 (FedOpt adaptivity)", lambda v: v > 0, default=0.001),
+    "fedadam-bias-correction": Option(bool,
+            "true or false (Flower's Adam bias correction of FedAdam's step; false: Reddi et al.'s Algorithm 2)",
+            default=False),
+}
+
+
+def _fedopt(name: str, display_name: str, cls: type[ServerOptimizer]) -> MethodSpec:
+    def build(config):
+        moments = {} if cls is FedAdagrad else {"beta_1": config["server-momentum"], "beta_2": config["beta-2"]}
+        if cls is FedAdam:
+            moments["bias_correction"] = config["fedadam-bias-correction"]
+        return cls(**COHORT, eta=spec.server_lr(config), eta_l=config["lr"], tau=config["tau"], **moments)
+
+    options = {key: FEDOPT_OPTIONS[key] for key in ("tau",)} if cls is FedAdagrad else (
+        FEDOPT_OPTIONS if cls is FedAdam else {k: v for k, v in FEDOPT_OPTIONS.items() if k != "fedadam-bias-correction"})
+    spec = MethodSpec(name, display_name, build, options=options, default_server_lr=0.01, adaptive_server_optimizer=True)
+    return spec
+
+
+METHODS = (_fedopt("fedadam", "FedAdam", FedAdam), _fedopt("fedyogi", "FedYogi", FedYogi),
+           _fedopt("fedadagrad", "FedAdagrad", FedAdagrad))

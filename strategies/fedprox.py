@@ -6,9 +6,21 @@ proximal term is added by the client's training loop (clients/training.py).
 
 from flwr.serverapp.strategy import FedProx as FlowerFedProx
 
+from clients.components import proximal
+from strategies.method import COHORT, MethodSpec
+from strategies.options import Option
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 
 
 class FedProx(CohortSampling, FlowerFedProx, InPlaceFedAvg):
     """FedProx over a seeded cohort."""
+
+
+METHODS = (
+    MethodSpec(
+        "fedprox", "FedProx", lambda config: FedProx(**COHORT, proximal_mu=config["prox-mu"]),
+        options={"prox-mu": Option(float, "a number >= 0 (FedProx proximal weight)", lambda v: v >= 0, default=0.01)},
+        client_components=(proximal,), cost_table={"fedprox": {}},
+    ),
+)

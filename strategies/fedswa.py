@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from clients.control_variates import control_variate
 from clients.protocol import (
     CONTROL_AFTER_CLIP,
     CONTROL_STEP_COUNT,
@@ -53,6 +54,8 @@ from clients.protocol import (
     STEP_LR_START,
 )
 from strategies.arrays import to_arrays, to_numpy, with_record
+from strategies.method import COHORT, MethodSpec
+from strategies.options import Option, one_of
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 
@@ -192,3 +195,31 @@ class FedSwa(CohortSampling, InPlaceFedAvg):
     def load_state_dict(self, state: dict) -> None:
         self.control = state["control"]
         self.control_updated = bool(state.get("control-updated", self.control is not None))
+
+
+FEDSWA_OPTIONS = {
+    "fedswa-variant": one_of(*VARIANTS, default="paper"),
+    "fedswa-rho": Option(float, "a number in [0, 1] (FedSWA's in-round lr end factor ρ)", lambda v: 0 <= v <= 1,
+                         default=0.1),
+}
+
+
+def _build(config, momentum_control: bool) -> FedSwa:
+    return FedSwa(
+        **COHORT, server_step=METHODS[0].server_lr(config), rho=config["fedswa-rho"], momentum_control=momentum_control,
+        gamma=config["fedmoswa-gamma"], variant=config["fedswa-variant"],
+    )
+
+
+METHODS = (
+    MethodSpec("fedswa", "FedSWA", lambda config: _build(config, False), options=FEDSWA_OPTIONS),
+    MethodSpec(
+        "fedmoswa", "FedMoSWA", lambda config: _build(config, True),
+        options={**FEDSWA_OPTIONS, "fedmoswa-gamma": Option(float,
+            "a number in (0, 1] (FedMoSWA's server control momentum γ: m ← (1 − γ)·m + γ·mean c_i⁺)",
+            lambda v: 0 < v <= 1, default=0.4)},
+        client_components=(control_variate(MOSWA_SERVER_CONTROL),), client_state=True,
+        # The paper's variant derives its control on plain local SGD steps.
+        plain_sgd=lambda config: config["fedswa-variant"] == "paper",
+    ),
+)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
+from clients.mime import mime_objective, server_momentum
 from clients.protocol import (
     FULL_GRADIENT_ACTION,
     MIME_CORRECTION,
@@ -37,8 +38,9 @@ from clients.protocol import (
     OBJECTIVE,
 )
 from strategies.arrays import counter_mean, is_float, to_numpy, with_record
-from strategies.config import MIME_VARIANTS
 from strategies.exchange import send_and_receive
+from strategies.method import COHORT, MethodSpec
+from strategies.options import Option, one_of
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 
@@ -59,6 +61,8 @@ def mime_server_update(
     weight = 1.0 - beta if dampened else 1.0
     new_momentum = {key: (beta * momentum[key] + weight * c).astype(c.dtype) for key, c in full_gradient.items()}
     return new_theta, new_momentum
+
+MIME_VARIANTS = ("heavy-ball", "dampened")
 
 
 class Mime(ServerUpdate, InPlaceFedAvg):
@@ -129,3 +133,23 @@ class Mime(ServerUpdate, InPlaceFedAvg):
 
     def load_state_dict(self, state: dict) -> None:
         self.momentum = state["momentum"]
+
+
+MIME_OPTIONS = {
+    "mime-momentum": Option(float, "a number in [0, 1) (MIME/MimeLite's base optimizer momentum β; 0 = plain SGD)",
+                            lambda v: 0 <= v < 1, default=0.9),
+    "mime-variant": one_of(*MIME_VARIANTS, default="heavy-ball"),
+}
+
+
+def _mime(name: str, display_name: str, lite: bool) -> MethodSpec:
+    def build(config):
+        return Mime(**COHORT, lite=lite, beta=config["mime-momentum"], server_learning_rate=spec.server_lr(config),
+                    variant=config["mime-variant"], timeout=config["round-timeout"])
+
+    spec = MethodSpec(name, display_name, build, options=MIME_OPTIONS, objective=None if lite else mime_objective,
+                      client_components=(server_momentum,), plain_sgd=True, default_server_lr=0.1, cost_table={name: {}})
+    return spec
+
+
+METHODS = (_mime("mime", "MIME", lite=False), _mime("mimelite", "MimeLite", lite=True))

@@ -19,8 +19,11 @@ means it), α = 0.1 (``fedcm-alpha``), η_g = 1. FedSWA's code hard-codes ρ = 0
 
 from __future__ import annotations
 
+from clients.fedcm import momentum_direction
+from clients.objectives.sam import SAM_RHO, esam_objective
 from clients.protocol import OBJECTIVE
-from strategies.fedcm import FedCm
+from strategies.fedcm import FEDCM_OPTIONS, FedCm
+from strategies.method import COHORT, MethodSpec
 
 MOFEDSAM_DEFAULT_RHO = 0.1
 
@@ -38,3 +41,15 @@ class MoFedSam(FedCm):
         config[OBJECTIVE] = "mofedsam"
         config["sam-rho"] = self.rho
         return super().configure_train(server_round, arrays, config, grid)
+
+
+METHODS = (
+    MethodSpec(
+        "mofedsam", "MoFedSAM",
+        lambda config: MoFedSam(**COHORT, rho=config["sam-rho"] or MOFEDSAM_DEFAULT_RHO, alpha=config["fedcm-alpha"],
+                                variant=config["fedcm-variant"], server_learning_rate=METHODS[0].server_lr(config)),
+        options={**FEDCM_OPTIONS, "sam-rho": SAM_RHO},
+        objective=esam_objective, objective_keys=("sam-rho",), client_components=(momentum_direction,),
+        plain_sgd=True, cost_table={"mofedsam": {}},
+    ),
+)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import ArrayRecord
 
+from clients.control_variates import control_variate
 from clients.protocol import SCAFFOLD_DELTA_CONTROL, SCAFFOLD_SERVER_CONTROL
 from strategies.arrays import to_numpy, with_record
+from strategies.method import COHORT, MethodSpec
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 
@@ -46,3 +48,9 @@ class Scaffold(CohortSampling, InPlaceFedAvg):
         if deltas:
             self.control = server_control_update(self.control, deltas, len(self.partition_of_node))
         return super().aggregate_accepted(server_round, replies)
+
+
+METHODS = (
+    MethodSpec("scaffold", "SCAFFOLD", lambda config: Scaffold(**COHORT), client_state=True,
+               client_components=(control_variate(SCAFFOLD_SERVER_CONTROL),), cost_table={"scaffold": {}}),
+)

@@ -38,7 +38,7 @@ from partitions import class_count_table, load_dataset, plot_class_counts
 from partitions.feasibility import check_no_empty_clients, partition_settings
 from partitions.stats import partition_notation
 from strategies.arrays import to_numpy
-from strategies.checkpoint import CHECKPOINT_FILE, CLIENT_STATE_METHODS, read_checkpoint, restore_checkpoint, write_checkpoint
+from strategies.checkpoint import CHECKPOINT_FILE, read_checkpoint, restore_checkpoint, write_checkpoint
 from strategies.config import cohort_size, summary_horizon, validate_run_config
 from strategies.exchange import send_and_receive
 from strategies.faults import (
@@ -50,6 +50,7 @@ from strategies.faults import (
     out_of_gpu_memory,
 )
 from strategies.indicators import CKA_SAMPLES, round_indicators
+from strategies.methods import method
 from strategies.model_store import discard_rounds_after, save_round_models, saves_round
 from strategies.registry import build_client_schedule, build_strategy
 from strategies.results import RunRecorder
@@ -263,7 +264,7 @@ def save_models_of_round(config: dict[str, Any], directory: Path, server_round: 
 
 def client_state_snapshots(config: dict[str, Any], directory: Path, run_token: str) -> dict[str, Any]:
     """What stateful clients need to snapshot their state for checkpoints (none: {})."""
-    if config["strategy"] not in CLIENT_STATE_METHODS or not config["checkpoint-every"]:
+    if not method(config["strategy"]).client_state or not config["checkpoint-every"]:
         return {}
     return {
         protocol.CLIENT_STATE_ROOT: str(directory / CLIENT_STATE_DIR),

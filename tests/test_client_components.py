@@ -10,11 +10,14 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from clients import protocol
-from clients.components import CLIENT_COMPONENTS, ClientComponent
+from clients.components import ClientComponent
 from clients.models import build_model
 from strategies.config import STRATEGY_NAMES
+from strategies.methods import client_components
 
 REPO = Path(__file__).resolve().parents[1]
+# Every builder the methods declare (MethodSpec.client_components).
+CLIENT_COMPONENTS = client_components()
 
 
 def test_the_local_round_names_no_method():

@@ -24,6 +24,10 @@ SMALL = {"num-clients": 4, "participation": 0.5, "num-rounds": 3, "local-epochs"
 # on the 8×8 digits.
 RESNET = {"model": "resnet20-gn", "lr": 0.05}
 METHOD_RUNS = {
+    "fedavgm": {"strategy": "fedavgm", "num-rounds": 2},
+    "fedyogi+ima": {"strategy": "fedyogi", "server-lr": 0.05, "averaging": "ima", "window": 2, "avg-start": 2},
+    "fedadagrad": {"strategy": "fedadagrad", "server-lr": 0.05, "num-rounds": 2},
+    "fedavg-clip": {"strategy": "fedavg-clip"},
     "fednova+ima": {"strategy": "fednova", "averaging": "ima", "window": 2, "avg-start": 2},
     "feddyn": {"strategy": "feddyn", "participation": 1.0},
     "fedgma+wima": {"strategy": "fedgma", "averaging": "wima", "window": 2},
@@ -52,6 +56,7 @@ METHOD_RUNS = {
     "mixup": {"strategy": "mixup", "num-rounds": 2, **RESNET},
     "stochastic-depth": {"strategy": "stochastic-depth", "num-rounds": 2, **RESNET},
     "gradaug": {"strategy": "gradaug", "num-rounds": 2, **RESNET},
+    "label-smoothing": {"strategy": "label-smoothing"},
 }
 RUNS = {
     "fedavg": {},

@@ -139,7 +139,7 @@ def test_moswa_control_updates_by_hand():
 def test_fedmoswa_official_code_divides_its_control_by_fifty_steps():
     from types import SimpleNamespace
 
-    from clients.components import ControlVariate
+    from clients.control_variates import ControlVariate
 
     settings = FedSwa(momentum_control=True, variant="official-code", **COMMON).client_settings()
     assert settings[protocol.CONTROL_STEP_COUNT] == settings[protocol.LOCAL_STEPS] == 50

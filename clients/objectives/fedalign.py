@@ -30,6 +30,8 @@ from torch.nn import functional as F
 
 from clients.models.slimmable import StagedNet, sliced_channels, slimmable_width
 from clients.training import LocalObjective
+from strategies.client_objective import objective_method
+from strategies.options import Option
 
 POWER_ITERATIONS = 10
 TINY = 1e-12
@@ -94,3 +96,24 @@ class FedAlign(LocalObjective):
         loss = cross_entropy + scaled_lipschitz_loss(cross_entropy, lipschitz, self.mu)
         loss.backward()
         return loss.detach()
+
+
+METHODS = (
+    objective_method(
+        "fedalign", "FedAlign",
+        lambda settings, model, state, rng, records: FedAlign(float(settings["fedalign-mu"]),
+                                                              float(settings["fedalign-width"])),
+        ("fedalign-mu", "fedalign-width"),
+        # FedAlign clips its own gradients (the authors' methods/fedalign.py), not its baselines'.
+        grad_clip=lambda config: config["fedalign-grad-clip"],
+        options={
+            "fedalign-mu": Option(float, "a number >= 0 (FedAlign's μ)", lambda v: v >= 0, default=0.45),
+            "fedalign-width": Option(float, "a number in (0, 1) (FedAlign's slim width ω_S)", lambda v: 0 < v < 1,
+                                     default=0.25),
+            "fedalign-grad-clip": Option(float,
+                "a number >= 0 (FedAlign's own gradient-norm clip, the authors' methods/fedalign.py; used by strategy"
+                " = fedalign instead of grad-clip; 0 = none)", lambda v: v >= 0, default=10.0),
+        },
+        model_needs="slimmable-residual", cost_table={"fedalign": {}},
+    ),
+)

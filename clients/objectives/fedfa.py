@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from clients.protocol import FEDFA_ANCHOR_LOSS, FEDFA_ANCHORS, FEDFA_CALIBRATE
 from clients.training import LocalObjective
 
 
@@ -85,3 +86,12 @@ class FeatureAnchors(LocalObjective):
 
     def reply_tensors(self) -> dict[str, torch.Tensor]:
         return {"anchors": self.updated_anchors.cpu()}
+
+
+def fedfa_objective(settings, model: nn.Module, state, rng, records) -> FeatureAnchors:
+    """The anchors come beside the model; the IMA schedule switches parts per round."""
+    return FeatureAnchors(
+        model, records[FEDFA_ANCHORS].to_torch_state_dict()["anchors"], float(settings["fedfa-lambda"]),
+        float(settings["fedfa-rho"]),
+        anchor_loss=bool(settings[FEDFA_ANCHOR_LOSS]), calibrate=bool(settings[FEDFA_CALIBRATE]),
+    )

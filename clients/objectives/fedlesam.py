@@ -19,7 +19,7 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
-from clients.protocol import FEDLESAM_PREVIOUS_GLOBAL
+from clients.protocol import FEDLESAM_PREVIOUS_GLOBAL, FEDLESAM_UPDATE
 from clients.training import LocalObjective
 
 
@@ -64,3 +64,9 @@ def ascent(received: dict[str, torch.Tensor], previous: dict[str, torch.Tensor],
     if norm == 0:
         return [torch.zeros_like(d) for d in differences]
     return [(rho * d / norm).to(d.dtype) for d in differences]
+
+
+def fedlesam_objective(settings, model: nn.Module, state: RecordDict, rng, records) -> LocallyEstimatedSam:
+    """FedLESAM's step; the official-code variant's u comes beside the model."""
+    update = records[FEDLESAM_UPDATE] if records is not None and FEDLESAM_UPDATE in records else None
+    return LocallyEstimatedSam(model, state, float(settings["sam-rho"]), None if update is None else update.to_torch_state_dict())

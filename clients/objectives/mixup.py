@@ -13,6 +13,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from clients.training import LocalObjective
+from strategies.client_objective import objective_method
+from strategies.options import Option
 
 
 class Mixup(LocalObjective):
@@ -27,3 +29,13 @@ class Mixup(LocalObjective):
         loss = lam * F.cross_entropy(logits, y) + (1 - lam) * F.cross_entropy(logits, y[pairing])
         loss.backward()
         return loss.detach()
+
+
+METHODS = (
+    objective_method(
+        "mixup", "Mixup", lambda settings, model, state, rng, records: Mixup(float(settings["mixup-gamma"]), rng),
+        ("mixup-gamma",),
+        options={"mixup-gamma": Option(float, "a number > 0 (Mixup's Beta(γ, γ))", lambda v: v > 0, default=0.1)},
+        model_needs="image",
+    ),
+)

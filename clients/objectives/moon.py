@@ -23,6 +23,8 @@ from torch.nn import functional as F
 
 from clients.protocol import MOON_PREVIOUS_MODEL
 from clients.training import LocalObjective
+from strategies.client_objective import objective_method
+from strategies.options import Option
 
 
 def contrastive_loss(z: torch.Tensor, z_global: torch.Tensor, z_previous: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -64,3 +66,18 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     for param in clone.parameters():
         param.requires_grad_(False)
     return clone
+
+
+METHODS = (
+    objective_method(
+        "moon", "MOON",
+        lambda settings, model, state, rng, records: Moon(model, state, float(settings["moon-mu"]),
+                                                          float(settings["moon-temperature"])),
+        ("moon-mu", "moon-temperature"),
+        options={
+            "moon-mu": Option(float, "a number >= 0 (MOON's contrastive weight μ)", lambda v: v >= 0, default=1.0),
+            "moon-temperature": Option(float, "a number > 0 (MOON's τ)", lambda v: v > 0, default=0.5),
+        },
+        client_state=True, model_needs="image", projection_head=True, cost_table={"moon": {}},
+    ),
+)

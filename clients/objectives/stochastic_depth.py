@@ -17,6 +17,8 @@ from torch import nn
 
 from clients.models.slimmable import StagedNet
 from clients.training import LocalObjective
+from strategies.client_objective import objective_method
+from strategies.options import Option
 
 
 def drop_rates(num_blocks: int, final_survival: float) -> list[float]:
@@ -37,3 +39,15 @@ class StochasticDepth(LocalObjective):
     def finish(self, model: nn.Module) -> None:
         for block in self.blocks:
             block.drop_rate = 0.0
+
+
+METHODS = (
+    objective_method(
+        "stochastic-depth", "Stochastic Depth",
+        lambda settings, model, state, rng, records: StochasticDepth(model, float(settings["stochdepth-survival"])),
+        ("stochdepth-survival",),
+        options={"stochdepth-survival": Option(float, "a number in (0, 1] (survival probability of the last block)",
+                                               lambda v: 0 < v <= 1, default=0.9)},
+        model_needs="slimmable-residual",
+    ),
+)

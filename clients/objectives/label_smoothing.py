@@ -1,0 +1,46 @@
+"""Label smoothing as the local objective — the worked example of a client objective
+(docs/extending.md).
+
+Szegedy, Vanhoucke, Ioffe, Shlens, Wojna, "Rethinking the Inception Architecture for
+Computer Vision", CVPR 2016, §7: the one-hot target of class y is replaced by
+
+    q'(k) = (1 − ε)·[k = y] + ε/C            (C classes, ε = ``label-smoothing``)
+
+and each client minimises the cross-entropy H(q', softmax(F(x))) on each batch — torch's
+``cross_entropy(..., label_smoothing=ε)``. ε = 0 gives FedAvg's objective.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from clients.training import LocalObjective
+from strategies.client_objective import objective_method
+from strategies.options import Option
+
+
+class LabelSmoothing(LocalObjective):
+    """Cross-entropy against targets smoothed by ε."""
+
+    capturable = True  # a fixed function of the batch: CUDA graphs may replay it
+
+    def __init__(self, epsilon: float):
+        self.epsilon = epsilon
+
+    def backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(model(x), y, label_smoothing=self.epsilon)
+        loss.backward()
+        return loss.detach()
+
+
+METHODS = (
+    objective_method(
+        "label-smoothing", "FedAvg+LS",
+        lambda settings, model, state, rng, records: LabelSmoothing(float(settings["label-smoothing"])),
+        ("label-smoothing",),
+        options={"label-smoothing": Option(float, "a number in [0, 1) (label smoothing's ε)", lambda v: 0 <= v < 1,
+                                           default=0.1)},
+    ),
+)

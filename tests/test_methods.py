@@ -1,0 +1,139 @@
+"""Methods are declared once (strategies/method.py, strategies/methods.py): every table is
+derived from the declarations, no module names a method it does not declare, every
+declared method runs end to end, and the worked examples of docs/extending.md hold to
+their equations."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from strategies.config import SCHEMA, validate_run_config
+from strategies.method import MethodSpec
+from strategies.methods import METHOD_MODULES, METHODS, PYPROJECT, method_options, pyproject_block
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("strategies", "clients", "partitions", "experiments")
+
+
+def _declaring_files() -> dict[str, set[Path]]:
+    """Method name → the files of its own modules: the one that declares it, and those of
+    its client half (its objective's and components' modules)."""
+    files: dict[str, set[Path]] = {}
+    for module_name in METHOD_MODULES:
+        for spec in importlib.import_module(module_name).METHODS:
+            parts = [spec.objective, *spec.client_components] if spec.objective else list(spec.client_components)
+            modules = {module_name, *(part.__module__ for part in parts)}
+            files[spec.name] = {Path(importlib.import_module(m).__file__).resolve() for m in modules}
+    return files
+
+
+def test_a_method_is_named_only_by_the_module_that_declares_it():
+    """No table elsewhere: a string literal equal to a method's name appears only in the
+    method's own modules (docstrings and longer texts may mention it). FedAvg, the
+    reference every comparison is measured against, may be named as that reference."""
+    declaring = _declaring_files()
+    found = []
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                          if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                          and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in METHODS
+                        and node.value != "fedavg" and id(node) not in docstrings
+                        and path.resolve() not in declaring[node.value]):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno} names {node.value!r}")
+    assert not found, "\n".join(found)
+
+
+def test_every_declared_method_runs_in_a_real_flower_run():
+    from tests.test_end_to_end import RUNS
+    from tests.test_resilience import RESUMED_METHODS
+
+    ran = {config.get("strategy", "fedavg") for config in [*RUNS.values(), *RESUMED_METHODS.values()]}
+    assert set(METHODS) - ran == set()
+
+
+def test_every_table_is_derived_from_the_declarations():
+    from clients.components import ClientComponent
+    from experiments.costs import default_methods
+    from strategies.config import STRATEGY_NAMES
+    from strategies.methods import client_components, objective_builders
+
+    assert STRATEGY_NAMES == tuple(METHODS) and SCHEMA["strategy"].choices == tuple(METHODS)
+    assert set(method_options()) <= set(SCHEMA)
+    assert set(objective_builders()) == {name for name, spec in METHODS.items() if spec.objective}
+    assert all(callable(build) for build in client_components())
+    assert default_methods().split(",")[:2] == ["fedavg", "fedavg+crop-flip"] and "gradaug-n2" in default_methods()
+    from clients.models import uses_projection_head
+
+    assert [name for name in METHODS if uses_projection_head("resnet56-bn", name)] == ["moon"]
+    assert issubclass(ClientComponent, object) and all(isinstance(spec, MethodSpec) for spec in METHODS.values())
+
+
+def test_pyproject_holds_the_declared_method_keys_with_their_defaults():
+    """Flower accepts overrides only of keys pyproject.toml declares: its generated block
+    must be what the declarations generate (`python -m strategies.methods --write-pyproject`)."""
+    text = PYPROJECT.read_text()
+    assert pyproject_block() in text, "run `python -m strategies.methods --write-pyproject`"
+    defaults = tomllib.loads(text)["tool"]["flwr"]["app"]["config"]
+    assert set(defaults) == set(SCHEMA)
+    assert {key: defaults[key] for key in method_options()} == {key: o.default for key, o in method_options().items()}
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_every_method_builds_its_strategy_from_the_default_config(name):
+    defaults = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
+    overrides = {"strategy": name, "momentum": 0.0}
+    if METHODS[name].model_needs == "slimmable-residual":
+        overrides["model"] = "resnet20-gn"
+    config = validate_run_config({**defaults, **overrides})
+    strategy = METHODS[name].build(config)
+    assert hasattr(strategy, "configure_train") and hasattr(strategy, "aggregate_train")
+
+
+def test_a_key_shared_by_two_methods_is_one_declaration():
+    from clients.objectives.sam import SAM_RHO
+    from strategies.fedcm import FEDCM_OPTIONS
+
+    assert METHODS["fedsam"].options["sam-rho"] is METHODS["mofedsam"].options["sam-rho"] is SAM_RHO
+    assert METHODS["mofedsam"].options["fedcm-alpha"] is FEDCM_OPTIONS["fedcm-alpha"]
+
+
+# -- the worked examples of docs/extending.md ----------------------------------------------
+def test_clipped_fedavg_clips_each_update_to_c_then_takes_the_weighted_mean():
+    from strategies.fedavg_clip import clipped_mean_update
+
+    w = {"w": np.array([1.0, 1.0], dtype=np.float32), "count": np.array(4, dtype=np.int64)}
+    clients = [
+        {"w": np.array([4.0, 5.0], dtype=np.float32), "count": np.array(6, dtype=np.int64)},  # Δ = (3, 4), ‖Δ‖ = 5
+        {"w": np.array([1.5, 1.0], dtype=np.float32), "count": np.array(6, dtype=np.int64)},  # Δ = (0.5, 0): kept
+    ]
+    new = clipped_mean_update(w, clients, [1, 3], clip_norm=1.0)
+    # Δ̃_1 = (3, 4)/5 = (0.6, 0.8); w + ¼·(0.6, 0.8) + ¾·(0.5, 0) = (1.525, 1.2)
+    assert new["w"].tolist() == pytest.approx([1.525, 1.2]) and new["w"].dtype == np.float32
+    assert int(new["count"]) == 6  # a counter is averaged, never clipped
+    # C larger than every update: FedAvg's weighted mean.
+    assert clipped_mean_update(w, clients, [1, 3], 100.0)["w"].tolist() == pytest.approx([1.0 + 0.75 + 0.375, 2.0])
+
+
+def test_label_smoothing_is_cross_entropy_against_smoothed_targets():
+    from clients.objectives.label_smoothing import LabelSmoothing
+
+    model = torch.nn.Linear(3, 4)
+    x, y = torch.randn(5, 3), torch.tensor([0, 1, 2, 3, 0])
+    loss = LabelSmoothing(0.2).backward(model, x, y)
+    log_p = F.log_softmax(model(x), dim=1)
+    target = torch.full((5, 4), 0.2 / 4)
+    target[torch.arange(5), y] += 0.8  # (1 − ε)·[k = y] + ε/C
+    assert float(loss.detach()) == pytest.approx(float(-(target * log_p).sum(dim=1).mean().detach()), rel=1e-6)
+    assert model.weight.grad is not None
