@@ -68,9 +68,9 @@ def _fashion_mnist_problem(directory: str, signature: tuple) -> str | None:
         if path is None:
             return f"Fashion-MNIST file {stem}[.gz] is missing from {root}; {hint}"
         paths.append(path)
-    if is_cached("datasets", local_fingerprint("fashion-mnist", directory)):
+    if is_cached("datasets", local_fingerprint("fashion-mnist", directory) or ""):
         return None  # these very contents were decoded completely before
-    shapes = {}
+    shapes: dict[str, tuple[Path, tuple[int, ...]]] = {}
     for path in paths:
         problem, shape, labels = _idx_problem(path)
         if problem:
@@ -78,16 +78,16 @@ def _fashion_mnist_problem(directory: str, signature: tuple) -> str | None:
         if "labels" in path.name:
             if len(shape) != 1:
                 return f"Fashion-MNIST file {path} holds an array of shape {shape}; a labels file holds a vector"
-            if labels.max(initial=0) >= FASHION_MNIST_CLASSES:
+            if labels is not None and labels.max(initial=0) >= FASHION_MNIST_CLASSES:
                 return (f"Fashion-MNIST file {path} holds label {int(labels.max())}, outside the "
                         f"{FASHION_MNIST_CLASSES} classes 0–{FASHION_MNIST_CLASSES - 1}")
         elif shape[1:] != FASHION_MNIST_SIDE:
             return f"Fashion-MNIST file {path} holds images of {'×'.join(map(str, shape[1:]))}, not 28×28"
         shapes[path.name.split("-")[0] + ("-labels" if "labels" in path.name else "-images")] = (path, shape)
     for split in ("train", "t10k"):
-        (images, image_shape), (labels, label_shape) = shapes[f"{split}-images"], shapes[f"{split}-labels"]
+        (image_file, image_shape), (label_file, label_shape) = shapes[f"{split}-images"], shapes[f"{split}-labels"]
         if image_shape[0] != label_shape[0]:
-            return (f"Fashion-MNIST files {images.name} and {labels.name} in {root} disagree: {image_shape[0]} images "
+            return (f"Fashion-MNIST files {image_file.name} and {label_file.name} in {root} disagree: {image_shape[0]} images "
                     f"but {label_shape[0]} labels; download both again")
     return None
 

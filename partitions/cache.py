@@ -148,7 +148,7 @@ def cached_arrays(kind: str, key: str, build: Callable[[], dict[str, np.ndarray]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{key}-", suffix=".npz", delete=False) as tmp:
-            np.savez(tmp, **arrays)
+            np.savez(tmp, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
         os.replace(tmp.name, path)
     except OSError:
         if "tmp" in locals():

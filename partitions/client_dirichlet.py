@@ -123,7 +123,7 @@ class ClientDirichletPartitioner(LabelPartitioner):
                     if weights.sum() <= 0:  # all its mass on exhausted classes: uniform over the rest
                         weights = (left > 0).astype(np.float64)
                     counts = np.minimum(rng.multinomial(needed, weights / weights.sum()), left)
-                    for c in np.flatnonzero(counts):
+                    for c in map(int, np.flatnonzero(counts)):
                         chosen.extend(pools[c][taken[c]:taken[c] + counts[c]])
                         taken[c] += counts[c]
                     needed -= int(counts.sum())

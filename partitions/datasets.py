@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -176,6 +177,8 @@ def local_fingerprint(name: str, data_dir: str = "") -> str | None:
 def _digits_fingerprint() -> str:
     # The bundled file is found without importing scikit-learn (a second of start-up).
     package = importlib.util.find_spec("sklearn")
+    if package is None or not package.submodule_search_locations:
+        raise ModuleNotFoundError("scikit-learn, which ships the digits data set, is not installed")
     source = Path(next(iter(package.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
     return digest(["digits", file_digest([source])])
 
@@ -273,9 +276,9 @@ def load_hub_dataset(hub_id: str) -> TensorDataset:
     fingerprint = digest(["hub-2", hub_id, str(image_key), str(label_key), *side,
                           *(splits[name]._fingerprint for name in split_names)])
 
-    def decode() -> dict[str, np.ndarray]:
-        def columns(split) -> dict[str, np.ndarray]:
-            read = ["x", "y"] if text else [image_key, label_key]
+    def decode() -> dict[str, Any]:
+        def columns(split) -> dict[str, Any]:
+            read = ["x", "y"] if text else [str(image_key), str(label_key)]
             table = split.with_format("numpy", columns=read + side)
             # Images and strings as lists (images may differ in size), the rest as arrays.
             return {k: list(table[k]) if k in ("x", "y", image_key) else np.asarray(table[k]) for k in read + side}

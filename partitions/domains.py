@@ -51,7 +51,7 @@ class DomainPartitioner(LabelPartitioner):
         present = np.unique(domains)
         if len(present) != self.num_domains:
             raise ValueError(f"the data set has {len(present)} domains, the partition expects {self.num_domains}")
-        parts = []
+        parts: list[np.ndarray] = []
         for offset, domain in enumerate(present):
             members = np.flatnonzero(domains == domain)
             inner = self.within_domain(self.clients_per_domain, self._seed + offset)

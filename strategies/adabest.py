@@ -43,7 +43,7 @@ def adabest_server_update(
         if not is_float(previous):
             new_theta[key] = average[key] = counter_mean(client_ws, key, previous.dtype, weights)
             continue
-        average[key] = (sum(w * cw[key].astype(np.float64) for w, cw in zip(weights, client_ws)) / total).astype(previous.dtype)
+        average[key] = np.asarray(sum(w * cw[key].astype(np.float64) for w, cw in zip(weights, client_ws)) / total).astype(previous.dtype)
         new_theta[key] = (average[key] - beta * (previous - average[key])).astype(previous.dtype)
     return new_theta, average
 

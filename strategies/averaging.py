@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -49,13 +50,16 @@ from flwr.serverapp.strategy import Strategy
 from strategies.arrays import to_arrays, to_numpy
 from strategies.round_interface import RoundStrategy, attribute_state
 
+if TYPE_CHECKING:
+    from strategies.fedopt import ServerOptimizer
+
 AVERAGING_SUBSETS = ("all", "features", "classifier")
 
 
 def window_mean(models: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Element-wise mean of models (same keys, shapes and dtypes)."""
     models = list(models)
-    return {key: (sum(m[key] for m in models) / len(models)).astype(models[0][key].dtype) for key in models[0]}
+    return {key: np.asarray(sum(m[key] for m in models) / len(models)).astype(models[0][key].dtype) for key in models[0]}
 
 
 class ModelAveraging(RoundStrategy, Strategy):
@@ -211,14 +215,15 @@ class ModelAveraging(RoundStrategy, Strategy):
             self._sample({key: value.copy() for key, value in fma.items()})
         if not self.is_active(server_round):
             return fma
-        if not self.moments_reset and self.base.resets_moments_at_averaging_start:
-            self.base.reset_moments()
+        optimizer = cast("ServerOptimizer", self.base)  # optimizer_target checked it has a step target
+        if not self.moments_reset and optimizer.resets_moments_at_averaging_start:
+            optimizer.reset_moments()
         self.moments_reset = True
         return self._average(fma)
 
     def _optimizer_output(self, server_round: int, output: ArrayRecord) -> ArrayRecord:
         active = self.round_fma is not None and self.is_active(server_round)
-        self.base_arrays = to_arrays(self.round_fma) if active else output
+        self.base_arrays = to_arrays(self.round_fma) if active and self.round_fma is not None else output
         self.averaged_arrays = output if active else None
         return output
 
@@ -246,6 +251,7 @@ class ModelAveraging(RoundStrategy, Strategy):
 
     def _average(self, newest: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         mean = window_mean(self.window) if self.window_size is not None else self.running_mean
+        assert mean is not None, "averaged before any model was sampled"
         averaged = self._averaged_keys(newest)
         return {k: (mean[k] if k in averaged else newest[k]) for k in newest}
 

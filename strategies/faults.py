@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, Message
@@ -74,7 +75,7 @@ class ClientFailure:
         return f"partition {self.partition_id} (node {self.node_id}): {self.reason}"
 
 
-def layout_of(arrays: Mapping[str, object]) -> Layout:
+def layout_of(arrays: Mapping[str, Any]) -> Layout:
     """The names and shapes of an ArrayRecord's arrays (read from their headers)."""
     return {key: tuple(array.shape) for key, array in arrays.items()}
 
@@ -82,7 +83,7 @@ def layout_of(arrays: Mapping[str, object]) -> Layout:
 def reply_problem(reply: Message, model_key: str, expected: Layout | None) -> str | None:
     """Why ``reply`` cannot be aggregated, or None when it can."""
     if reply.has_error():
-        return f"client error: {_first_line(reply.error.reason)}"
+        return f"client error: {_first_line(reply.error.reason or '')}"
     content = reply.content
     if model_key not in content.array_records:
         return f"reply has no '{model_key}' ArrayRecord"

@@ -27,7 +27,7 @@ class FedAvgM(CohortSampling, FlowerFedAvgM, InPlaceFedAvg):
 
 SERVER_MOMENTUM = Option(float, "a number in [0, 1) (FedAvgM's beta; FedOpt's beta_1)", lambda v: 0 <= v < 1, default=0.9)
 
-METHODS = (
+METHODS: tuple[MethodSpec, ...] = (
     MethodSpec(
         "fedavgm", "FedAvgM",
         lambda config: FedAvgM(**COHORT, server_learning_rate=METHODS[0].server_lr(config),

@@ -100,7 +100,7 @@ FEDCM_OPTIONS = {
     "fedcm-variant": one_of(*FEDCM_VARIANTS, default="per-client"),
 }
 
-METHODS = (
+METHODS: tuple[MethodSpec, ...] = (
     MethodSpec(
         "fedcm", "FedCM",
         lambda config: FedCm(**COHORT, alpha=config["fedcm-alpha"], variant=config["fedcm-variant"],

@@ -84,7 +84,7 @@ class FedGMA(ServerUpdate, InPlaceFedAvg):
         return fedgma_update(self.sent_weights, models, num_examples, self.mask_threshold, self.server_learning_rate)
 
 
-METHODS = (
+METHODS: tuple[MethodSpec, ...] = (
     MethodSpec(
         "fedgma", "FedGMA",
         lambda config: FedGMA(**COHORT, mask_threshold=config["gma-threshold"],

@@ -49,6 +49,13 @@ class ServerOptimizer(CohortSampling):
     # Whether IMA's fma-target ordering zeroes m and v at t_s: the IMA authors' code does
     # for FedAdam and FedYogi, not for FedAdagrad (whose v only accumulates).
     resets_moments_at_averaging_start = True
+    # Flower's FedOpt's attributes (the class this mixin is combined with sets them).
+    eta: float
+    tau: float
+    beta_1: float
+    current_arrays: Arrays | None
+    m_t: Arrays | None
+    v_t: Arrays | None
 
     def step_target(self, server_round: int, fma: Arrays) -> Arrays:
         """The model the round's step moves towards: the FMA of the replies."""
@@ -65,7 +72,7 @@ class ServerOptimizer(CohortSampling):
         return self.eta
 
     def aggregate_accepted(self, server_round: int, replies) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        fma, metrics = InPlaceFedAvg.aggregate_train(self, server_round, replies)
+        fma, metrics = InPlaceFedAvg.aggregate_train(self, server_round, replies)  # type: ignore[arg-type]  # combined with it
         if fma is None:
             return fma, metrics
         return to_arrays(self.step(server_round, self.step_target(server_round, to_numpy(fma)))), metrics
@@ -77,11 +84,11 @@ class ServerOptimizer(CohortSampling):
         delta = {k: target[k] - w for k, w in self.current_arrays.items()}
         m_t = self.m_t or {k: np.zeros_like(d) for k, d in delta.items()}
         v_t = self.v_t or {k: np.zeros_like(d) for k, d in delta.items()}
-        self.m_t = {k: self.beta_1 * m + (1 - self.beta_1) * delta[k] for k, m in m_t.items()}
-        self.v_t = {k: self.second_moment(v, delta[k]) for k, v in v_t.items()}
+        self.m_t = m_t = {k: self.beta_1 * m + (1 - self.beta_1) * delta[k] for k, m in m_t.items()}
+        self.v_t = v_t = {k: self.second_moment(v, delta[k]) for k, v in v_t.items()}
         eta = self.step_size(server_round)
         return {
-            k: (w + eta * self.m_t[k] / (np.sqrt(self.v_t[k]) + self.tau)).astype(w.dtype)
+            k: (w + eta * m_t[k] / (np.sqrt(v_t[k]) + self.tau)).astype(w.dtype)
             for k, w in self.current_arrays.items()
         }
 

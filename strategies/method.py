@@ -40,11 +40,11 @@ from strategies.options import Option
 if TYPE_CHECKING:
     import numpy as np
     from flwr.app import RecordDict
-    from flwr.serverapp.strategy import Strategy
     from torch import nn
 
     from clients.components import Builder
     from clients.training import LocalObjective
+    from strategies.round_interface import RoundStrategy
 
     # (the objective's settings from the round config, model, client state, rng, the message's content)
     ObjectiveBuilder = Callable[[Mapping[str, Any], nn.Module, RecordDict, np.random.Generator, Mapping[str, Any]],
@@ -62,7 +62,7 @@ class MethodSpec:
 
     name: str
     display_name: str
-    build: Callable[[Mapping[str, Any]], Strategy]
+    build: Callable[[Mapping[str, Any]], RoundStrategy]
     options: Mapping[str, Option] = field(default_factory=dict)
     check: Callable[[Mapping[str, Any]], None] | None = None
     objective: ObjectiveBuilder | None = None

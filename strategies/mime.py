@@ -104,7 +104,7 @@ class Mime(ServerUpdate, InPlaceFedAvg):
         )
         if not gradients:
             raise RuntimeError(f"round {server_round}: no client of the cohort returned its full-batch gradient")
-        self.full_gradient = {key: sum(g[key] for _, g in gradients) / len(gradients) for key in gradients[0][1]}
+        self.full_gradient = {key: np.asarray(sum(g[key] for _, g in gradients) / len(gradients)) for key in gradients[0][1]}
 
     def configure_train(self, server_round, arrays, config, grid):
         weights = to_numpy(arrays)

@@ -43,7 +43,7 @@ class MoFedSam(FedCm):
         return super().configure_train(server_round, arrays, config, grid)
 
 
-METHODS = (
+METHODS: tuple[MethodSpec, ...] = (
     MethodSpec(
         "mofedsam", "MoFedSAM",
         lambda config: MoFedSam(**COHORT, rho=config["sam-rho"] or MOFEDSAM_DEFAULT_RHO, alpha=config["fedcm-alpha"],

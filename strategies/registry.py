@@ -7,25 +7,28 @@ constructor arguments, so every strategy is usable from a user's own ServerApp.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from flwr.serverapp.strategy import Strategy
 
 from strategies.averaging import ModelAveraging
 from strategies.config import averaging_start_round
 from strategies.methods import method
+from strategies.round_interface import RoundStrategy
 from strategies.schedules import ClientSchedule
 
 
-def build_base_strategy(config: Mapping[str, Any]) -> Strategy:
+def build_base_strategy(config: Mapping[str, Any]) -> RoundStrategy:
     """The base method named by ``config['strategy']`` (config already validated), as its
     declaration builds it."""
     return method(config["strategy"]).build(config)
 
 
-def build_strategy(config: Mapping[str, Any]) -> Strategy:
+def build_strategy(config: Mapping[str, Any]) -> RoundStrategy:
     """The base method, wrapped by the averaging component when ``averaging`` is set."""
-    base = build_base_strategy(config)
+    # Every declared method's strategy is a Flower Strategy as well as a RoundStrategy.
+    method_strategy = build_base_strategy(config)
+    base = cast(Strategy, method_strategy)
     averaging, start = config["averaging"], averaging_start_round(config)
     if averaging == "ima":
         # The IMA authors' ordering on FedAdam/FedYogi/FedAdagrad (strategies/averaging.py).
@@ -46,7 +49,7 @@ def build_strategy(config: Mapping[str, Any]) -> Strategy:
                 subset=config["avg-subset"],
             )
         return ModelAveraging(base, None, start, feedback=False, sample_every=cycle, subset=config["avg-subset"])
-    return base
+    return method_strategy
 
 
 def build_client_schedule(config: Mapping[str, Any]) -> ClientSchedule:

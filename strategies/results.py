@@ -15,7 +15,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def summarize(rows: list[Mapping[str, Any]], last_k: int, target: float) -> dict[str, Any]:
+def summarize(rows: Sequence[Mapping[str, Any]], last_k: int, target: float) -> dict[str, Any]:
     """Summary metrics of per-round rows (uses ``test-accuracy``)."""
     accuracies = [float(r["test-accuracy"]) for r in rows]
     if not accuracies:
@@ -86,7 +86,7 @@ class RunRecorder:
 
     def __init__(
         self, directory: Path, config: Mapping[str, Any], last_k: int, target: float,
-        rows: list[Mapping[str, Any]] = (), resumed_after: int | None = None,
+        rows: Sequence[Mapping[str, Any]] = (), resumed_after: int | None = None,
     ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)

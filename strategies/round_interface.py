@@ -21,9 +21,16 @@ without asking what kind of strategy they hold.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+
+if TYPE_CHECKING:
+    import numpy as np
+    from flwr.serverapp import Grid
+
+    from strategies.faults import ClientFailure
 
 from clients.flower_internals import STRATEGY_STATE_ATTRIBUTES
 
@@ -42,6 +49,27 @@ class RoundStrategy:
 
     base_arrays: ArrayRecord | None = None
     averaged_arrays: ArrayRecord | None = None
+
+    # What every Basin strategy also is, for the type checker only (at run time these come
+    # from Flower's Strategy and strategies/sampling.CohortSampling, or, under an averaging
+    # component, from its base): a Flower strategy over a seeded cohort with per-round
+    # bookkeeping.
+    round_clients: dict[str, float]
+    round_failures: list[ClientFailure]
+    round_status: str
+    if TYPE_CHECKING:
+        def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                            grid: Grid) -> Iterable[Message]: ...
+
+        def aggregate_train(self, server_round: int,
+                            replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]: ...
+
+        def bind_partitions(self, partition_of_node: dict[int, int], cohort_size: int, seed: int,
+                            min_replies: int = 1, skip_unavailable: bool = False) -> None: ...
+
+        def follow_rejoined_nodes(self, grid: Grid, timeout: float) -> None: ...
+
+        def round_client_models(self, limit: int | None = None) -> dict[int, tuple[dict[str, np.ndarray], float]]: ...
 
     @property
     def sends_average(self) -> bool:

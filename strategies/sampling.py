@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -228,7 +229,8 @@ class CohortSampling(RoundStrategy):
     def client_models(self, replies: Iterable[Message]) -> tuple[list[dict[str, np.ndarray]], list]:
         """The replies' models (read-only numpy views) and metric records."""
         replies = list(replies)
-        models = [{k: array_view(a) for k, a in r.content[self.arrayrecord_key].items()} for r in replies]
+        key = self.arrayrecord_key  # type: ignore[attr-defined]  # Flower's FedAvg's, which this mixin is combined with
+        models = [{k: array_view(a) for k, a in cast(ArrayRecord, r.content[key]).items()} for r in replies]
         return models, [next(iter(r.content.metric_records.values())) for r in replies]
 
 
@@ -252,7 +254,7 @@ def client_usage(replies: Iterable[Message]) -> dict[str, float]:
     process (NaN on CPU)."""
     intervals, peaks, steps = [], [], 0
     for reply in replies:
-        metrics = next(iter(reply.content.metric_records.values()))
+        metrics: dict[str, Any] = dict(next(iter(reply.content.metric_records.values())))
         steps += int(metrics.get("local-steps", 0))
         if protocol.TRAIN_START in metrics and protocol.TRAIN_END in metrics:
             intervals.append((float(metrics[protocol.TRAIN_START]), float(metrics[protocol.TRAIN_END])))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -207,15 +207,15 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
         trained = time.perf_counter()
         evaluation = evaluate_round(strategy, arrays, model, x_test, y_test, domains)
         test_accuracy = evaluation["test-accuracy"]
-        metrics = metrics or {}
+        round_metrics: Mapping[str, Any] = metrics or {}
         recorder.append({
             "round": server_round,
             "lr": train_config["lr"],
             "local-epochs": train_config["local-epochs"],
             **evaluation,
-            "train-loss": metrics.get("train-loss", float("nan")),
-            "local-steps": metrics.get("local-steps", float("nan")),
-            "client-state-norm": metrics.get("client-state-norm", float("nan")),
+            "train-loss": round_metrics.get("train-loss", float("nan")),
+            "local-steps": round_metrics.get("local-steps", float("nan")),
+            "client-state-norm": round_metrics.get("client-state-norm", float("nan")),
             "round-seconds": time.perf_counter() - started,
             "train-seconds": trained - started,
             "eval-seconds": time.perf_counter() - trained,
@@ -327,7 +327,7 @@ def evaluate_round(strategy: RoundStrategy, sent: ArrayRecord, model, x_test, y_
 
     base, averaged = strategy.round_models(sent)
     base_loss, base_accuracy = score(base)
-    row = {"base-accuracy": base_accuracy, "base-loss": base_loss, "sent-model": "base",
+    row: dict[str, Any] = {"base-accuracy": base_accuracy, "base-loss": base_loss, "sent-model": "base",
            "test-accuracy": base_accuracy, "test-loss": base_loss}
     if averaged is not None:
         averaged_loss, averaged_accuracy = score(averaged)

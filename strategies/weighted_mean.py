@@ -77,7 +77,7 @@ def array_view(array: Array) -> np.ndarray:
 
 def weighted_mean_arrays(records: list[RecordDict], weighting_metric_name: str) -> ArrayRecord:
     """Flower 1.41's ``aggregate_arrayrecords``, bitwise, reading arrays in place."""
-    weights = [next(iter(record.metric_records.values()))[weighting_metric_name] for record in records]
+    weights = [float(next(iter(record.metric_records.values()))[weighting_metric_name]) for record in records]  # type: ignore[arg-type]
     total_weight = sum(weights)
     factors = [weight / total_weight for weight in weights]
     mean: dict[str, np.ndarray] = {}
