@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -239,3 +240,22 @@ def deferred_interrupts() -> Iterator[None]:
             signal.signal(signum, handler)
         if received:
             raise KeyboardInterrupt
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that no process listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def simulation_running(port: int) -> bool:
+    """Whether the simulation process (it hosts the ServerApp) of the SuperLink on ``port`` runs."""
+    table = process_table()
+    tree = process_tree(superlinks(port, table), table)
+    return any("flwr-simulation" in table[pid][2] and alive(pid) for pid in tree)
+
+
+def superlinks(port: int, table: dict[int, tuple[int, int, str]]) -> list[int]:
+    """The SuperLink processes in ``table`` that ``flwr run`` started on ``port``."""
+    return [pid for pid, (_, _, cmd) in table.items() if "flower-superlink" in cmd and f"--port {port}" in cmd]

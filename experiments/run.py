@@ -32,7 +32,7 @@ MAIN_JOB_COMPARE = ["averaging=none,ima,wima"]
 
 def variants(compare: list[str]) -> list[dict]:
     """The grid of overrides named by ``--compare KEY=V1,V2`` flags."""
-    from experiments.launch import parse_overrides
+    from experiments.run_config import parse_overrides
 
     axes = []
     for spec in compare:
@@ -49,7 +49,7 @@ def label_of(overrides: dict) -> str:
 
 def list_presets() -> str:
     """Each preset's name and the first sentence of its description (its leading comment)."""
-    from experiments.launch import PRESETS_DIR
+    from experiments.run_config import PRESETS_DIR
 
     lines = []
     for path in sorted(PRESETS_DIR.glob("*.toml")):
@@ -66,7 +66,7 @@ def list_presets() -> str:
 
 def list_keys() -> str:
     """Every run-config key with its default and what it allows."""
-    from experiments.launch import default_run_config
+    from experiments.run_config import default_run_config
     from strategies.config import SCHEMA
 
     defaults = default_run_config()
@@ -161,23 +161,14 @@ def run_job(args: argparse.Namespace, argv: list[str]) -> int:
 
     import pandas as pd
 
-    from experiments.launch import (
-        RunFailed,
-        check_data,
-        check_folder_reuse,
-        check_machine,
-        client_resources,
-        count_rounds,
-        launch,
-        load_preset,
-        machine_cpus,
-        parse_overrides,
-        resolve_config,
-    )
+    from experiments.flower_log import count_rounds
+    from experiments.launch import RunFailed, check_folder_reuse, launch
+    from experiments.machine import check_data, check_machine, client_resources, machine_cpus
     from experiments.mps import MpsDaemon, check_mps
     from experiments.output_dir import OutputLock
     from experiments.ray_cluster import LocalRayCluster, check_ray_address
     from experiments.report import averaging_start, method_label, plot_accuracy, setup_title, summary_table
+    from experiments.run_config import load_preset, parse_overrides, resolve_config
     from strategies.checkpoint import read_checkpoint
 
     # Everything that can be known before Flower starts is checked here, in this order.

@@ -14,10 +14,10 @@ import argparse
 import importlib
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from strategies.method import MethodSpec
-from strategies.options import Option
+from strategies.options import Option, toml_value
 
 if TYPE_CHECKING:
     from clients.components import Builder
@@ -77,13 +77,6 @@ def objective_builders() -> dict[str, ObjectiveBuilder]:
     return {spec.name: spec.objective for spec in METHODS.values() if spec.objective is not None}
 
 
-def toml_value(value: Any) -> str:
-    """A run-config value as TOML writes it."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return repr(value)
 
 
 def pyproject_block() -> str:

@@ -17,8 +17,8 @@ import torch
 from conftest import write_idx, write_tiny_fashion_mnist
 from miniature import damaged_hub_sets
 
-from experiments.launch import APP_DIR
 from experiments.output_dir import LOCK_FILE, OutputLock, OutputLocked, unique_output_dir
+from experiments.run_config import APP_DIR
 from strategies.checkpoint import CHECKPOINT_ENTRIES, CHECKPOINT_FORMAT, save_checkpoint
 from strategies.faults import nothing_trained_reason
 
@@ -206,7 +206,7 @@ class FlowerStarted(BaseException):
 
 @pytest.fixture(scope="module")
 def hostile_files(tmp_path_factory) -> Path:
-    from experiments.launch import default_run_config
+    from experiments.run_config import default_run_config
     from strategies.checkpoint import run_identity
 
     tmp = tmp_path_factory.mktemp("hostile")
@@ -393,7 +393,8 @@ def test_ctrl_c_ends_the_job_with_130_and_the_command_that_resumes_it(tmp_path, 
 
 
 def test_a_run_that_ended_without_a_word_is_killed_with_the_reason_from_flowers_log(tmp_path):
-    from experiments.launch import default_run_config, run_failure
+    from experiments.launch import run_failure
+    from experiments.run_config import default_run_config
     from strategies.results import RunRecorder
 
     config = default_run_config()

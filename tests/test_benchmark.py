@@ -65,7 +65,7 @@ def test_the_sweep_mode_runs_the_small_grid_one_at_a_time_then_in_parallel(tmp_p
     sweep machinery and its --parallel are tested in tests/test_sweep.py)."""
     import pandas as pd
 
-    import experiments.sweep
+    import experiments.sweep_runs
     from experiments import benchmark
 
     passes = []
@@ -74,7 +74,7 @@ def test_the_sweep_mode_runs_the_small_grid_one_at_a_time_then_in_parallel(tmp_p
         passes.append((out_dir.name, parallel, sweep, ray_address))
         return pd.DataFrame({"run": [r.run_id for r in sweep.runs], "status": ["completed"] * len(sweep.runs)})
 
-    monkeypatch.setattr(experiments.sweep, "run_sweep", fake_run_sweep)
+    monkeypatch.setattr(experiments.sweep_runs, "run_sweep", fake_run_sweep)
     code = benchmark.main([*SMALL_DIGITS, "--sweep", "--out", str(tmp_path)])
     assert code == 0, capsys.readouterr().err
     assert [(name, parallel) for name, parallel, *_ in passes] == [("one-at-a-time", 1), ("parallel-2", 2)]
@@ -96,26 +96,26 @@ def test_the_clients_mode_holds_the_cohort_and_each_clients_work_fixed_across_k(
 
     import pytest
 
-    from experiments import benchmark
+    from experiments import benchmark, benchmarking
     from experiments.cli import UsageError
 
     args = benchmark.build_parser().parse_args(["--clients", "100,10000", "--set", "data-dir=/nowhere"])
     assert args.clients == (100, 10000) and args.cohort == 10 and args.preset is None
     args.rounds = 5
     for k in args.clients:
-        config = benchmark.resolve_config(benchmark.CLIENTS_SETUP, benchmark.parse_overrides(["data-dir=/nowhere"]),
+        config = benchmarking.resolve_config(benchmarking.CLIENTS_SETUP, benchmarking.parse_overrides(["data-dir=/nowhere"]),
                                           {"num-clients": k, "participation": 10 / k, "num-rounds": 5})
-        assert benchmark.cohort_size(config) == 10 and config["samples-per-client"] == 300
+        assert benchmarking.cohort_size(config) == 10 and config["samples-per-client"] == 300
     assert benchmark.build_parser().parse_args(["--clients"]).clients == benchmark.DEFAULT_CLIENT_COUNTS
     with pytest.raises(argparse.ArgumentTypeError, match="comma-separated integers >= 1"):
         benchmark.client_counts("100,0")
     args.cohort = 200
     with pytest.raises(UsageError, match="--cohort 200 with 100 clients is not allowed"):
-        benchmark.clients_config(args, 100)
+        benchmarking.clients_config(args, 100)
 
 
 def test_the_clients_table_gives_each_figure_its_ratio_and_the_memory_growth(capsys):
-    from experiments.benchmark import print_clients_table
+    from experiments.benchmarking import print_clients_table
 
     row = {"clients": 100, "wall-seconds": 30.0, "round-1-starts-seconds": 8.0, "round-1-seconds": 6.0,
            "overhead-rounds-2-on-seconds": 0.02, "wall-minus-rounds-seconds": 10.0, "peak-memory-mib": 3500.0}
@@ -129,7 +129,7 @@ def test_the_clients_table_gives_each_figure_its_ratio_and_the_memory_growth(cap
 def test_the_memory_sampler_reads_a_process_proportional_set_size():
     import os
 
-    from experiments.benchmark import proportional_set_mib
+    from experiments.benchmarking import proportional_set_mib
 
     assert 1 < proportional_set_mib(os.getpid()) < 100_000
     assert proportional_set_mib(2**22 + 12345) == 0.0  # no such process

@@ -11,7 +11,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from clients.local_round import LocalRound
 from clients.models import build_model
-from experiments import costs
+from experiments import costs, method_costs
 
 MODEL, SHAPE, CLASSES, BATCH, STEPS = "resnet20-gn", (3, 16, 16), 10, 8, 2
 METHODS = ["fedprox", "scaffold", "moon", "fedsam", "gradaug-n1", "gradaug-n2", "fedalign"]
@@ -22,7 +22,7 @@ def table():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # steadier timings on a busy machine
     try:
-        return costs.run_costs(METHODS, MODEL, SHAPE, CLASSES, BATCH, STEPS, "cpu")
+        return method_costs.run_costs(METHODS, MODEL, SHAPE, CLASSES, BATCH, STEPS, "cpu")
     finally:
         torch.set_num_threads(threads)
 
@@ -71,7 +71,7 @@ def test_parameters_held(table):
 def test_timings_positive_and_memory_not_made_up_on_cpu(table):
     assert (table["s/step"] > 0).all()
     assert table["peak MiB"].isna().all()
-    assert "n/a" in costs.format_table(table)
+    assert "n/a" in method_costs.format_table(table)
 
 
 def test_held_elements_counts_closures_and_shared_storage_once():
@@ -80,17 +80,17 @@ def test_held_elements_counts_closures_and_shared_storage_once():
     round_ = LocalRound.__new__(LocalRound)
     # A hook closure, a shared tensor seen twice, and a module that is part of the model.
     round_.__dict__.update(hooks=[lambda params: anchors], again=anchors[0], stages=model.stages)
-    own, held = costs.held_elements(model, round_)
+    own, held = method_costs.held_elements(model, round_)
     assert own == model_parameters() and held == 2 * own
 
 
 def test_training_message_comes_from_the_strategy():
     identity = TaskIdentity._run_id
-    config = costs.method_config("gradaug-n1", MODEL, SHAPE, BATCH, "cpu", {})
-    content = costs.training_content(config, ArrayRecord(build_model(MODEL, SHAPE, CLASSES).state_dict()))
+    config = method_costs.method_config("gradaug-n1", MODEL, SHAPE, BATCH, "cpu", {})
+    content = method_costs.training_content(config, ArrayRecord(build_model(MODEL, SHAPE, CLASSES).state_dict()))
     assert content["config"]["objective"] == "gradaug" and content["config"]["gradaug-subnets"] == 1
     assert content["config"]["batch-size"] == BATCH
-    scaffold = costs.training_content(costs.method_config("scaffold", MODEL, SHAPE, BATCH, "cpu", {}),
+    scaffold = method_costs.training_content(method_costs.method_config("scaffold", MODEL, SHAPE, BATCH, "cpu", {}),
                                       ArrayRecord(build_model(MODEL, SHAPE, CLASSES).state_dict()))
     assert "scaffold-control" in scaffold
     LocalRound(build_model(MODEL, SHAPE, CLASSES), scaffold, RecordDict(), np.random.default_rng(0))

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from experiments.certificates import write_supernode_key_pair
-from experiments.deploy import LocalFederation, Security, deploy
-from experiments.launch import launch, resolve_config
+from experiments.deployment import LocalFederation, Security, deploy
+from experiments.launch import launch
 from experiments.processes import alive, flwr_homes
+from experiments.run_config import resolve_config
 
 SHORT = {"num-rounds": 2, "local-epochs": 1, "device": "cpu"}
 # 3 clients, 2 sampled per round (cohort_size: round(0.67 · 3) = 2); IMA averages the

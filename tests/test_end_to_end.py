@@ -15,7 +15,9 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.launch import launch, load_preset, resolve_config, startup_stage
+from experiments.flower_log import startup_stage
+from experiments.launch import launch
+from experiments.run_config import load_preset, resolve_config
 
 SMALL = {"num-clients": 4, "participation": 0.5, "num-rounds": 3, "local-epochs": 1, "device": "cpu"}
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from experiments import gpu_check
-from experiments.launch import APP_DIR
+from experiments.run_config import APP_DIR
 
 
 def test_help_documents_the_one_command():

@@ -12,8 +12,9 @@ import torch
 from experiments import launch, sweep
 from experiments import mps as mps_module
 from experiments.cli import UsageError
-from experiments.launch import client_resources, default_run_config
+from experiments.machine import client_resources
 from experiments.mps import LOG_ENV, PIPE_ENV, MpsDaemon, probe_cuda
+from experiments.run_config import default_run_config
 
 FAKE_CONTROL = """#!/bin/sh
 # Records each call: its arguments, its pipe and log directories, and stdin for 'quit'.

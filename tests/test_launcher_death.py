@@ -15,9 +15,10 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.launch import APP_DIR, launch, resolve_config
+from experiments.launch import launch
 from experiments.output_dir import LOCK_FILE
 from experiments.processes import process_table, processes_of_home, ray_sessions
+from experiments.run_config import APP_DIR, resolve_config
 
 # 4 clients, 2 per round, 40 rounds of ~0.1 s (4 epochs of batches of 4), a checkpoint
 # every 2: killed after round 3 or so, the resumed run redoes the rounds after its last

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.launch import PRESETS_DIR, load_preset, resolve_config
-from experiments.sweep import SWEEPS_DIR, load_sweep
+from experiments.run_config import PRESETS_DIR, load_preset, resolve_config
+from experiments.sweep_runs import SWEEPS_DIR, load_sweep
 
 TABLE = Path(__file__).resolve().parent.parent / "docs" / "paper-setups.md"
 ROW = re.compile(r"^\| `([^`]+)` \|(.*)$")

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from experiments import progress
-from experiments.launch import APP_DIR
+from experiments.run_config import APP_DIR
 
 
 class NotATerminal(io.StringIO):

@@ -18,17 +18,18 @@ import pytest
 
 from experiments import launch as launch_module
 from experiments import run, sweep
-from experiments.launch import RunFailed, _free_port, launch, resolve_config
-from experiments.processes import stop_process_tree
+from experiments.launch import RunFailed, launch
+from experiments.processes import free_port, stop_process_tree
 from experiments.ray_cluster import LocalRayCluster, RayClusterUnreachable, check_ray_address
 from experiments.reproducible import compare_runs
+from experiments.run_config import resolve_config
 
 RAY = Path(sys.executable).parent / "ray"
 SMALL = {"num-clients": 4, "participation": 0.5, "num-rounds": 2, "local-epochs": 1, "device": "cpu"}
 
 
 def _nobody_listens() -> str:
-    return f"127.0.0.1:{_free_port()}"
+    return f"127.0.0.1:{free_port()}"
 
 
 @pytest.fixture
@@ -87,7 +88,7 @@ def _start_node(name: str, temp_dir: Path, options: list[str], nodes: list[subpr
     with open(log_path, "w") as log:
         node = subprocess.Popen(
             [str(RAY), "start", "--block", "--num-cpus", "1", "--num-gpus", "0", "--temp-dir", str(temp_dir),
-             "--object-store-memory", str(100 * 2**20), "--dashboard-agent-listen-port", str(_free_port()),
+             "--object-store-memory", str(100 * 2**20), "--dashboard-agent-listen-port", str(free_port()),
              "--disable-usage-stats", *options],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
@@ -110,12 +111,12 @@ def ray_cluster():
     ``/tmp/ray``. The temp dir is short: Ray's socket paths must fit in 107 bytes.
     """
     temp_dir = Path(tempfile.mkdtemp(prefix="basin-ray-", dir="/tmp"))
-    port = _free_port()
+    port = free_port()
     nodes: list[subprocess.Popen] = []
     try:
         _start_node("head", temp_dir, ["--head", "--port", str(port), "--include-dashboard", "false",
-                                       "--dashboard-port", str(_free_port()),
-                                       "--ray-client-server-port", str(_free_port())], nodes)
+                                       "--dashboard-port", str(free_port()),
+                                       "--ray-client-server-port", str(free_port())], nodes)
         _start_node("worker", temp_dir, ["--address", f"127.0.0.1:{port}"], nodes)
         yield f"127.0.0.1:{port}"
     finally:

@@ -18,9 +18,11 @@ import pytest
 import torch
 
 from experiments import run, sweep
-from experiments.launch import ClientResources, launch, machine_cpus, resolve_config
+from experiments.launch import launch
+from experiments.machine import ClientResources, machine_cpus
 from experiments.ray_cluster import LocalRayCluster
 from experiments.reproducible import compare_runs
+from experiments.run_config import resolve_config
 from strategies.config import cohort_size
 
 # The digits job, small: 8 clients, 4 a round, 3 rounds of 2 local epochs.

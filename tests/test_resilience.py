@@ -16,8 +16,10 @@ import pytest
 import torch
 
 from clients.state_store import CLIENT_STATE_DIR
-from experiments.launch import APP_DIR, ClientResources, RunFailed, gpu_memory_advice, launch, resolve_config
+from experiments.launch import RunFailed, launch
+from experiments.machine import ClientResources, gpu_memory_advice
 from experiments.processes import process_table, process_tree, stop_process_tree
+from experiments.run_config import APP_DIR, resolve_config
 from strategies.checkpoint import CHECKPOINT_FILE
 from strategies.model_store import load_round_models, saved_rounds
 

@@ -16,8 +16,9 @@ import torch
 from conftest import processes_in_scope
 
 from experiments import sweep as sweep_module
+from experiments import sweep_runs
 from experiments.launch import RunFailed, launch
-from experiments.sweep import SWEEPS_DIR, SweepError, collect, load_sweep, run_sweep
+from experiments.sweep_runs import SWEEPS_DIR, SweepError, collect, load_sweep, run_sweep
 from strategies.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from strategies.config import ConfigError
 
@@ -119,7 +120,7 @@ def fake_launch(fail_ids: set[str], calls: list[str]):
 def test_failed_runs_are_recorded_and_skipped_on_resume_unless_retried(tmp_path, monkeypatch):
     sweep = load_sweep(write_sweep(tmp_path, SMALL + "[grid]\nseed = [0, 1, 2]\n"))
     calls: list[str] = []
-    monkeypatch.setattr(sweep_module, "launch", fake_launch({"seed=1"}, calls))
+    monkeypatch.setattr(sweep_runs, "launch", fake_launch({"seed=1"}, calls))
     table = run_sweep(sweep, tmp_path / "out", progress=False)
     assert calls == ["seed=0", "seed=1", "seed=2"]  # the failure did not stop the sweep
     assert table["status"].tolist() == ["completed", "failed", "completed"]
@@ -137,7 +138,7 @@ def test_failed_runs_are_recorded_and_skipped_on_resume_unless_retried(tmp_path,
 def test_parallel_runs_finish_every_run_and_ctrl_c_stops_the_running_ones(tmp_path, monkeypatch):
     path = write_sweep(tmp_path, SMALL + "[grid]\nseed = [0, 1, 2, 3]\n")
     calls: list[str] = []
-    monkeypatch.setattr(sweep_module, "launch", fake_launch(set(), calls))
+    monkeypatch.setattr(sweep_runs, "launch", fake_launch(set(), calls))
     table = run_sweep(load_sweep(path), tmp_path / "out", progress=False, parallel=3)
     assert sorted(calls) == [f"seed={k}" for k in range(4)] and table["status"].eq("completed").all()
     assert table["run"].tolist() == [f"seed={k}" for k in range(4)]  # the table keeps the sweep's order
@@ -152,7 +153,7 @@ def test_parallel_runs_finish_every_run_and_ctrl_c_stops_the_running_ones(tmp_pa
         stopped.append(label)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sweep_module, "launch", interrupted_launch)
+    monkeypatch.setattr(sweep_runs, "launch", interrupted_launch)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(load_sweep(path), tmp_path / "again", progress=False, parallel=2)
     # seed=1 ran beside seed=0; seed=2 may have started in seed=0's thread before the stop.
@@ -163,7 +164,7 @@ def test_parallel_runs_finish_every_run_and_ctrl_c_stops_the_running_ones(tmp_pa
 def test_a_changed_config_reruns_and_an_unfinished_run_is_pending(tmp_path, monkeypatch):
     path = write_sweep(tmp_path, SMALL + "[grid]\nseed = [0, 1]\n")
     calls: list[str] = []
-    monkeypatch.setattr(sweep_module, "launch", fake_launch(set(), calls))
+    monkeypatch.setattr(sweep_runs, "launch", fake_launch(set(), calls))
     run_sweep(load_sweep(path), tmp_path / "out", progress=False)
     # A run killed mid-way has a run directory but no outcome.json: pending, run again.
     (tmp_path / "out" / "runs" / "seed=1" / "outcome.json").unlink()
@@ -277,7 +278,7 @@ def test_ima_methods_sweeps_cover_ima_table_1_with_the_papers_settings():
 
 
 def test_a_finished_sweep_run_again_has_nothing_pending_and_starts_no_ray(tmp_path, monkeypatch):
-    from experiments.sweep import _comparable, pending_runs
+    from experiments.sweep_runs import _comparable, pending_runs
 
     sweep = load_sweep(write_sweep(tmp_path, SMALL + "[grid]\nseed = [0, 1]\n"))
     out = tmp_path / "out"
@@ -290,7 +291,7 @@ def test_a_finished_sweep_run_again_has_nothing_pending_and_starts_no_ray(tmp_pa
     assert [run.run_id for run in pending_runs(sweep, out, retry_failed=True)] == ["seed=1"]
 
     started = []
-    monkeypatch.setattr(sweep_module.LocalRayCluster, "__enter__", lambda self: started.append(self.enabled) or None)
-    monkeypatch.setattr(sweep_module.LocalRayCluster, "__exit__", lambda self, *exc: None)
+    monkeypatch.setattr(sweep_runs.LocalRayCluster, "__enter__", lambda self: started.append(self.enabled) or None)
+    monkeypatch.setattr(sweep_runs.LocalRayCluster, "__exit__", lambda self, *exc: None)
     sweep_module.main([str(tmp_path / "sweep.toml"), "--out", str(out), "--no-progress"])
     assert started == [False]  # nothing to run: no Ray cluster for the job

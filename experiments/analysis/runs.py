@@ -30,8 +30,8 @@ from torch import nn
 from clients.data import partition_indices
 from clients.models import build_run_model
 from clients.training import select_device
-from experiments.launch import default_run_config
 from experiments.progress import progress_bar
+from experiments.run_config import default_run_config
 from partitions.datasets import IGNORE_INDEX, TensorDataset, load_dataset
 from partitions.feasibility import partition_settings
 from strategies.indicators import trainable_names

@@ -1,0 +1,457 @@
+"""Timing Flower runs against the bare training loop, and runs of many clients: the
+implementation behind ``python -m experiments.benchmark``. Its command line
+(experiments/benchmark.py) answers ``--help`` and usage errors before this module
+imports torch and Flower.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from flwr.app import RecordDict
+
+from clients.data import client_tensors
+from clients.local_round import LocalRound, round_randomness
+from clients.models import build_run_model, resolve_model_name
+from clients.training import evaluate, select_device
+from experiments.benchmark import DEFAULT_PRESET, NO_PRESET
+from experiments.cli import UsageError
+from experiments.launch import RunFailed, launch
+from experiments.machine import check_machine, client_resources, machine_cpus
+from experiments.mps import MpsDaemon, check_mps
+from experiments.output_dir import LOCK_FILE, OutputLock, create_output_dir, unique_output_dir
+from experiments.processes import processes_of_home
+from experiments.ray_cluster import LocalRayCluster
+from experiments.run_config import default_run_config, load_preset, parse_overrides, resolve_config
+from partitions import load_dataset
+from strategies.config import ConfigError, cohort_size
+from strategies.registry import build_client_schedule
+from strategies.sampling import CohortSampling
+from strategies.server_app import round_train_config
+
+
+@dataclasses.dataclass
+class BareRun:
+    """What the bare loop measured."""
+
+    round_seconds: list[float]  # per round: client training, aggregation and evaluation
+    round_steps: list[int]  # per round: Σ local steps of the cohort
+    peak_gpu_mb: float | None
+
+
+def benchmark_config(preset: str, overrides: dict[str, Any], rounds: int) -> dict[str, Any]:
+    """The validated run config: preset, IMA from 75 % of the rounds, --set, then --rounds
+    (IMA's window capped at --rounds)."""
+    layers = [{} if preset == NO_PRESET else load_preset(preset),
+              {"averaging": "ima", "avg-start": max(1, round(0.75 * rounds))}, overrides]
+    window = next((layer["window"] for layer in reversed(layers) if "window" in layer), default_run_config()["window"])
+    config = resolve_config(*layers, {"num-rounds": rounds, "window": min(window, rounds)})
+    if config["strategy"] != "fedavg":
+        raise ConfigError(f"strategy = {config['strategy']!r}: the bare reference loop trains FedAvg clients; "
+                          "allowed: 'fedavg' (with any averaging)")
+    load_dataset(config["dataset"], config["data-dir"])  # missing data fails here, before Flower starts
+    return config
+
+
+def config_of(args) -> dict[str, Any]:
+    """The validated run config of the command line (``--preset``, ``--set``, ``--device``, ``--rounds``)."""
+    if args.rounds < 1:
+        raise UsageError(f"--rounds: {args.rounds} is not allowed; allowed: an integer >= 1")
+    overrides = parse_overrides(args.set + ([f"device={args.device}"] if args.device else []))
+    return benchmark_config(args.preset or DEFAULT_PRESET, overrides, args.rounds)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_bare(config: dict[str, Any]) -> BareRun:
+    """The Flower run's client work, aggregation and evaluation, sequentially in this process."""
+    device = select_device(config["device"])
+    data = load_dataset(config["dataset"], config["data-dir"], config["normalize"])
+    x_test, y_test = data.x_test.to(device), data.y_test.to(device)
+    torch.manual_seed(config["seed"])  # the ServerApp's initial model
+    global_state = {k: v.to(device) for k, v in build_run_model(config, data.input_shape, data.num_classes).state_dict().items()}
+    model = build_run_model(config, data.input_shape, data.num_classes).to(device)
+    schedule = build_client_schedule(config)
+    sampler = CohortSampling()
+    sampler.bind_partitions({p: p for p in range(config["num-clients"])}, cohort_size(config), config["seed"])
+    config_items = tuple(sorted(config.items()))
+    client_states: defaultdict[int, RecordDict] = defaultdict(RecordDict)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    run = BareRun([], [], None)
+    for server_round in range(1, config["num-rounds"] + 1):
+        synchronize(device)
+        started = time.perf_counter()
+        round_config = round_train_config(config, schedule, server_round, data.black)
+        round_config["server-round"] = server_round  # Flower's strategy adds it to every message
+        content = RecordDict({"config": round_config})
+        sums = {key: torch.zeros_like(value, dtype=torch.float32) for key, value in global_state.items()}
+        examples, steps = [], []
+        for partition_id in sampler.sample_partitions(server_round):
+            x, y = client_tensors(config_items, partition_id, config["num-clients"], str(device))
+            model.load_state_dict(global_state)
+            generator, rng = round_randomness(config["seed"], server_round, partition_id)
+            local_round = LocalRound(model, content, client_states[partition_id], rng)
+            result = local_round.train(model, x, y, generator)
+            local_round.finish(model, result)
+            for key, value in model.state_dict().items():
+                sums[key].add_(value.float(), alpha=result.num_examples)
+            examples.append(result.num_examples)
+            steps.append(result.num_steps)
+        global_state = {key: (sums[key] / sum(examples)).to(value.dtype) for key, value in global_state.items()}
+        model.load_state_dict(global_state)
+        evaluate(model, x_test, y_test)
+        synchronize(device)
+        run.round_seconds.append(time.perf_counter() - started)
+        run.round_steps.append(sum(steps))
+    if device.type == "cuda":
+        run.peak_gpu_mb = torch.cuda.max_memory_allocated(device) / 2**20
+    return run
+
+
+def window_figures(rows: pd.DataFrame, bare: BareRun, first_round: int) -> dict[str, Any] | None:
+    """Throughput and overhead over rounds first_round … N (None when that leaves no round)."""
+    selected = rows["round"] >= first_round
+    if not selected.any():
+        return None
+    flower_steps = float(rows["client-steps"][selected].sum())
+    bare_steps = sum(bare.round_steps[first_round - 1:])
+    flower_seconds = float(rows["round-seconds"][selected].sum())
+    bare_seconds = sum(bare.round_seconds[first_round - 1:])
+    overhead = (rows["train-seconds"] - rows["client-seconds"])[selected]
+    return {
+        "rounds": f"{first_round}-{int(rows['round'].max())}",
+        "flower-seconds": flower_seconds, "bare-seconds": bare_seconds,
+        "flower-steps-per-second": flower_steps / flower_seconds, "bare-steps-per-second": bare_steps / bare_seconds,
+        "throughput-ratio": (flower_steps / flower_seconds) / (bare_steps / bare_seconds),
+        "overhead-mean-seconds": float(overhead.mean()), "overhead-median-seconds": float(overhead.median()),
+    }
+
+
+def report(config: dict[str, Any], rows: pd.DataFrame, launch_seconds: float, bare: BareRun,
+           resources, device: torch.device, startup_stages: dict[str, float], bare_graph: BareRun | None = None,
+           mps: bool = False) -> dict[str, Any]:
+    """All figures as one JSON-able dict (``startup_stages``: when each start-up stage of the
+    Flower run began, seconds after its launch; ``bare_graph``: the bare loop with
+    graph-replayed steps, on CUDA)."""
+    flower_steps = rows["client-steps"].tolist()
+    gpu_mb = rows["client-gpu-mb"].max()
+    return {
+        "client-steps": {"flower": float(sum(flower_steps)), "bare": sum(bare.round_steps),
+                         "per-round-agree": flower_steps == bare.round_steps},
+        "all-rounds": window_figures(rows, bare, 1),
+        "excluding-round-1": window_figures(rows, bare, 2),
+        "flower-startup-seconds": launch_seconds - float(rows["round-seconds"].sum()),
+        "flower-launch-seconds": launch_seconds,
+        "flower-startup-stages": startup_stages,
+        "peak-gpu-mb": {"flower-client": None if math.isnan(gpu_mb) else float(gpu_mb), "bare": bare.peak_gpu_mb},
+        "per-round": {"flower-round-seconds": rows["round-seconds"].tolist(),
+                      "flower-overhead-seconds": (rows["train-seconds"] - rows["client-seconds"]).tolist(),
+                      "bare-round-seconds": bare.round_seconds, "bare-steps": bare.round_steps},
+        "bare-graph-steps-per-second": None if bare_graph is None else sum(bare_graph.round_steps) / sum(bare_graph.round_seconds),
+        "config": config, "device": str(device), "torch": torch.__version__, "cpu-count": os.cpu_count(),
+        "torch-threads": torch.get_num_threads(), "resources": dataclasses.asdict(resources), "mps": mps,
+        "flower-client-processes": client_processes(config, resources, device),
+    }
+
+
+def client_processes(config: dict[str, Any], resources, device: torch.device) -> int:
+    """How many client processes the Flower run trains with at once: the cohort, at most
+    what the CPU cores (``num_cpus`` each) or the GPU share (``num_gpus`` each) allow."""
+    cohort = cohort_size(config)
+    if device.type == "cuda" and resources.num_gpus > 0:
+        return min(cohort, max(1, int(1 / resources.num_gpus)))
+    return min(cohort, max(1, machine_cpus() // max(1, int(resources.num_cpus))))
+
+
+def print_report(figures: dict[str, Any]) -> None:
+    config, steps = figures["config"], figures["client-steps"]
+    print(f"{config['dataset']} / {resolve_model_name(config['model'], config['dataset'])}: {config['num-clients']} "
+          f"clients × {config['participation']:g}, {config['local-epochs']} local epochs, batch {config['batch-size']}, "
+          f"averaging {config['averaging']}, {config['num-rounds']} rounds on {figures['device']}")
+    print(f"client steps: flower {steps['flower']:g}, bare {steps['bare']}")
+    if not steps["per-round-agree"]:
+        print("WARNING: Flower's per-round client steps differ from the bare loop's: the runs did different work "
+              "(cohorts or data); the throughput ratio is not comparable", file=sys.stderr)
+    windows = [w for w in (figures["all-rounds"], figures["excluding-round-1"]) if w]
+    print(f"{'':26}" + "".join(f"{'rounds ' + w['rounds']:>14}" for w in windows))
+    for label, key, fmt in [("flower steps/s", "flower-steps-per-second", ".1f"),
+                            ("bare steps/s", "bare-steps-per-second", ".1f"),
+                            ("flower / bare", "throughput-ratio", ".2f"),
+                            ("overhead mean s/round", "overhead-mean-seconds", ".3f"),
+                            ("overhead median s/round", "overhead-median-seconds", ".3f")]:
+        print(f"{label:26}" + "".join(f"{w[key]:>14{fmt}}" for w in windows))
+    for prefix, key, digits, unit in [("throughput ratio (flower / bare)", "throughput-ratio", 2, ""),
+                                      ("flower overhead per round", "overhead-mean-seconds", 3, " s")]:
+        steady = f"; {windows[1][key]:.{digits}f}{unit} excluding round 1" if len(windows) > 1 else ""
+        print(f"{prefix}: {windows[0][key]:.{digits}f}{unit} (all rounds{steady})")
+    processes = figures["flower-client-processes"]
+    if processes > 1:  # like with like: the bare loop is one process
+        ratio = windows[-1]["throughput-ratio"]
+        print(f"the Flower run trains with {processes} client processes at once, the bare loop with one: "
+              f"{ratio / processes:.2f}x the bare loop per client process ({windows[-1]['rounds']})")
+    if figures["bare-graph-steps-per-second"] is not None:
+        eager = figures["all-rounds"]["bare-steps-per-second"]
+        graph = figures["bare-graph-steps-per-second"]
+        print(f"bare loop with CUDA-graph steps: {graph:.1f} steps/s ({graph / eager:.2f}x the eager bare loop)")
+    print(f"flower startup: {figures['flower-startup-seconds']:.1f} s (launch wall time − Σ round-seconds, once per run)")
+    stages = figures["flower-startup-stages"]
+    print("startup stages, seconds after the launch: " + ", ".join(f"{stage} {at:.1f}" for stage, at in stages.items()))
+    gpu = figures["peak-gpu-mb"]
+    if gpu["bare"] is not None:
+        client = "n/a" if gpu["flower-client"] is None else f"{gpu['flower-client']:.0f}"
+        print(f"peak GPU MiB: flower client process {client}, bare loop {gpu['bare']:.0f}")
+
+
+
+# --clients: the setup whose cost should depend on the cohort only. Every client holds 300
+# Fashion-MNIST images (6 steps of 50) at every K: a near-IID client-wise Dirichlet with
+# FedSWA's refill (the 60,000 images are reused from K = 200 on), so that a round's client
+# work is the same at every K and only K differs (an IID split of the 60,000 gave each of
+# 10,000 clients 6 images: one step, whose short work exposed Ray's hand-over gaps).
+CLIENTS_SETUP = {"dataset": "fashion-mnist", "partition": "dirichlet-client", "alpha": 100.0,
+                 "client-dirichlet-concentration": "uniform", "client-dirichlet-exhaustion": "refill",
+                 "samples-per-client": 300, "local-epochs": 1, "batch-size": 50, "min-partition-size": 1,
+                 "strategy": "fedavg", "averaging": "none"}
+
+
+def clients_config(args, num_clients: int) -> dict[str, Any]:
+    """The validated run config of one ``--clients`` run: CLIENTS_SETUP (or ``--preset``),
+    ``--set``, then K clients, ``--cohort`` of them per round, ``--rounds``."""
+    if args.rounds < 1 or not 1 <= args.cohort <= num_clients:
+        raise UsageError(f"--rounds {args.rounds} --cohort {args.cohort} with {num_clients} clients is not allowed; "
+                         f"allowed: rounds >= 1, 1 <= cohort <= every --clients count")
+    base = CLIENTS_SETUP if args.preset is None else {} if args.preset == NO_PRESET else load_preset(args.preset)
+    overrides = parse_overrides(args.set + ([f"device={args.device}"] if args.device else []))
+    config = resolve_config(base, overrides, {"num-clients": num_clients, "participation": args.cohort / num_clients,
+                                              "num-rounds": args.rounds})
+    load_dataset(config["dataset"], config["data-dir"])  # missing data fails here, before Flower starts
+    return config
+
+
+class JobMemory:
+    """Peak memory of one run's processes while it runs: the proportional set size (shared
+    pages divided among the processes sharing them) summed over every process of the run's
+    FLWR_HOME, which the launch records in its output directory's lock; sampled every
+    ``interval`` seconds in a thread."""
+
+    def __init__(self, out_dir: Path, interval: float = 0.5):
+        self.out_dir, self.interval = out_dir, interval
+        self.peak_mib = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> JobMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                lines = (self.out_dir / LOCK_FILE).read_text().splitlines()
+            except OSError:
+                continue
+            if len(lines) >= 2:
+                self.peak_mib = max(self.peak_mib, sum(map(proportional_set_mib, processes_of_home(lines[1]))))
+
+
+def proportional_set_mib(pid: int) -> float:
+    """A process's proportional set size in MiB (0 once it has ended)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return 0.0
+
+
+def clients_command(args) -> int:
+    """One Flower run per ``--clients`` count at a fixed cohort, then their table; writes
+    ``benchmark-clients.json``."""
+    configs = [clients_config(args, k) for k in args.clients]  # every setup is checked before the first starts
+    resources = client_resources(configs, args.cpus_per_client, args.gpus_per_client)
+    check_machine(configs, resources)
+    out_dir = create_output_dir(args.out) if args.out else unique_output_dir(Path("runs"), "benchmark-clients")
+    rows = []
+    with OutputLock(out_dir):
+        # Untimed: the first K for one round, so that no row pays for decoding the data set
+        # into its cache or for a cold file cache.
+        print("[benchmark] warm-up run (not measured)", flush=True)
+        try:
+            launch({**configs[0], "num-rounds": 1}, out_dir / "warm-up", resources, progress=sys.stderr.isatty(),
+                   label="warm-up")
+        except RunFailed as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        for config in configs:
+            run_dir = out_dir / f"clients-{config['num-clients']}"
+            print(f"[benchmark] {config['num-clients']:,} clients, {cohort_size(config)} per round, "
+                  f"{config['num-rounds']} rounds", flush=True)
+            started = time.perf_counter()
+            try:
+                with JobMemory(run_dir) as memory:
+                    summary = launch(config, run_dir, resources, progress=sys.stderr.isatty(),
+                                     label=f"K={config['num-clients']}")
+            except RunFailed as error:
+                print(f"error: {error}", file=sys.stderr)
+                return 1
+            rows.append(clients_row(config, pd.read_csv(run_dir / "results.csv"), time.perf_counter() - started,
+                                    summary, memory.peak_mib))
+        figures = {"rows": rows, "device": str(select_device(configs[0]["device"])), "cpu-count": os.cpu_count(),
+                   "resources": dataclasses.asdict(resources), "config": {**configs[0], "num-clients": None,
+                                                                          "participation": None, "output-dir": None}}
+        print_clients_table(rows)
+        (out_dir / "benchmark-clients.json").write_text(json.dumps(figures, indent=2))
+    print(f"results: {out_dir / 'benchmark-clients.json'}")
+    return 0
+
+
+def clients_row(config: dict[str, Any], rows: pd.DataFrame, wall: float, summary: dict[str, Any],
+                peak_mib: float) -> dict[str, Any]:
+    """One ``--clients`` run's figures (seconds, MiB)."""
+    overhead = (rows["train-seconds"] - rows["client-seconds"])[rows["round"] >= 2]
+    return {
+        "clients": config["num-clients"], "cohort": cohort_size(config), "rounds": config["num-rounds"],
+        "wall-seconds": wall, "round-1-starts-seconds": summary.get("startup-seconds"),
+        "round-1-seconds": float(rows["round-seconds"].iloc[0]),
+        "overhead-rounds-2-on-seconds": float(overhead.mean()) if len(overhead) else None,
+        "wall-minus-rounds-seconds": wall - float(rows["round-seconds"].sum()),
+        "peak-memory-mib": peak_mib,
+    }
+
+
+CLIENTS_COLUMNS = (("wall s", "wall-seconds", ".1f"), ("round 1 starts s", "round-1-starts-seconds", ".1f"),
+                   ("round 1 s", "round-1-seconds", ".1f"), ("overhead 2..N s", "overhead-rounds-2-on-seconds", ".3f"),
+                   ("wall - rounds s", "wall-minus-rounds-seconds", ".1f"), ("peak MiB", "peak-memory-mib", ".0f"))
+
+
+def print_clients_table(rows: list[dict[str, Any]]) -> None:
+    """The ``--clients`` table: each figure and, beside it, its ratio to the first row's;
+    then the memory growth per 100 clients."""
+    print(f"{'clients K':>10}" + "".join(f"{title:>24}" for title, _, _ in CLIENTS_COLUMNS))
+    first = rows[0]
+    for row in rows:
+        cells = []
+        for _, key, fmt in CLIENTS_COLUMNS:
+            value, base = row[key], first[key]
+            ratio = f" ({value / base:.2f}x)" if value is not None and base else ""
+            cells.append("n/a" if value is None else f"{value:{fmt}}{ratio}")
+        print(f"{row['clients']:>10,}" + "".join(f"{cell:>24}" for cell in cells))
+    for row in rows[1:]:
+        growth = (row["peak-memory-mib"] - first["peak-memory-mib"]) / (row["clients"] - first["clients"]) * 100
+        print(f"memory K={first['clients']:,} -> {row['clients']:,}: {growth:+.2f} MiB per 100 clients")
+
+
+# The small grid of the sweep mode: the base setup's two label skews, FedAvg with and without IMA.
+SWEEP_GRID = {
+    "partition": [{"partition": "shards", "classes-per-client": 2}, {"partition": "dirichlet", "alpha": 0.1}],
+    "averaging": ["none", "ima"],
+}
+
+
+def sweep_command(args) -> int:
+    """Runs per hour of SWEEP_GRID (on the preset, ``--set`` and ``--rounds``), run through
+    ``experiments.sweep`` one at a time, then ``--parallel`` at once, each pass in its own
+    folder (nothing resumed); writes ``benchmark-sweep.json``."""
+    from experiments.sweep_runs import auto_parallel, load_sweep, run_sweep
+
+    config = config_of(args)  # validates the base setup
+    out_dir = create_output_dir(args.out) if args.out else unique_output_dir(Path("runs"), "benchmark-sweep")
+    with OutputLock(out_dir):
+        spec = out_dir / "sweep.toml"
+        base = {k: v for k, v in config.items() if k not in ("output-dir", "averaging", "partition")}
+        spec.write_text(
+            'name = "benchmark-sweep"\n[set]\n' + "".join(f"{k} = {json.dumps(v)}\n" for k, v in base.items())
+            + "[grid]\n" + "".join(f"{axis} = {_toml_list(values)}\n" for axis, values in SWEEP_GRID.items())
+        )
+        sweep = load_sweep(spec)
+        parallel = max(2, args.parallel or auto_parallel(sweep))
+        resources = client_resources([r.config for r in sweep.runs], args.cpus_per_client, args.gpus_per_client, parallel)
+        check_machine([r.config for r in sweep.runs], resources)
+        check_mps(args.mps)
+        figures = {"runs": len(sweep.runs), "rounds": args.rounds, "parallel": parallel, "mps": args.mps,
+                   "resources": dataclasses.asdict(resources)}
+        with MpsDaemon(args.mps) as mps:
+            if mps.message:
+                print(f"[basin] {mps.message}", file=sys.stderr)
+            figures["mps"] = mps.active
+            for label, at_once in (("one-at-a-time", 1), (f"parallel-{parallel}", parallel)):
+                started = time.perf_counter()
+                # As experiments.sweep runs them: one after another on one Ray cluster (its start
+                # timed with the pass), at once each with its own Ray.
+                with LocalRayCluster(at_once == 1, machine_cpus()) as job_ray:
+                    table = run_sweep(dataclasses.replace(sweep, resources=resources), out_dir / label,
+                                      progress=sys.stderr.isatty(), ray_address=job_ray, parallel=at_once)
+                seconds = time.perf_counter() - started
+                completed = int(table["status"].eq("completed").sum())
+                figures[label] = {"seconds": seconds, "completed": completed, "runs-per-hour": completed / seconds * 3600}
+                print(f"{label}: {completed} of {len(sweep.runs)} runs in {seconds:.1f} s: "
+                      f"{completed / seconds * 3600:.0f} runs per hour")
+        ratio = figures[f"parallel-{parallel}"]["runs-per-hour"] / figures["one-at-a-time"]["runs-per-hour"]
+        figures["parallel-speed-up"] = ratio
+        print(f"--parallel {parallel}: {ratio:.2f}x the runs per hour of one at a time")
+        (out_dir / "benchmark-sweep.json").write_text(json.dumps(figures, indent=2))
+    print(f"results: {out_dir / 'benchmark-sweep.json'}")
+    return 0
+
+
+def _toml_list(values: list) -> str:
+    items = [("{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in value.items()) + "}") if isinstance(value, dict)
+             else json.dumps(value) for value in values]
+    return "[" + ", ".join(items) + "]"
+
+
+def run_command(args) -> int:
+    """Validate, measure the bare loop, then the Flower run (see the module docstring)."""
+    config = config_of(args)
+    resources = client_resources([config], args.cpus_per_client, args.gpus_per_client)
+    check_machine([config], resources)
+    check_mps(args.mps)
+    device = select_device(config["device"])
+    out_dir = create_output_dir(args.out) if args.out else unique_output_dir(Path("runs"), "benchmark")
+
+    with OutputLock(out_dir), MpsDaemon(args.mps) as mps:
+        # First, on a quiet machine (not beside Ray's shutdown), and before this process
+        # could connect to MPS: the bare loop with eager steps (the baseline of the ratios)
+        # and, on CUDA, with graph-replayed steps.
+        bare = run_bare({**config, "cuda-graphs": False})
+        bare_graph = run_bare({**config, "cuda-graphs": True}) if device.type == "cuda" else None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # leave the GPU to the Flower clients
+        if mps.message:
+            print(f"[basin] {mps.message}", file=sys.stderr)
+        started = time.perf_counter()
+        try:
+            summary = launch(config, out_dir / "flower", resources, progress=sys.stderr.isatty(), label="flower")
+        except RunFailed as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        launch_seconds = time.perf_counter() - started
+        rows = pd.read_csv(out_dir / "flower" / "results.csv")
+        figures = report({**config, "output-dir": str(out_dir / "flower")}, rows, launch_seconds, bare, resources, device,
+                         summary["startup-stages"], bare_graph, mps.active)
+        print_report(figures)
+        (out_dir / "benchmark.json").write_text(json.dumps(figures, indent=2))
+    print(f"results: {out_dir / 'benchmark.json'}")
+    return 0
+
+

@@ -1,0 +1,400 @@
+"""Running a sweep's grid of runs, resumable, and collecting its tables: the implementation
+behind ``python -m experiments.sweep``. Its command line (experiments/sweep.py) answers
+``--help`` and usage errors before this module imports torch and Flower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from experiments.cli import EXIT_INTERRUPTED, EXIT_USAGE
+from experiments.launch import RunFailed, launch
+from experiments.machine import CLIENT_PROCESS_GPU_BYTES, ClientResources, check_machine, client_resources, data_problem_of, machine_cpus
+from experiments.mps import MpsDaemon, check_mps
+from experiments.output_dir import OutputLock, create_output_dir
+from experiments.ray_cluster import LocalRayCluster, check_ray_address
+from experiments.run_config import load_preset, named_toml, parse_overrides, read_toml, resolve_config
+from strategies.checkpoint import CheckpointError, read_checkpoint
+from strategies.config import ConfigError, cohort_size
+from strategies.results import write_json_atomic
+
+SWEEPS_DIR = Path(__file__).resolve().parent / "sweeps"
+SWEEP_KEYS = {"name", "description", "preset", "set", "resources", "grid"}
+RESOURCE_KEYS = {"num-cpus", "num-gpus"}
+# summary.json key → results-table column
+SUMMARY_COLUMNS = {
+    "best-accuracy": "acc-best", "best-round": "best-round", "final-accuracy": "acc-final",
+    "round-reaching-target": "rounds-to-target", "rounds": "rounds", "wall-seconds": "wall-seconds",
+    "last-k": "last-k",
+}
+
+
+class SweepError(ValueError):
+    """A sweep file that cannot be run as written."""
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    run_id: str
+    config: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    runs: list[SweepRun]
+    resources: ClientResources
+    duplicates: int  # grid points that resolved to an earlier point's config
+    gpus_auto: bool = False  # [resources] num-gpus not given: chosen on the machine (launch.client_resources)
+
+
+def sweep_path(name_or_path: str) -> Path:
+    """A sweep name from experiments/sweeps/ or a TOML file path."""
+    return named_toml(name_or_path, SWEEPS_DIR, "sweep")
+
+
+def load_sweep(path: Path, overrides: Mapping[str, Any] | None = None) -> Sweep:
+    """Read and validate a sweep file: every run's config is resolved (raises SweepError/ConfigError)."""
+    spec = read_toml(path, "sweep")
+    unknown = sorted(set(spec) - SWEEP_KEYS)
+    if unknown:
+        raise SweepError(f"sweep file {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(SWEEP_KEYS))}")
+    check_sweep_schema(path, spec)
+    resources = spec.get("resources", {})
+    bad = sorted(set(resources) - RESOURCE_KEYS)
+    if bad:
+        raise SweepError(f"sweep file {path}: unknown [resources] key(s) {', '.join(bad)}; allowed: num-cpus, num-gpus")
+    try:
+        client_resources = ClientResources(resources.get("num-cpus", 1), resources.get("num-gpus", 0.0))
+    except (TypeError, ValueError) as error:
+        raise SweepError(f"sweep file {path}: [resources] {error}") from None
+    grid = spec.get("grid", {})
+    if not isinstance(grid, dict) or not grid:
+        raise SweepError(f"sweep file {path}: [grid] is missing or empty; allowed: axes such as alpha = [0.1, 0.5]")
+    axes = [_axis(path, name, values) for name, values in grid.items()]
+
+    base = load_preset(spec["preset"]) if "preset" in spec else {}
+    runs, seen, duplicates = [], {}, 0
+    for point in itertools.product(*axes):
+        run_id = "_".join(label for label, _ in point)
+        layer = {key: value for _, values in point for key, value in values.items()}
+        try:
+            config = resolve_config(base, spec.get("set", {}), layer, overrides or {})
+        except ConfigError as error:
+            raise ConfigError(f"sweep file {path}, run {run_id}: {error}") from None
+        if config["output-dir"]:
+            raise SweepError(f"sweep file {path}, run {run_id}: output-dir = {config['output-dir']!r} is set by the "
+                             f"sweep for each run (<out>/runs/<run id>); allowed: '' (choose the sweep's folder with --out)")
+        fingerprint = json.dumps(config, sort_keys=True)
+        if fingerprint in seen:
+            duplicates += 1
+            continue
+        seen[fingerprint] = run_id
+        runs.append(SweepRun(run_id, config))
+    name = spec.get("name", path.stem)
+    return Sweep(name, runs, client_resources, duplicates, "num-gpus" not in resources)
+
+
+# A sweep's name becomes a folder under runs/: letters, digits, '.', '_', '-', not starting with '.'.
+SWEEP_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,99}")
+# Each top-level field of a sweep file: the type it must have, and what to say it allows.
+SWEEP_FIELDS = {
+    "name": (str, "a name of letters, digits, '.', '_' and '-' (it becomes the folder runs/<name>)"),
+    "description": (str, "a string"),
+    "preset": (str, "a preset name from experiments/presets/ or a TOML file path"),
+    "set": (dict, "a table of run-config keys, e.g. [set] lr = 0.1"),
+    "resources": (dict, "a table with num-cpus (a whole number >= 1) and num-gpus (a number in [0, 1])"),
+    "grid": (dict, "a table of axes, each a non-empty list, e.g. [grid] alpha = [0.1, 0.5]"),
+}
+
+
+def check_sweep_schema(path: Path, spec: dict[str, Any]) -> None:
+    """SweepError naming the file, the field and what is allowed, for any field of the
+    wrong type or shape (before any run config is resolved)."""
+    for field, (kind, allowed) in SWEEP_FIELDS.items():
+        if field in spec and not isinstance(spec[field], kind):
+            raise SweepError(f"sweep file {path}: {field} = {spec[field]!r} is not allowed; allowed: {allowed}")
+    if "name" in spec and not SWEEP_NAME.fullmatch(spec["name"]):
+        raise SweepError(f"sweep file {path}: name = {spec['name']!r} is not allowed; allowed: {SWEEP_FIELDS['name'][1]}")
+    for key, value in spec.get("resources", {}).items():
+        if key in RESOURCE_KEYS and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise SweepError(f"sweep file {path}: [resources] {key} = {value!r} is not allowed; allowed: a number")
+    for key, value in spec.get("set", {}).items():
+        if isinstance(value, (dict, list)):
+            raise SweepError(f"sweep file {path}: [set] {key} = {value!r} is not allowed; allowed: a single value "
+                             f"(vary a key in [grid])")
+    for name, values in spec.get("grid", {}).items():
+        for value in values if isinstance(values, list) else []:
+            if isinstance(value, list) or (isinstance(value, dict) and any(isinstance(v, (dict, list)) for v in value.values())):
+                raise SweepError(f"sweep file {path}: [grid] {name} holds {value!r}; allowed: values, or tables of "
+                                 f"run-config keys with single values")
+
+
+def _axis(path: Path, name: str, values: Any) -> list[tuple[str, dict[str, Any]]]:
+    """An axis as (label, overrides) pairs; labels become parts of run ids."""
+    if not isinstance(values, list) or not values:
+        raise SweepError(f"sweep file {path}: [grid] {name} = {values!r} is not allowed; allowed: a non-empty list")
+    points = []
+    for value in values:
+        overrides = value if isinstance(value, dict) else {name: value}
+        if isinstance(value, dict) and not value:
+            raise SweepError(f"sweep file {path}: [grid] {name} has an empty table; allowed: tables of run-config keys")
+        label = "+".join(f"{key}={_slug(v)}" for key, v in overrides.items())
+        points.append((label, overrides))
+    labels = [label for label, _ in points]
+    if len(set(labels)) != len(labels):
+        raise SweepError(f"sweep file {path}: [grid] {name} repeats a value: {values!r}")
+    return points
+
+
+def _slug(value: Any) -> str:
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    return re.sub(r"[^A-Za-z0-9.\-]+", "-", text)
+
+
+# ---- resumable execution ------------------------------------------------------------
+
+def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in config.items() if key != "output-dir"}
+
+
+def read_outcome(run_dir: Path, config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The finished outcome of a run with this config, or None (never run, interrupted, or
+    run with another config)."""
+    try:
+        outcome = json.loads((run_dir / "outcome.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return outcome if outcome.get("config") == _comparable(config) else None
+
+
+def resumable(run_dir: Path, config: dict[str, Any]) -> bool:
+    """Whether an interrupted attempt left a checkpoint this run can continue from."""
+    try:
+        return read_checkpoint(run_dir, config) is not None
+    except CheckpointError:
+        return False
+
+
+def pending_runs(sweep: Sweep, out_dir: Path, retry_failed: bool = False) -> list[SweepRun]:
+    """The runs without a finished outcome of their config (and, with ``retry_failed``, the failed ones)."""
+    todo = []
+    for run in sweep.runs:
+        outcome = read_outcome(out_dir / "runs" / run.run_id, run.config)
+        if outcome is None or (retry_failed and outcome["status"] == "failed"):
+            todo.append(run)
+    return todo
+
+
+def run_sweep(
+    sweep: Sweep, out_dir: Path, retry_failed: bool = False, progress: bool = True, ray_address: str | None = None,
+    parallel: int = 1,
+) -> pd.DataFrame:
+    """Run every unfinished run of the sweep, rebuilding the tables after each; return the results table.
+
+    ``parallel``: how many runs go at once, each its own Flower run (SuperLink, Ray, client
+    processes) in a thread of this process; a run's numbers do not depend on it. With more
+    than one, only the sweep's bar is drawn. Ctrl-C (KeyboardInterrupt) stops every
+    running run, then propagates. ``ray_address``: run the clients on that existing Ray
+    cluster (``experiments.ray_cluster``).
+    """
+    from experiments.progress import progress_bar
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    todo = pending_runs(sweep, out_dir, retry_failed)
+    finished = len(sweep.runs) - len(todo)
+    stop, tables_lock = threading.Event(), threading.Lock()
+    with progress_bar(total=len(sweep.runs), initial=finished, desc=f"sweep {sweep.name}", unit="run", disable=not progress) as bar:
+
+        def run_one(run: SweepRun) -> None:
+            if stop.is_set():  # interrupted before this run started: it stays pending
+                return
+            run_dir = out_dir / "runs" / run.run_id
+            if not resumable(run_dir, run.config):
+                shutil.rmtree(run_dir, ignore_errors=True)  # an outdated attempt, or one without a checkpoint
+            started = time.time()
+            try:
+                launch(run.config, run_dir, sweep.resources, progress=progress and parallel == 1, label=run.run_id,
+                       leave=False, ray_address=ray_address, stop=stop)
+                outcome = {"status": "completed", "error": ""}
+            except RunFailed as error:
+                outcome = {"status": "failed", "error": str(error).splitlines()[0]}
+            except Exception as error:  # the sweep goes on; the run records why it failed
+                outcome = {"status": "failed", "error": f"{type(error).__name__}: {error}"}
+            outcome.update({"run-seconds": time.time() - started, "config": _comparable(run.config)})
+            write_json_atomic(run_dir / "outcome.json", outcome)
+            with tables_lock:
+                write_tables(sweep, out_dir)
+                bar.update(1)
+                if outcome["status"] == "failed":
+                    bar.write(f"run {run.run_id} failed: {outcome['error']}")
+
+        if parallel == 1:
+            for run in todo:
+                run_one(run)
+        else:
+            with ThreadPoolExecutor(max_workers=parallel) as pool:
+                futures = [pool.submit(run_one, run) for run in todo]
+                try:
+                    for future in as_completed(futures):
+                        future.result()
+                except KeyboardInterrupt:
+                    stop.set()  # each running launch stops its processes and records "interrupted"
+                    for future in futures:
+                        future.cancel()
+                    raise
+    return write_tables(sweep, out_dir)
+
+
+def collect(sweep: Sweep, out_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The results table (one row per run) and the per-round curves, from the run directories."""
+    rows, curves = [], []
+    for run in sweep.runs:
+        run_dir = out_dir / "runs" / run.run_id
+        outcome = read_outcome(run_dir, run.config)
+        row = {"run": run.run_id, "status": "pending", "error": "", **_comparable(run.config)}
+        if outcome is not None:
+            row.update(status=outcome["status"], error=outcome["error"], **{"run-seconds": outcome["run-seconds"]})
+            row.update(_summary_columns(run_dir))
+            try:
+                curves.append(pd.read_csv(run_dir / "results.csv").assign(run=run.run_id))
+            except (OSError, pd.errors.EmptyDataError):
+                pass
+        row["run-dir"] = str(run_dir.relative_to(out_dir))
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    for column in ("acc-last-k", *SUMMARY_COLUMNS.values(), "run-seconds"):
+        table[column] = pd.to_numeric(table.get(column), errors="coerce") if column in table else float("nan")
+    curve_table = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(columns=["run", "round"])
+    return table, curve_table[["run", *[c for c in curve_table.columns if c != "run"]]]
+
+
+def _summary_columns(run_dir: Path) -> dict[str, Any]:
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    columns = {column: summary.get(key) for key, column in SUMMARY_COLUMNS.items()}
+    columns["acc-last-k"] = summary.get(f"last-{summary.get('last-k')}-accuracy")
+    return columns
+
+
+def write_tables(sweep: Sweep, out_dir: Path) -> pd.DataFrame:
+    """Rebuild results.parquet/.csv and curves.parquet, each replaced atomically."""
+    table, curves = collect(sweep, out_dir)
+    _replace(out_dir / "results.parquet", lambda tmp: table.to_parquet(tmp, index=False))
+    _replace(out_dir / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
+    _replace(out_dir / "curves.parquet", lambda tmp: curves.to_parquet(tmp, index=False))
+    return table
+
+
+def _replace(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ---- command line -------------------------------------------------------------------
+
+# --parallel auto on a GPU: at most this many runs at once (beyond it the GPU, not the
+# launchers' start-up, is what the runs wait for).
+AUTO_PARALLEL_MAX = 4
+
+
+def auto_parallel(sweep: Sweep) -> int:
+    """``--parallel auto``: 1 on CPU (one run's clients already use every core); on a GPU
+    up to AUTO_PARALLEL_MAX runs, as many as fit in free GPU memory with a whole cohort
+    each (launch.CLIENT_PROCESS_GPU_BYTES per client process); printed."""
+    import torch
+
+    if not torch.cuda.is_available() or all(run.config["device"] == "cpu" for run in sweep.runs):
+        return 1
+    cohort = max(cohort_size(run.config) for run in sweep.runs)
+    free_bytes, _ = torch.cuda.mem_get_info()
+    parallel = max(1, min(AUTO_PARALLEL_MAX, len(sweep.runs), free_bytes // (CLIENT_PROCESS_GPU_BYTES * cohort)))
+    print(f"[basin] --parallel auto: {parallel} runs at once", file=sys.stderr, flush=True)
+    return parallel
+
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Validate the sweep, then list it or run it (see main)."""
+    sweep = load_sweep(sweep_path(args.sweep), parse_overrides(args.set))
+    if args.ray_address is not None and not args.list:
+        check_ray_address(args.ray_address)
+    out_dir = (args.out or Path("runs") / sweep.name).resolve()
+    note = f" ({sweep.duplicates} grid points repeat another's config and run once)" if sweep.duplicates else ""
+    print(f"sweep {sweep.name}: {len(sweep.runs)} runs{note} → {out_dir}")
+    # Runs whose data cannot be loaded here: marked by --list, refused before anything starts.
+    data = {run.run_id: data_problem_of(run.config) for run in sweep.runs}
+    if args.list:
+        table, _ = collect(sweep, out_dir)
+        table["data"] = ["ok" if data[run] is None else "unavailable" for run in table["run"]]
+        print(table[["run", "status", "data", "acc-last-k", "error"]].to_string(index=False))
+        for problem in dict.fromkeys(p for p in data.values() if p):
+            print(f"data unavailable: {problem}", file=sys.stderr)
+        return 0
+    missing = [run for run, problem in data.items() if problem]
+    if missing:
+        print(f"error: {len(missing)} of {len(sweep.runs)} runs cannot load their data, e.g. run {missing[0]}: "
+              f"{data[missing[0]]}", file=sys.stderr)
+        return EXIT_USAGE
+    parallel = args.parallel or auto_parallel(sweep)
+    if sweep.gpus_auto:
+        sweep = dataclasses.replace(sweep, resources=client_resources(
+            [run.config for run in sweep.runs], sweep.resources.num_cpus, None, parallel, args.ray_address))
+    check_machine((run.config for run in sweep.runs), sweep.resources, args.ray_address)
+    check_mps(args.mps)
+
+    # Runs one after another share one Ray cluster (started inside MPS, if asked); a sweep
+    # with nothing left to run starts none.
+    shared_ray = args.ray_address is None and parallel == 1 and bool(pending_runs(sweep, out_dir, args.retry_failed))
+    with OutputLock(create_output_dir(out_dir)), MpsDaemon(args.mps) as mps, \
+            LocalRayCluster(shared_ray, machine_cpus()) as job_ray:
+        if mps.message:
+            print(f"[basin] {mps.message}", file=sys.stderr)
+        try:
+            table = run_sweep(sweep, out_dir, args.retry_failed, not args.no_progress, args.ray_address or job_ray,
+                              parallel)
+        except KeyboardInterrupt:
+            table = write_tables(sweep, out_dir)
+            completed, failed = int(table["status"].eq("completed").sum()), int(table["status"].eq("failed").sum())
+            print(f"interrupted: {completed} of {len(table)} runs completed, {failed} failed, "
+                  f"{len(table) - completed - failed} not finished; run the same command again to resume",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
+    _print_outcome(table, out_dir)
+    return 1 if table["status"].eq("failed").any() else 0
+
+
+def _print_outcome(table: pd.DataFrame, out_dir: Path) -> None:
+    from experiments.sweep_report import write_report
+
+    counts = table["status"].value_counts().to_dict()
+    print("runs: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
+    for _, row in table[table["status"] == "failed"].iterrows():
+        print(f"failed: {row['run']}: {row['error']}", file=sys.stderr)
+    if counts.get("completed"):
+        files = write_report(out_dir)
+        print(f"results: {out_dir / 'results.parquet'} (and .csv), curves: {out_dir / 'curves.parquet'}")
+        print(f"report: {len(files)} files in {out_dir / 'report'}")
+
+
