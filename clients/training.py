@@ -33,7 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from clients.client_step import GradientTerm, client_step
-from partitions.datasets import IGNORE_INDEX
+from partitions.text import IGNORE_INDEX
 
 
 @dataclass(frozen=True)

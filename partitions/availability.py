@@ -157,7 +157,7 @@ def _hub_content_problem(hub_id: str) -> str | None:
     split, no image and label columns of the right types, an empty split), or None."""
     import datasets
 
-    from partitions.datasets import load_hub_dataset
+    from partitions.hub import load_hub_dataset
 
     datasets.disable_progress_bars()  # the launcher's check prints one line, not the library's bars
     try:

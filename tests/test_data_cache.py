@@ -14,6 +14,7 @@ import torch
 from conftest import REPO, write_idx
 
 import partitions.datasets as datasets
+import partitions.hub as hub
 from clients.data import partition_indices
 from partitions.datasets import IDX_STEMS, load_dataset
 
@@ -122,8 +123,8 @@ def test_a_hub_set_is_cached_as_its_decoded_pixels(tmp_path, cache):
     for split in ("train", "test"):
         Dataset.from_dict({"img": [PILImage.fromarray(p) for p in pixels], "label": [i % 3 for i in range(6)]},
                           features=features).to_parquet(tmp_path / "hub" / "data" / f"{split}-00000-of-00001.parquet")
-    first = datasets.load_hub_dataset(str(tmp_path / "hub"))
-    again = datasets.load_hub_dataset(str(tmp_path / "hub"))
+    first = hub.load_hub_dataset(str(tmp_path / "hub"))
+    again = hub.load_hub_dataset(str(tmp_path / "hub"))
     expected = torch.from_numpy(pixels.transpose(0, 3, 1, 2).astype(np.float32) / 255.0)
     assert torch.equal(first.x_train, expected) and torch.equal(again.x_test, expected)
     assert len(entries(cache, "datasets")) == 1
@@ -162,7 +163,7 @@ def test_images_are_scaled_as_numpys_float32_division_bit_for_bit():
     raw = np.random.default_rng(3).integers(0, 256, (64, 1, 28, 28), dtype=np.uint8)
     arrays = {"x-train": raw, "y-train": np.zeros(64, np.int64), "x-test": raw[:8], "y-test": np.zeros(8, np.int64),
               "num-classes": np.array(10), "max-value": np.array(255)}
-    scaled = datasets._scaled("fashion-mnist", arrays, "")
+    scaled = datasets.scaled_dataset("fashion-mnist", arrays, "")
     assert torch.equal(scaled.x_train, torch.from_numpy(raw.astype(np.float32) / 255.0))
 
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from clients.models import build_model
-from partitions.datasets import load_dataset, load_hub_dataset, read_idx
+from partitions.datasets import load_dataset, read_idx
+from partitions.hub import load_hub_dataset
 
 
 def _write_idx(path, array: np.ndarray, compress: bool):

@@ -12,12 +12,13 @@ from clients.data import partition_labels_of
 from clients.models import build_model
 from clients.training import LocalTrainingConfig, evaluate, train_local
 from experiments.run_config import resolve_config
-from partitions.datasets import IGNORE_INDEX, VOCABULARY, encode_text, load_dataset
+from partitions.datasets import load_dataset
 from partitions.domains import DomainPartitioner
 from partitions.iid import IidPartitioner
 from partitions.natural import NaturalPartitioner
 from partitions.pachinko import PachinkoPartitioner
 from partitions.stats import build_partitioner, class_count_table
+from partitions.text import IGNORE_INDEX, VOCABULARY, encode_text
 from strategies.config import ConfigError
 from tests.miniature import TEXT
 
