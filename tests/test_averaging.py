@@ -13,9 +13,7 @@ from strategies.fedavg import FedAvg
 from strategies.fedavgm import FedAvgM
 from strategies.fedopt import FedAdam
 from strategies.schedules import ClientSchedule
-
-COMMON = dict(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=0)
-
+from tests.fakes import COHORT, FakeGrid
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
 
@@ -136,7 +134,7 @@ def test_wima_equals_first_model_minus_position_weighted_pseudo_gradients():
     """METHODS.md §1.2: w_WIMA^{t'+W} = w^{t'} − Σ_{τ=t'}^{t'+W−1} ((t'+W−τ)/W) Δ^τ for FedAvg."""
     rng = np.random.default_rng(0)
     W, sizes = 4, [1, 2, 5]
-    wima = ModelAveraging(_bound(FedAvg(**COMMON)), window_size=W, start_round=W, feedback=False)
+    wima = ModelAveraging(_bound(FedAvg(**COHORT)), window_size=W, start_round=W, feedback=False)
     w = rng.normal(size=3)
     first, deltas = w.copy(), []
     for server_round in range(1, W + 1):
@@ -150,10 +148,10 @@ def test_wima_equals_first_model_minus_position_weighted_pseudo_gradients():
 
 
 def test_fedadam_with_ima_takes_its_pseudo_gradient_against_the_fed_back_model():
-    ima = ModelAveraging(_bound(FedAdam(**COMMON, eta=0.1, eta_l=0.1)), window_size=2, start_round=2, feedback=True)
+    ima = ModelAveraging(_bound(FedAdam(**COHORT, eta=0.1, eta_l=0.1)), window_size=2, start_round=2, feedback=True)
     sent = ArrayRecord({"w": Array(np.zeros(3))})
     for server_round in (1, 2, 3):
-        ima.configure_train(server_round, sent, ConfigRecord(), _FakeGrid())
+        ima.configure_train(server_round, sent, ConfigRecord(), FakeGrid([100, 101, 102]))
         assert np.array_equal(ima.base.current_arrays["w"], sent["w"].numpy())
         clients = [sent["w"].numpy() + 1.0 + i for i in range(3)]
         sent, _ = ima.aggregate_train(server_round, _replies(clients, [1, 1, 1]))
@@ -162,30 +160,25 @@ def test_fedadam_with_ima_takes_its_pseudo_gradient_against_the_fed_back_model()
 
 def test_fedavgm_pseudo_gradient_is_anchored_to_the_sent_model():
     # beta = 0, eta = 0.5: w^{t+1} = w_sent − 0.5 (w_sent − FMA) = 0.5 w_sent + 0.5 FMA.
-    strategy = _bound(FedAvgM(**COMMON, server_learning_rate=0.5, server_momentum=0.0))
-    strategy.configure_train(1, ArrayRecord({"w": Array(np.zeros(1))}), ConfigRecord(), _FakeGrid())
+    strategy = _bound(FedAvgM(**COHORT, server_learning_rate=0.5, server_momentum=0.0))
+    strategy.configure_train(1, ArrayRecord({"w": Array(np.zeros(1))}), ConfigRecord(), FakeGrid([100, 101, 102]))
     strategy.aggregate_train(1, _replies([[2.0], [2.0], [2.0]], [1, 1, 1]))
     sent = ArrayRecord({"w": Array(np.array([10.0]))})  # e.g. an IMA average, not FedAvgM's own model
-    strategy.configure_train(2, sent, ConfigRecord(), _FakeGrid())
+    strategy.configure_train(2, sent, ConfigRecord(), FakeGrid([100, 101, 102]))
     result, _ = strategy.aggregate_train(2, _replies([[4.0], [4.0], [4.0]], [1, 1, 1]))
     assert result["w"].numpy().tolist() == [7.0]
 
 
-class _FakeGrid:
-    def get_node_ids(self):
-        return [100, 101, 102]
-
-
 def test_checkpoint_restore_continues_identically(tmp_path):
     def fresh():
-        return ModelAveraging(_bound(FedAdam(**COMMON, eta=0.1, eta_l=0.1)), window_size=3, start_round=3, feedback=True)
+        return ModelAveraging(_bound(FedAdam(**COHORT, eta=0.1, eta_l=0.1)), window_size=3, start_round=3, feedback=True)
 
     rng = np.random.default_rng(0)
     rounds = [[rng.normal(size=4) for _ in range(3)] for _ in range(6)]
 
     def play(component, sent, round_numbers):
         for r in round_numbers:
-            component.configure_train(r, sent, ConfigRecord(), _FakeGrid())
+            component.configure_train(r, sent, ConfigRecord(), FakeGrid([100, 101, 102]))
             sent, _ = component.aggregate_train(r, _replies([sent["w"].numpy() + d for d in rounds[r - 1]], [1, 2, 3]))
         return sent
 
@@ -249,7 +242,7 @@ def _play_offsets(ima, offsets):
     """Round r's clients return (model sent) + offsets[r−1][i], all weighted 1."""
     sent, fmas = ArrayRecord({"w": Array(np.zeros(1))}), []
     for server_round, round_offsets in enumerate(offsets, start=1):
-        ima.configure_train(server_round, sent, ConfigRecord(), _FakeGrid())
+        ima.configure_train(server_round, sent, ConfigRecord(), FakeGrid([100, 101, 102]))
         w = sent["w"].numpy()
         fmas.append(w + np.mean(round_offsets))
         sent, _ = ima.aggregate_train(server_round, _replies([w + o for o in round_offsets], [1, 1, 1]))
@@ -291,7 +284,7 @@ def test_ima_on_fedadagrad_keeps_its_accumulator_and_output_window_is_the_older_
     outputs = []
     sent = ArrayRecord({"w": Array(np.zeros(1))})
     for server_round, round_offsets in enumerate(offsets, start=1):
-        older.configure_train(server_round, sent, ConfigRecord(), _FakeGrid())
+        older.configure_train(server_round, sent, ConfigRecord(), FakeGrid([100, 101, 102]))
         w = sent["w"].numpy()
         sent, _ = older.aggregate_train(server_round, _replies([w + o for o in round_offsets], [1, 1, 1]))
         outputs.append(to_numpy(older.base_arrays)["w"][0])
@@ -310,7 +303,7 @@ def test_ima_on_fedadam_checkpoint_keeps_the_reset():
     load_strategy_state(restored, strategy_state(first))
     assert restored.moments_reset
     for server_round in (4, 5):
-        restored.configure_train(server_round, sent, ConfigRecord(), _FakeGrid())
+        restored.configure_train(server_round, sent, ConfigRecord(), FakeGrid([100, 101, 102]))
         w = sent["w"].numpy()
         sent, _ = restored.aggregate_train(server_round, _replies([w + o for o in offsets[server_round - 1]], [1, 1, 1]))
     assert sent["w"].numpy().tobytes() == whole["w"].numpy().tobytes()
@@ -344,7 +337,7 @@ def test_fedlesam_server_takes_the_uniform_mean_by_default():
     means = {}
     for weighting in ("uniform", "samples"):
         strategy = _built({"strategy": "fedlesam", "fedlesam-weighting": weighting, "num-clients": 3, "participation": 1.0})
-        strategy.configure_train(1, ArrayRecord({"w": Array(np.zeros(1))}), ConfigRecord(), _FakeGrid())
+        strategy.configure_train(1, ArrayRecord({"w": Array(np.zeros(1))}), ConfigRecord(), FakeGrid([100, 101, 102]))
         arrays, _ = strategy.aggregate_train(1, _replies([[1.0], [2.0], [6.0]], [1, 1, 2]))
         means[weighting] = arrays["w"].numpy()[0]
     assert means == {"uniform": pytest.approx(3.0), "samples": pytest.approx(15.0 / 4)}
@@ -356,7 +349,7 @@ def test_only_fedalign_clips_its_gradients_in_the_fedalign_study():
     for method in ("fedalign", "fedavg", "fedprox", "moon"):
         strategy = _built({**study, "strategy": method})
         messages = strategy.configure_train(1, ArrayRecord({"w": Array(np.zeros(1))}), ConfigRecord({"grad-clip": 0.0}),
-                                            _FakeGrid())
+                                            FakeGrid([100, 101, 102]))
         clips[method] = {float(m.content["config"]["grad-clip"]) for m in messages}
     assert clips == {"fedalign": {10.0}, "fedavg": {0.0}, "fedprox": {0.0}, "moon": {0.0}}
 

@@ -15,35 +15,19 @@ from strategies.exchange import send_and_receive
 from strategies.faults import TIMEOUT_REASON, screen_replies
 from strategies.fedavg import FedAvg
 from strategies.sampling import NodeDiscoveryError, discover_partitions
+from tests.fakes import FakeGrid, train_reply, train_request
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
 
 SENT = ArrayRecord({"w": Array(np.zeros(2, np.float32))})
 
 
-class FakeGrid:
-    def __init__(self, node_ids):
-        self.node_ids = node_ids
-
-    def get_node_ids(self):
-        return list(self.node_ids)
-
-
-def _request(node_id):
-    return Message(content=RecordDict({"config": ConfigRecord()}), dst_node_id=node_id, message_type=MessageType.TRAIN)
-
-
 def _reply(node_id, weights, n=1, **extra_records):
-    content = RecordDict({
-        "arrays": ArrayRecord({"w": Array(np.asarray(weights, dtype=np.float32))}),
-        "metrics": MetricRecord({"num-examples": n}),
-        **extra_records,
-    })
-    return Message(content=content, reply_to=_request(node_id))
+    return train_reply(node_id, weights, n, **extra_records)
 
 
 def _error_reply(node_id, reason):
-    return Message(Error(code=0, reason=reason), reply_to=_request(node_id))
+    return Message(Error(code=0, reason=reason), reply_to=train_request(node_id))
 
 
 def _bound_strategy(min_replies=1, cohort=4):
@@ -71,7 +55,7 @@ def test_each_kind_of_bad_reply_is_excluded_with_its_reason():
 
 def test_inf_in_a_control_variate_missing_records_and_silence_are_failures():
     control = ArrayRecord({"w": Array(np.array([np.inf, 0.0], np.float32))})
-    no_metrics = Message(content=RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros(2, np.float32))})}), reply_to=_request(11))
+    no_metrics = Message(content=RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros(2, np.float32))})}), reply_to=train_request(11))
     renamed = _reply(12, [1.0, 2.0])
     renamed.content["arrays"] = ArrayRecord({"v": Array(np.zeros(2, np.float32))})
     replies = [_reply(10, [0.0, 0.0], control=control), no_metrics, renamed]

@@ -18,15 +18,10 @@ from clients.training import proximal_hook
 from strategies.checkpoint import load_checkpoint, save_checkpoint
 from strategies.fedacg import FedAcg, fedacg_server_update, lookahead
 from strategies.fedcm import FedCm, fedcm_server_update
+from tests.fakes import COHORT, FakeGrid
 
-COMMON = dict(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=0)
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
 NODES = {1000 + 7 * p: p for p in range(4)}
-
-
-class FakeGrid:
-    def get_node_ids(self):
-        return list(NODES)
 
 
 def _f32(values) -> np.ndarray:
@@ -35,7 +30,7 @@ def _f32(values) -> np.ndarray:
 
 def configure(strategy, server_round, theta, lr=0.1):
     sent = ArrayRecord({"w": Array(_f32(theta)), "n": Array(np.array([3], np.int64))})
-    return list(strategy.configure_train(server_round, sent, ConfigRecord({"lr": lr}), FakeGrid()))
+    return list(strategy.configure_train(server_round, sent, ConfigRecord({"lr": lr}), FakeGrid(NODES)))
 
 
 def replies(strategy, messages, model_of, steps_of=lambda p: 5):
@@ -69,7 +64,7 @@ def test_fedacg_lookahead_and_server_update_by_hand():
 
 
 def test_fedacg_two_rounds_through_messages_and_state(tmp_path):
-    strategy = bound(FedAcg(lam=0.5, beta=1e-3, **COMMON))
+    strategy = bound(FedAcg(lam=0.5, beta=1e-3, **COHORT))
     theta = _f32([1.0, -1.0])
     first = configure(strategy, 1, theta)
     # Round 1: m = 0, so the look-ahead is θ itself; the proximal weight is 2β (no ½).
@@ -83,7 +78,7 @@ def test_fedacg_two_rounds_through_messages_and_state(tmp_path):
     np.testing.assert_allclose(strategy.momentum["w"], mean_update, rtol=1e-6)
 
     save_checkpoint(tmp_path / "state.pt", strategy.state_dict())
-    restored = bound(FedAcg(lam=0.5, beta=1e-3, **COMMON))
+    restored = bound(FedAcg(lam=0.5, beta=1e-3, **COHORT))
     restored.load_state_dict(load_checkpoint(tmp_path / "state.pt"))
     # Round 2 from the restored state: θ̃ = θ + λ·m, against the model it is given (e.g. IMA's average).
     given = _f32([0.0, 0.0])
@@ -92,12 +87,12 @@ def test_fedacg_two_rounds_through_messages_and_state(tmp_path):
 
 
 def test_fedacg_half_variant_and_bad_values():
-    strategy = bound(FedAcg(lam=0.85, beta=1e-3, variant="half", **COMMON))
+    strategy = bound(FedAcg(lam=0.85, beta=1e-3, variant="half", **COHORT))
     assert {m.content["config"]["proximal-mu"] for m in configure(strategy, 1, [0.0, 0.0])} == {1e-3}
     with pytest.raises(ValueError, match="lam"):
-        FedAcg(lam=1.0, **COMMON)
+        FedAcg(lam=1.0, **COHORT)
     with pytest.raises(ValueError, match="variant"):
-        FedAcg(variant="paper", **COMMON)
+        FedAcg(variant="paper", **COHORT)
 
 
 def test_fedacg_proximal_gradient_is_2_beta_times_the_distance_to_the_lookahead():
@@ -130,7 +125,7 @@ def test_fedcm_server_update_by_hand():
 
 @pytest.mark.parametrize("variant, expected_scale", [("per-client", 1.0), ("server", 1 / (0.1 * 4))])
 def test_fedcm_two_rounds_through_messages_and_state(variant, expected_scale, tmp_path):
-    strategy = bound(FedCm(alpha=0.1, variant=variant, **COMMON))
+    strategy = bound(FedCm(alpha=0.1, variant=variant, **COHORT))
     theta = _f32([1.0, -1.0])
     first = configure(strategy, 1, theta)
     assert all(np.array_equal(m.content[protocol.FEDCM_DIRECTION]["w"].numpy(), [0.0, 0.0]) for m in first)  # Δ_0 = 0
@@ -144,7 +139,7 @@ def test_fedcm_two_rounds_through_messages_and_state(variant, expected_scale, tm
     np.testing.assert_allclose(arrays["w"].numpy(), theta - mean_step, rtol=1e-6)
     scale = expected_scale if variant == "per-client" else 1 / (0.1 * steps_of(cohort[0]))
     save_checkpoint(tmp_path / "state.pt", strategy.state_dict())
-    restored = bound(FedCm(alpha=0.1, variant=variant, **COMMON))
+    restored = bound(FedCm(alpha=0.1, variant=variant, **COHORT))
     restored.load_state_dict(load_checkpoint(tmp_path / "state.pt"))
     second = configure(restored, 2, theta)
     np.testing.assert_allclose(second[0].content[protocol.FEDCM_DIRECTION]["w"].numpy(), mean_step * scale, rtol=1e-6)
@@ -212,13 +207,13 @@ def test_mofedsam_takes_the_sam_gradient_then_mixes_in_the_direction():
 def test_mofedsam_server_is_fedcms_and_names_the_sam_objective():
     from strategies.mofedsam import MoFedSam
 
-    strategy = bound(MoFedSam(rho=0.1, alpha=0.1, **COMMON))
+    strategy = bound(MoFedSam(rho=0.1, alpha=0.1, **COHORT))
     messages = configure(strategy, 1, [1.0, -1.0])
     config = messages[0].content["config"]
     assert (config[protocol.OBJECTIVE], config["sam-rho"], config[protocol.FEDCM_ALPHA]) == ("mofedsam", 0.1, 0.1)
     assert protocol.FEDCM_DIRECTION in messages[0].content
     with pytest.raises(ValueError, match="rho"):
-        MoFedSam(rho=0.0, **COMMON)
+        MoFedSam(rho=0.0, **COHORT)
 
 
 # -- FedLESAM ----------------------------------------------------------------------------------
@@ -273,14 +268,14 @@ def test_fedlesam_perturbs_from_the_clients_stored_global_model():
 def test_fedlesam_official_code_variant_uses_the_last_global_update():
     from strategies.fedlesam import FedLesam
 
-    strategy = bound(FedLesam(rho=0.1, variant="official-code", **COMMON))
+    strategy = bound(FedLesam(rho=0.1, variant="official-code", **COHORT))
     first = configure(strategy, 1, [1.0, -1.0])
     assert first[0].content["config"][protocol.OBJECTIVE] == "fedlesam"
     np.testing.assert_array_equal(first[0].content[protocol.FEDLESAM_UPDATE]["w"].numpy(), [0.0, 0.0])  # u = 0
     second = configure(strategy, 2, [1.5, -2.0])
     np.testing.assert_allclose(second[0].content[protocol.FEDLESAM_UPDATE]["w"].numpy(), [0.5, -1.0])
     assert "n" not in second[0].content[protocol.FEDLESAM_UPDATE]  # integer buffers: no update
-    paper = bound(FedLesam(rho=0.1, **COMMON))
+    paper = bound(FedLesam(rho=0.1, **COHORT))
     assert protocol.FEDLESAM_UPDATE not in configure(paper, 1, [1.0, -1.0])[0].content
 
     # The client: ε = −ρ·u/‖u‖, and no state kept.
@@ -348,7 +343,7 @@ def test_adabest_server_update_by_hand():
 def test_adabest_two_rounds_through_messages_and_state(tmp_path):
     from strategies.adabest import AdaBest, adabest_server_update
 
-    strategy = bound(AdaBest(mu=0.02, beta=0.5, variant="official-code", **COMMON))
+    strategy = bound(AdaBest(mu=0.02, beta=0.5, variant="official-code", **COHORT))
     theta0 = _f32([1.0, -1.0])
     first = configure(strategy, 1, theta0)
     config = first[0].content["config"]
@@ -363,13 +358,13 @@ def test_adabest_two_rounds_through_messages_and_state(tmp_path):
     np.testing.assert_allclose(arrays["w"].numpy(), expected["w"], rtol=1e-6)
     mean_examples_per_step = np.mean([10 * (p + 1) / (2 + p) for p in cohort])
     save_checkpoint(tmp_path / "state.pt", strategy.state_dict())
-    restored = bound(AdaBest(mu=0.02, beta=0.5, variant="official-code", **COMMON))
+    restored = bound(AdaBest(mu=0.02, beta=0.5, variant="official-code", **COHORT))
     restored.load_state_dict(load_checkpoint(tmp_path / "state.pt"))
     np.testing.assert_allclose(restored.previous_average["w"], average["w"], rtol=1e-6)
     second = configure(restored, 2, arrays["w"].numpy())
     assert second[0].content["config"][protocol.ADABEST_MEAN_EXAMPLES_PER_STEP] == pytest.approx(mean_examples_per_step)
     with pytest.raises(ValueError, match="beta"):
-        AdaBest(beta=1.0, **COMMON)
+        AdaBest(beta=1.0, **COHORT)
 
 
 # -- MIME / MimeLite ---------------------------------------------------------------------------
@@ -436,6 +431,7 @@ class AnsweringGrid(FakeGrid):
     """Answers full-gradient queries at once: node p's gradient is [p + 1, −(p + 1)]."""
 
     def __init__(self):
+        super().__init__(NODES)
         self.asked = []
         self.pending = {}
 
@@ -463,7 +459,7 @@ class AnsweringGrid(FakeGrid):
 def test_mime_round_exchanges_full_gradients_with_the_training_cohort_first(lite, tmp_path):
     from strategies.mime import Mime
 
-    strategy = bound(Mime(lite=lite, beta=0.5, server_learning_rate=1.0, **COMMON))
+    strategy = bound(Mime(lite=lite, beta=0.5, server_learning_rate=1.0, **COHORT))
     grid = AnsweringGrid()
     theta = _f32([1.0, -1.0])
     strategy.prepare_round(1, ArrayRecord({"w": Array(theta)}), grid)
@@ -480,10 +476,10 @@ def test_mime_round_exchanges_full_gradients_with_the_training_cohort_first(lite
     np.testing.assert_allclose(strategy.momentum["w"], c)  # m = c after round 1
     np.testing.assert_allclose(arrays["w"].numpy(), theta - np.mean([0.1 * (p + 1) for p in cohort]), rtol=1e-6)
     save_checkpoint(tmp_path / "state.pt", strategy.state_dict())
-    restored = Mime(lite=lite, beta=0.5, **COMMON)
+    restored = Mime(lite=lite, beta=0.5, **COHORT)
     restored.load_state_dict(load_checkpoint(tmp_path / "state.pt"))
     np.testing.assert_allclose(restored.momentum["w"], c)
-    assert not Mime(lite=True, beta=0.0, **COMMON).needs_full_gradients  # MimeLite over SGD: FedAvg, no exchange
+    assert not Mime(lite=True, beta=0.0, **COHORT).needs_full_gradients  # MimeLite over SGD: FedAvg, no exchange
 
 
 # -- FedFA -------------------------------------------------------------------------------------
@@ -573,9 +569,9 @@ def test_fedfa_server_anchors_schedule_and_weighted_average(tmp_path):
     assert [round_schedule("paper", t, 8) for t in (1, 2)] == [(True, True)] * 2
     assert [round_schedule("fedfa-ima", t, 8) for t in (1, 2, 3)] == [(False, False), (True, False), (True, True)]
 
-    strategy = bound(FedFa(lam=0.1, rho=0.5, variant="fedfa-ima", num_rounds=8, **COMMON))
+    strategy = bound(FedFa(lam=0.1, rho=0.5, variant="fedfa-ima", num_rounds=8, **COHORT))
     sent = ArrayRecord({"classifier.weight": Array(np.zeros((3, 2), np.float32)), "classifier.bias": Array(np.zeros(3, np.float32))})
-    messages = list(strategy.configure_train(1, sent, ConfigRecord({"lr": 0.1}), FakeGrid()))
+    messages = list(strategy.configure_train(1, sent, ConfigRecord({"lr": 0.1}), FakeGrid(NODES)))
     config = messages[0].content["config"]
     assert (config[protocol.OBJECTIVE], config[protocol.FEDFA_ANCHOR_LOSS], config[protocol.FEDFA_CALIBRATE]) == ("fedfa", False, False)
     np.testing.assert_array_equal(messages[0].content[protocol.FEDFA_ANCHORS]["anchors"].numpy(), initial_anchors(3, 2, 0))
@@ -592,6 +588,6 @@ def test_fedfa_server_anchors_schedule_and_weighted_average(tmp_path):
     expected = sum(10 * (p + 1) * p for p in cohort) / sum(10 * (p + 1) for p in cohort)  # weighted by n_i
     np.testing.assert_allclose(strategy.anchors, np.full((3, 2), expected), rtol=1e-6)
     save_checkpoint(tmp_path / "state.pt", strategy.state_dict())
-    restored = FedFa(**COMMON)
+    restored = FedFa(**COHORT)
     restored.load_state_dict(load_checkpoint(tmp_path / "state.pt"))
     np.testing.assert_array_equal(restored.anchors, strategy.anchors)

@@ -21,19 +21,9 @@ from strategies.fedswa import (
     official_control_update,
     swa_server_update,
 )
-
-COMMON = dict(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=0)
-
+from tests.fakes import COHORT, FakeGrid
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
-
-
-class FakeGrid:
-    def __init__(self, node_ids):
-        self.node_ids = node_ids
-
-    def get_node_ids(self):
-        return list(self.node_ids)
 
 
 def _np(values) -> np.ndarray:
@@ -141,14 +131,14 @@ def test_fedmoswa_official_code_divides_its_control_by_fifty_steps():
 
     from clients.control_variates import ControlVariate
 
-    settings = FedSwa(momentum_control=True, variant="official-code", **COMMON).client_settings()
+    settings = FedSwa(momentum_control=True, variant="official-code", **COHORT).client_settings()
     assert settings[protocol.CONTROL_STEP_COUNT] == settings[protocol.LOCAL_STEPS] == 50
     # A client that ran 12 steps at the constant lr 0.1 divides by 0.1·50, not Σ η_k = 1.2.
     ran = SimpleNamespace(lr_sum=1.2, num_steps=12)
     official = SimpleNamespace(round_config={protocol.CONTROL_STEP_COUNT: 50})
     assert ControlVariate.lr_sum(official, ran) == pytest.approx(5.0)
     assert ControlVariate.lr_sum(SimpleNamespace(round_config={}), ran) == 1.2
-    assert protocol.CONTROL_STEP_COUNT not in FedSwa(momentum_control=True, **COMMON).client_settings()
+    assert protocol.CONTROL_STEP_COUNT not in FedSwa(momentum_control=True, **COHORT).client_settings()
 
 
 def test_swa_server_step_by_hand():
@@ -159,7 +149,7 @@ def test_swa_server_step_by_hand():
 
 def test_fedswa_rejects_unknown_variant():
     with pytest.raises(ValueError, match=r"variant must be one of \('paper', 'official-code'\), got 'code'"):
-        FedSwa(variant="code", **COMMON)
+        FedSwa(variant="code", **COHORT)
 
 
 # -- one round through Flower Messages --------------------------------------------------------
@@ -199,7 +189,7 @@ def _replies(strategy, messages, metrics=None, extra=None):
 
 
 def test_fednova_round_through_messages():
-    strategy = _bound(FedNova(**COMMON))
+    strategy = _bound(FedNova(**COHORT))
     messages = _configure(strategy)
     a_norms = {p: {protocol.SOLVER_A_NORM: 2.0 + p} for p in range(NUM_CLIENTS)}
     arrays, metrics = strategy.aggregate_train(1, _replies(strategy, messages, metrics=a_norms))
@@ -217,7 +207,7 @@ def test_fednova_round_through_messages():
 
 
 def test_feddyn_round_through_messages_and_state(tmp_path):
-    strategy = _bound(FedDyn(alpha=0.1, **COMMON))
+    strategy = _bound(FedDyn(alpha=0.1, **COHORT))
     messages = _configure(strategy)
     assert all(m.content["config"][protocol.FEDDYN_ALPHA] == 0.1 for m in messages)
     arrays, _ = strategy.aggregate_train(1, _replies(strategy, messages))
@@ -230,13 +220,13 @@ def test_feddyn_round_through_messages_and_state(tmp_path):
     assert np.any(h["w"] != 0)
 
     save_checkpoint(tmp_path / "state.pt", strategy.state_dict())
-    restored = FedDyn(alpha=0.1, **COMMON)
+    restored = FedDyn(alpha=0.1, **COHORT)
     restored.load_state_dict(load_checkpoint(tmp_path / "state.pt"))
     np.testing.assert_array_equal(restored.h["w"], strategy.h["w"])
 
 
 def test_fedgma_round_through_messages():
-    strategy = _bound(FedGMA(mask_threshold=0.8, server_learning_rate=0.5, **COMMON))
+    strategy = _bound(FedGMA(mask_threshold=0.8, server_learning_rate=0.5, **COHORT))
     arrays, _ = strategy.aggregate_train(2, _replies(strategy, _configure(strategy, server_round=2)))
     cohort = strategy.sample_partitions(2)
     expected = fedgma_update(
@@ -258,7 +248,7 @@ def test_fedgma_round_through_messages():
     ],
 )
 def test_fedswa_config_entries(variant, momentum_control, settings):
-    strategy = _bound(FedSwa(rho=0.25, momentum_control=momentum_control, variant=variant, **COMMON))
+    strategy = _bound(FedSwa(rho=0.25, momentum_control=momentum_control, variant=variant, **COHORT))
     messages = _configure(strategy)
     for message in messages:
         assert {k: message.content["config"][k] for k in settings} == settings
@@ -266,7 +256,7 @@ def test_fedswa_config_entries(variant, momentum_control, settings):
 
 
 def test_fedswa_round_sends_no_control():
-    strategy = _bound(FedSwa(server_step=0.5, **COMMON))
+    strategy = _bound(FedSwa(server_step=0.5, **COHORT))
     arrays, _ = strategy.aggregate_train(1, _replies(strategy, _configure(strategy)))
     expected = swa_server_update({"w": GLOBAL}, [{"w": _client_model(p)} for p in strategy.sample_partitions(1)], 0.5)
     np.testing.assert_array_equal(arrays["w"].numpy(), expected["w"])
@@ -279,7 +269,7 @@ def _delta_control(p: int) -> np.ndarray:
 
 @pytest.mark.parametrize("variant", ["paper", "official-code"])
 def test_fedmoswa_two_rounds_through_messages_and_state(variant, tmp_path):
-    strategy = _bound(FedSwa(server_step=0.5, momentum_control=True, gamma=0.5, variant=variant, **COMMON))
+    strategy = _bound(FedSwa(server_step=0.5, momentum_control=True, gamma=0.5, variant=variant, **COHORT))
     control = {"w": np.zeros(3, np.float32)}
     model = {"w": GLOBAL}
     for server_round in (1, 2):
@@ -303,13 +293,13 @@ def test_fedmoswa_two_rounds_through_messages_and_state(variant, tmp_path):
         np.testing.assert_array_equal(arrays["w"].numpy(), model["w"])
 
     save_checkpoint(tmp_path / "state.pt", strategy.state_dict())
-    restored = FedSwa(momentum_control=True, variant=variant, **COMMON)
+    restored = FedSwa(momentum_control=True, variant=variant, **COHORT)
     restored.load_state_dict(load_checkpoint(tmp_path / "state.pt"))
     np.testing.assert_array_equal(restored.control["w"], control["w"])
 
 
 def test_fedmoswa_requires_the_variants_control_record():
-    strategy = _bound(FedSwa(momentum_control=True, variant="official-code", **COMMON))
+    strategy = _bound(FedSwa(momentum_control=True, variant="official-code", **COHORT))
     replies = _replies(strategy, _configure(strategy), extra={protocol.MOSWA_DELTA_CONTROL: _delta_control})
     with pytest.raises(ValueError, match=protocol.MOSWA_NEW_CONTROL):
         strategy.aggregate_train(1, replies)
@@ -320,7 +310,7 @@ def test_fedmoswa_requires_the_variants_control_record():
 def test_fedadam_round_one_by_hand(bias_correction):
     # Δ = w_FMA − w; m = 0.1·Δ; v = 0.01·Δ²; paper: w + η·m/(√v + τ) = w + η·0.1Δ/(0.1|Δ| + τ).
     # Flower multiplies η by √(1 − 0.99²)/(1 − 0.9²) in round 1.
-    strategy = _bound(FedAdam(**COMMON, eta=0.1, eta_l=0.1, beta_1=0.9, beta_2=0.99, tau=1e-3,
+    strategy = _bound(FedAdam(**COHORT, eta=0.1, eta_l=0.1, beta_1=0.9, beta_2=0.99, tau=1e-3,
                               bias_correction=bias_correction))
     arrays, _ = strategy.aggregate_train(1, _replies(strategy, _configure(strategy)))
     cohort = strategy.sample_partitions(1)

@@ -6,11 +6,12 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from strategies.fedavg import FedAvg
 from strategies.results import RunRecorder, summarize
 from strategies.sampling import union_length
+from tests.fakes import FakeGrid, train_reply
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
 
@@ -20,14 +21,6 @@ def _strategy(num_clients=10, cohort=3, seed=0):
     # Node ids are arbitrary; partition p lives on node 1000 + 7p.
     strategy.bind_partitions({1000 + 7 * p: p for p in range(num_clients)}, cohort, seed)
     return strategy
-
-
-class FakeGrid:
-    def __init__(self, node_ids):
-        self.node_ids = node_ids
-
-    def get_node_ids(self):
-        return list(self.node_ids)
 
 
 def test_cohort_depends_only_on_seed_and_round():
@@ -47,12 +40,7 @@ def test_configure_train_addresses_exactly_the_cohort():
 
 
 def _reply(node_id, weights, n, **usage):
-    request = Message(content=RecordDict({"config": ConfigRecord()}), dst_node_id=node_id, message_type=MessageType.TRAIN)
-    content = RecordDict({
-        "arrays": ArrayRecord({"w": Array(np.asarray(weights, dtype=np.float32))}),
-        "metrics": MetricRecord({"num-examples": n, "train-loss": 1.0, **usage}),
-    })
-    return Message(content=content, reply_to=request)
+    return train_reply(node_id, weights, n, {"train-loss": 1.0, **usage})
 
 
 def test_aggregation_is_weighted_and_independent_of_reply_order():
