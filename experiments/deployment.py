@@ -277,6 +277,15 @@ class LocalFederation:
         """``flwr supernode list``: one dict per node the SuperLink knows (node-id, status …)."""
         return json.loads(self.flwr("supernode", "list", self.name, "--format", "json"))["nodes"]
 
+    def run_app(self, app: Path, log_path: Path, run_config: str = "", timeout: float = 600.0) -> str:
+        """Run any Flower app (a folder with its pyproject.toml) on this federation with
+        ``flwr run --stream``; return its log (also written to ``log_path``)."""
+        command = [str(self._bin_dir / "flwr"), "run", str(app), self.name, "--stream"]
+        command += ["--run-config", run_config] if run_config else []
+        with open(log_path, "w") as log:
+            subprocess.run(command, env=self._env("cli"), stdout=log, stderr=subprocess.STDOUT, cwd=app, timeout=timeout)
+        return log_path.read_text(errors="replace")
+
     def run(self, config: Mapping[str, Any], out_dir: Path, progress: bool = True, label: str = "") -> dict[str, Any]:
         """Submit one run with ``flwr run`` and wait for it; its summary, or RunFailed."""
         out_dir = Path(out_dir).resolve()

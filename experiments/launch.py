@@ -125,6 +125,25 @@ def launch(
         return _launch_locked(config, out_dir, resources, progress, label, leave, ray_address, stop)
 
 
+def run_app(app: Path, log_path: Path, num_supernodes: int, run_config: str = "", timeout: float = 600.0) -> str:
+    """Run any Flower app (a folder with its pyproject.toml) in a local simulation of
+    ``num_supernodes`` nodes, with ``flwr run --stream`` and its own FLWR_HOME; return its
+    log (also written to ``log_path``). Every process it started is stopped when it ends,
+    however it ends. ``run_config``: Flower's ``--run-config`` overrides (``"k=v k2='s'"``)."""
+    command = [str(Path(sys.executable).parent / "flwr"), "run", str(app), "--stream",
+               "--federation-config", f"num-supernodes={num_supernodes}"]
+    command += ["--run-config", run_config] if run_config else []
+    with tempfile.TemporaryDirectory(prefix="basin-flwr-home-") as flwr_home:
+        env = flower_environment(Path(sys.executable).parent, flwr_home, free_port(), free_port(), None)
+        try:
+            with open(log_path, "w") as log:
+                subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=app, timeout=timeout)
+        finally:
+            with deferred_interrupts():
+                stop_home(flwr_home)
+    return log_path.read_text(errors="replace")
+
+
 INLINE_LIMIT_VARIABLE = "RAY_max_direct_call_object_size"
 
 

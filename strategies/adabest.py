@@ -53,6 +53,8 @@ ADABEST_VARIANTS = ("paper", "official-code")
 class AdaBest(ServerUpdate, InPlaceFedAvg):
     """AdaBest over a seeded cohort; θ̄ (and m̄) are the server state."""
 
+    client_half = "each client's bias estimate h_i, subtracted from its gradient"
+
     def __init__(self, mu: float = 0.02, beta: float = 0.85, variant: str = "paper", **kwargs):
         if mu < 0:
             raise ValueError(f"mu must be >= 0, got {mu}")

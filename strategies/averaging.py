@@ -274,3 +274,70 @@ class ModelAveraging(RoundStrategy, Strategy):
         self.base_arrays = None if state["base_arrays"] is None else to_arrays(state["base_arrays"])
         self.averaged_arrays = None if state["averaged_arrays"] is None else to_arrays(state["averaged_arrays"])
         self.moments_reset = bool(state.get("moments_reset", False))
+
+
+def _checked_base(strategy: Strategy, basin_clients: bool, name: str) -> Strategy:
+    """``strategy``, unless it needs Basin's ClientApp and the caller did not say it has one."""
+    client_half = getattr(strategy, "client_half", "")
+    if client_half and not basin_clients:
+        raise ValueError(
+            f"{name}({type(strategy).__name__}(...)): {type(strategy).__name__} needs Basin's ClientApp "
+            f"(clients.client_app:app) for {client_half}; a stock Flower ClientApp trains plain local SGD and "
+            f"ignores it. Pass basin_clients=True when your app's clients are Basin's, or wrap a server-only "
+            f"strategy (Flower's FedAvg, FedAdam, …)"
+        )
+    return strategy
+
+
+class IMA(ModelAveraging):
+    """IMA (Zhou, Lin, Zhang, Tsang, "Understanding and Improving Model Averaging in Federated
+    Learning on Heterogeneous Data", IEEE TMC 2024, eq. 4) around any Flower strategy: from
+    ``start_round`` (t_s) on, the clients receive the mean of the last ``window`` (P) global
+    models the strategy produced, w_IMA^t = (1/P) Σ_{i<P} w^{t−i}.
+
+    Memory: ``window`` copies of the model (the window fills from round t_s − P + 1).
+    Use with Flower's loop: ``IMA(FedAvg(...), window=5, start_round=150).start(grid=grid,
+    initial_arrays=arrays, num_rounds=200)``; the result's arrays are the last model sent,
+    the average from t_s on. On Basin's FedAdam/FedYogi/FedAdagrad the window mean is the
+    target of the optimiser's step (the authors' ordering); on Flower's own, the window of
+    its outputs is sent. :meth:`state_dict` / :meth:`load_state_dict` checkpoint the window.
+    IMA's client-side exploration schedule (lr decay after t_s) is the clients' business:
+    Basin's ClientApp follows ``lr`` in the round config.
+    """
+
+    def __init__(self, strategy: Strategy, window: int = 5, start_round: int = 1, subset: str = "all",
+                 basin_clients: bool = False) -> None:
+        super().__init__(_checked_base(strategy, basin_clients, "IMA"), window, start_round, feedback=True,
+                         subset=subset, optimizer_target=hasattr(strategy, "step_target"))
+
+
+class WIMA(ModelAveraging):
+    """WIMA (Caldarola, Caputo, Ciccone, "Window-based Model Averaging Improves
+    Generalization in Heterogeneous Federated Learning", ICCV Workshops 2023, eq. 4) around any
+    Flower strategy: from round ``window`` (W) on, a server-side shadow model, the mean of the
+    last W global models; the clients keep receiving the strategy's own model unless
+    ``feedback``.
+
+    Memory: ``window`` copies of the model. With Flower's loop the result's arrays are the
+    strategy's last model; :meth:`final_arrays` (or ``averaged_arrays``) gives the shadow.
+    """
+
+    def __init__(self, strategy: Strategy, window: int = 5, feedback: bool = False, subset: str = "all",
+                 basin_clients: bool = False) -> None:
+        super().__init__(_checked_base(strategy, basin_clients, "WIMA"), window, window, feedback=feedback, subset=subset)
+
+
+class ServerSWA(ModelAveraging):
+    """Server-side SWA (Caldarola, Caputo, Ciccone, "Improving Generalization in Federated
+    Learning by Seeking Flat Minima", ECCV 2022) around any Flower strategy: from
+    ``start_round`` on, at the end of each lr cycle of ``cycle`` rounds, w_SWA ← (n·w_SWA +
+    w)/(n + 1); evaluation only (the clients receive the strategy's model).
+
+    Memory: one copy of the model (a running mean). :meth:`final_arrays` gives w_SWA. The
+    cyclic client lr of the paper is the clients' business.
+    """
+
+    def __init__(self, strategy: Strategy, start_round: int = 1, cycle: int = 1, subset: str = "all",
+                 basin_clients: bool = False) -> None:
+        super().__init__(_checked_base(strategy, basin_clients, "ServerSWA"), None, start_round, feedback=False,
+                         sample_every=cycle, subset=subset)

@@ -20,6 +20,8 @@ from strategies.weighted_mean import InPlaceFedAvg
 class ClientObjectiveFedAvg(CohortSampling, InPlaceFedAvg):
     """FedAvg over a seeded cohort that names the clients' local objective."""
 
+    client_half = "the local objective it names (MOON, FedSAM, FedAlign, …)"
+
     def __init__(self, objective: str, settings: Mapping[str, float | int], grad_clip: float | None = None, **kwargs):
         super().__init__(**kwargs)
         self.objective = objective

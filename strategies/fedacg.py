@@ -62,6 +62,8 @@ FEDACG_VARIANTS = ("code", "half")
 class FedAcg(ServerUpdate, InPlaceFedAvg):
     """FedACG over a seeded cohort; the momentum ``m`` is the server state."""
 
+    client_half = "the proximal term to the look-ahead model"
+
     def __init__(self, lam: float = 0.85, beta: float = 1e-3, variant: str = "code", **kwargs):
         if not 0.0 <= lam < 1.0:
             raise ValueError(f"lam must be in [0, 1), got {lam}")

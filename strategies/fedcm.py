@@ -59,6 +59,8 @@ FEDCM_VARIANTS = ("per-client", "server")
 class FedCm(ServerUpdate, InPlaceFedAvg):
     """FedCM over a seeded cohort; the direction ``D`` is the server state."""
 
+    client_half = "the server's momentum direction in every local step"
+
     def __init__(self, alpha: float = 0.1, variant: str = "per-client", server_learning_rate: float = 1.0, **kwargs):
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")

@@ -52,6 +52,8 @@ def feddyn_server_update(
 class FedDyn(ServerUpdate, InPlaceFedAvg):
     """FedDyn over a seeded cohort; ``h`` is the server state, sent α is ``alpha``."""
 
+    client_half = "each client's linear term −∇L_k(θ_k^{t−1}) and proximal term"
+
     def __init__(self, alpha: float = 0.01, **kwargs):
         if alpha <= 0:
             raise ValueError(f"alpha must be > 0, got {alpha}")

@@ -50,6 +50,8 @@ def fednova_aggregate(
 class FedNova(ServerUpdate, InPlaceFedAvg):
     """Normalized averaging over a seeded cohort; clients report ‖a_i‖₁ in their metrics."""
 
+    client_half = "each client's ‖a_i‖₁ (the metric solver-a-norm) in its reply"
+
     def server_update(self, models, metrics, replies):
         for reply, metrics_of_client in zip(replies, metrics):
             if SOLVER_A_NORM not in metrics_of_client:

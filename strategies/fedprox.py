@@ -16,6 +16,8 @@ from strategies.weighted_mean import InPlaceFedAvg
 class FedProx(CohortSampling, FlowerFedProx, InPlaceFedAvg):
     """FedProx over a seeded cohort."""
 
+    client_half = "the proximal term μ(w − w^t) in every local step"
+
 
 METHODS = (
     MethodSpec(

@@ -111,6 +111,8 @@ class FedSwa(CohortSampling, InPlaceFedAvg):
         'paper' (Algorithm 1) or 'official-code' (the authors' public code).
     """
 
+    client_half = "the in-round lr schedule (and FedMoSWA's control variates)"
+
     def __init__(
         self,
         server_step: float = 1.0,

@@ -68,6 +68,8 @@ MIME_VARIANTS = ("heavy-ball", "dampened")
 class Mime(ServerUpdate, InPlaceFedAvg):
     """MIME (``lite=False``) or MimeLite over a seeded cohort; the momentum m is the server state."""
 
+    client_half = "the full-batch gradient exchange and the server's momentum in every local step"
+
     def __init__(self, lite: bool = False, beta: float = 0.9, server_learning_rate: float = 1.0,
                  variant: str = "heavy-ball", timeout: float = 600.0, **kwargs):
         if not 0.0 <= beta < 1.0:

@@ -202,7 +202,25 @@ class CohortSampling(RoundStrategy):
             self._node_of_partition = {p: n for n, p in self.partition_of_node.items()}
         return self._node_of_partition
 
+    def bind_to_grid(self, grid: Grid, seed: int = 0) -> None:
+        """Bind to the grid's nodes, each its own partition in node-id order: how the
+        strategy runs in a Flower app's own ServerApp (``strategy.start(...)``), whose loop
+        does not discover partitions. It waits for ``min_available_nodes`` like Flower's
+        sampling; the cohort is Flower's sample size, ``fraction_train`` of the nodes (at
+        least ``min_train_nodes``), drawn seeded by round."""
+        while len(list(grid.get_node_ids())) < self.min_available_nodes:  # type: ignore[attr-defined]  # Flower's FedAvg's
+            time.sleep(1.0)
+        nodes = sorted(grid.get_node_ids())
+        fraction, minimum = self.fraction_train, self.min_train_nodes  # type: ignore[attr-defined]
+        if self.client_half:
+            print(f"[basin] {type(self).__name__} needs Basin's ClientApp (clients.client_app:app) for "
+                  f"{self.client_half}; a stock Flower ClientApp does not do it", flush=True)
+        self.bind_partitions({node: index for index, node in enumerate(nodes)},
+                             min(len(nodes), max(int(len(nodes) * fraction), minimum, 1)), seed)
+
     def configure_train(self, server_round, arrays, config, grid):
+        if not hasattr(self, "partition_of_node"):  # in a Flower app's own ServerApp
+            self.bind_to_grid(grid)
         node_of_partition = self.node_of_partition
         self.sent_to = {node_of_partition[p]: p for p in self.sample_partitions(server_round)}
         self.sent_layout = layout_of(arrays)

@@ -29,6 +29,8 @@ def server_control_update(
 class Scaffold(CohortSampling, InPlaceFedAvg):
     """SCAFFOLD over a seeded cohort; the control variate ``control`` is checkpointed state."""
 
+    client_half = "each client's control variate c_i and the correction c − c_i"
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.control: dict[str, np.ndarray] | None = None

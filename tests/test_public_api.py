@@ -1,0 +1,179 @@
+"""Basin's model averaging in anyone's Flower app (strategies/__init__.py): IMA, WIMA and
+ServerSWA wrap any Flower strategy, Flower's FedAvg included, in Flower's own loop
+(``strategy.start``) with a stock Flower ClientApp, in a simulation and on the Deployment
+Engine; a method that needs Basin's ClientApp says so when it is wrapped."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.serverapp.strategy import FedAdam, FedAvg
+
+from experiments.deployment import LocalFederation
+from experiments.launch import run_app
+from strategies import IMA, WIMA, ServerSWA
+from strategies.method import COHORT
+from strategies.scaffold import Scaffold
+
+ROUNDS, WINDOW, START = 4, 2, 3
+
+# A stock Flower PyTorch quickstart ClientApp: its own CNN and data loader, Flower's
+# message conventions only ("arrays", "metrics" with num-examples).
+CLIENT_APP = '''
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from sklearn.datasets import load_digits
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(1, 8, 3, padding=1), nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x):
+        return self.fc(torch.max_pool2d(torch.relu(self.conv(x)), 2).flatten(1))
+
+
+def loader(partition, partitions):
+    digits = load_digits()
+    x = torch.tensor(digits.images[partition::partitions], dtype=torch.float32).unsqueeze(1) / 16
+    y = torch.tensor(digits.target[partition::partitions])
+    return DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(partition))
+
+
+app = ClientApp()
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    net = Net()
+    net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    data = loader(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    for x, y in data:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        optimizer.step()
+    metrics = MetricRecord({"num-examples": len(data.dataset)})
+    return Message(RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": metrics}), reply_to=msg)
+'''
+
+# A ServerApp of ten lines: Basin's IMA around Flower's FedAvg; every round's models logged.
+SERVER_APP = f'''
+import torch
+from flwr.app import ArrayRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+from quickstart.client_app import Net
+from strategies import IMA
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    strategy = IMA(FedAvg(fraction_evaluate=0.0, min_available_nodes=4), window={WINDOW}, start_round={START})
+    def log(server_round, arrays):
+        base = strategy.base_arrays if server_round else arrays
+        torch.save({{"sent": arrays.to_torch_state_dict(), "base": base.to_torch_state_dict()}},
+                   context.run_config["log-dir"] + f"/round-{{server_round}}.pt")
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()), num_rounds={ROUNDS}, evaluate_fn=log)
+'''
+
+PYPROJECT = '''
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "quickstart"
+version = "1.0.0"
+dependencies = ["flwr[simulation]", "torch", "scikit-learn", "basin"]
+
+[tool.hatch.build.targets.wheel]
+packages = ["quickstart"]
+
+[tool.flwr.app]
+publisher = "someone"
+
+[tool.flwr.app.components]
+serverapp = "quickstart.server_app:app"
+clientapp = "quickstart.client_app:app"
+
+[tool.flwr.app.config]
+log-dir = ""
+'''
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory) -> Path:
+    app = tmp_path_factory.mktemp("quickstart-app")
+    (app / "quickstart").mkdir()
+    (app / "quickstart" / "__init__.py").write_text("")
+    (app / "quickstart" / "client_app.py").write_text(textwrap.dedent(CLIENT_APP))
+    (app / "quickstart" / "server_app.py").write_text(textwrap.dedent(SERVER_APP))
+    (app / "pyproject.toml").write_text(PYPROJECT)
+    return app
+
+
+def _check_ima_arithmetic(log_dir: Path) -> None:
+    """Before t_s the clients receive FedAvg's model; from t_s on the mean of the last P of
+    FedAvg's models (the models the strategy produced, logged each round)."""
+    rounds = [torch.load(log_dir / f"round-{r}.pt", weights_only=True) for r in range(ROUNDS + 1)]
+    for r in range(1, ROUNDS + 1):
+        sent, base = rounds[r]["sent"], rounds[r]["base"]
+        for key, value in sent.items():
+            if r < START:
+                assert torch.equal(value, base[key]), (r, key)
+            else:
+                window = [rounds[r - i]["base"][key].double() for i in range(WINDOW)]
+                by_hand = (sum(window) / WINDOW).to(value.dtype)
+                np.testing.assert_allclose(value.numpy(), by_hand.numpy(), rtol=1e-6, atol=1e-7, err_msg=f"{r} {key}")
+    # The clients trained on what they were sent: FedAvg's model moves every round.
+    assert not torch.equal(rounds[ROUNDS]["base"]["fc.weight"], rounds[ROUNDS - 1]["base"]["fc.weight"])
+
+
+def test_ima_around_flowers_fedavg_in_a_simulation(quickstart, tmp_path):
+    log = run_app(quickstart, tmp_path / "flwr.log", num_supernodes=4, run_config=f"log-dir='{tmp_path}'")
+    assert (tmp_path / f"round-{ROUNDS}.pt").exists(), log[-3000:]
+    _check_ima_arithmetic(tmp_path)
+
+
+def test_ima_around_flowers_fedavg_on_the_deployment_engine(quickstart, tmp_path):
+    with LocalFederation(tmp_path / "logs") as federation:
+        federation.start_supernodes(4)
+        log = federation.run_app(quickstart, tmp_path / "flwr.log", run_config=f"log-dir='{tmp_path}'")
+    assert (tmp_path / f"round-{ROUNDS}.pt").exists(), log[-3000:]
+    _check_ima_arithmetic(tmp_path)
+
+
+def test_the_example_app_runs_with_ima(tmp_path):
+    app = Path(__file__).resolve().parents[1] / "examples" / "ima-quickstart"
+    log = run_app(app, tmp_path / "flwr.log", num_supernodes=4, run_config="num-server-rounds=3 start-round=2 window=2")
+    assert "IMA's model after the last round: accuracy" in log, log[-3000:]
+
+
+def test_a_method_that_needs_basins_clients_says_so_when_wrapped():
+    with pytest.raises(ValueError, match="Scaffold needs Basin's ClientApp .* control variate"):
+        IMA(Scaffold(**COHORT))
+    assert IMA(Scaffold(**COHORT), basin_clients=True).feedback  # Basin's own clients: allowed
+    for wrapper in (IMA, WIMA, ServerSWA):  # Flower's own strategies are server-only
+        assert wrapper(FedAdam()).base.__class__ is FedAdam
+
+
+def test_the_wrappers_are_the_papers_settings_and_checkpoint_their_window():
+    ima, wima, swa = IMA(FedAvg(), window=3, start_round=5), WIMA(FedAvg(), window=4), ServerSWA(FedAvg(), 10, cycle=2)
+    assert (ima.window_size, ima.start_round, ima.feedback) == (3, 5, True)
+    assert (wima.window_size, wima.start_round, wima.feedback) == (4, 4, False)
+    assert (swa.window_size, swa.start_round, swa.sample_every, swa.feedback) == (None, 10, 2, False)
+    ima._sample({"w": np.ones(2, np.float32)})
+    restored = IMA(FedAvg(), window=3, start_round=5)
+    restored.load_state_dict(ima.state_dict())
+    assert len(restored.window) == 1 and restored.window[0]["w"].tolist() == [1.0, 1.0]
