@@ -67,6 +67,26 @@ def check_data(configs: Iterable[Mapping[str, Any]]) -> None:
             raise DataUnavailable(problem)
 
 
+# The module each tracker imports (the optional extra "tracking").
+TRACKER_MODULES = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
+
+
+def check_trackers(configs: Iterable[Mapping[str, Any]]) -> None:
+    """Raise ConfigError, before any Flower process exists, when a run asks for a tracker
+    whose library is not installed."""
+    import importlib.util
+
+    from strategies.tracking import tracker_names
+
+    for config in configs:
+        for name in tracker_names(config["track"]):
+            if importlib.util.find_spec(TRACKER_MODULES[name]) is None:
+                raise ConfigError(
+                    f"run config key 'track' = {config['track']!r} asks for {name}, which is not installed; install "
+                    f"the optional extra: {Path(sys.executable).parent / 'pip'} install -e \".[tracking]\""
+                )
+
+
 def machine_cpus() -> int:
     """CPU cores this process may use, as Ray counts them (affinity, then a cgroup quota)."""
     cores = len(os.sched_getaffinity(0))

@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", help="a preset name from experiments/presets/ or a TOML file")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key")
+    parser.add_argument("--track", metavar="TRACKERS",
+                        help="log every run to experiment trackers: a comma-separated list of tensorboard, mlflow, "
+                             "wandb (the run-config key 'track'; needs the optional extra: pip install -e \".[tracking]\")")
     parser.add_argument("--compare", action="append", default=None, metavar="KEY=V1,V2",
                         help="run once per value (several flags: every combination)")
     parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/<preset>-<time>)")
@@ -163,19 +166,20 @@ def run_job(args: argparse.Namespace, argv: list[str]) -> int:
 
     from experiments.flower_log import count_rounds
     from experiments.launch import RunFailed, check_folder_reuse, launch
-    from experiments.machine import check_data, check_machine, client_resources, machine_cpus
+    from experiments.machine import check_data, check_machine, check_trackers, client_resources, machine_cpus
     from experiments.mps import MpsDaemon, check_mps
     from experiments.output_dir import OutputLock
     from experiments.ray_cluster import LocalRayCluster, check_ray_address
     from experiments.report import averaging_start, method_label, plot_accuracy, setup_title, summary_table
-    from experiments.run_config import load_preset, parse_overrides, resolve_config
+    from experiments.run_config import load_preset, parse_overrides, resolve_config, tracked_in
     from strategies.checkpoint import read_checkpoint
 
     # Everything that can be known before Flower starts is checked here, in this order.
     preset = load_preset(args.preset) if args.preset else {}
-    overrides = parse_overrides(args.set)
+    overrides = {**parse_overrides(args.set), **({"track": args.track} if args.track is not None else {})}
     runs = {label_of(v): resolve_config(preset, overrides, v) for v in variants(compare)}
     check_data(runs.values())
+    check_trackers(runs.values())
     resources = client_resources(runs.values(), args.cpus_per_client, args.gpus_per_client, ray_address=args.ray_address)
     check_machine(runs.values(), resources, args.ray_address)
     check_mps(args.mps)
@@ -185,6 +189,7 @@ def run_job(args: argparse.Namespace, argv: list[str]) -> int:
     name = output_name(args.preset, main_job, next(iter(runs.values())), compare if len(runs) > 1 else [])
     out_dir = output_dir_of(args.out, list(runs.values()), name)
     run_dirs = {label: out_dir / label if len(runs) > 1 else out_dir for label in runs}
+    runs = {label: tracked_in(config, out_dir, name) for label, config in runs.items()}  # a job's runs: one group
     # Runs are named by what ran ("FedAvg+IMA"), plus any other compared key, in the
     # progress bars, the figure and the table; their folders by the compared values.
     extra = [k for k in dict.fromkeys(k for v in variants(compare) for k in v) if k not in ("strategy", "averaging")]

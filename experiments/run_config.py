@@ -69,6 +69,14 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return overrides
 
 
+def tracked_in(config: Mapping[str, Any], directory: Path, group: str) -> dict[str, Any]:
+    """``config`` with its trackers writing into ``directory`` under ``group`` (a comparison's
+    or a sweep's folder and name, so its runs are grouped), unless it names its own."""
+    if not config["track"]:
+        return dict(config)
+    return {**config, "track-dir": config["track-dir"] or str(directory), "track-group": config["track-group"] or group}
+
+
 def resolve_config(*layers: Mapping[str, Any]) -> dict[str, Any]:
     """Defaults, then each layer of overrides, validated, and its partition built once on
     the data set's labels (raises ConfigError: before Flower starts, not in every client)."""

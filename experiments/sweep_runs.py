@@ -25,11 +25,19 @@ import pandas as pd
 
 from experiments.cli import EXIT_INTERRUPTED, EXIT_USAGE
 from experiments.launch import RunFailed, launch
-from experiments.machine import CLIENT_PROCESS_GPU_BYTES, ClientResources, check_machine, client_resources, data_problem_of, machine_cpus
+from experiments.machine import (
+    CLIENT_PROCESS_GPU_BYTES,
+    ClientResources,
+    check_machine,
+    check_trackers,
+    client_resources,
+    data_problem_of,
+    machine_cpus,
+)
 from experiments.mps import MpsDaemon, check_mps
 from experiments.output_dir import OutputLock, create_output_dir
 from experiments.ray_cluster import LocalRayCluster, check_ray_address
-from experiments.run_config import load_preset, named_toml, parse_overrides, read_toml, resolve_config
+from experiments.run_config import load_preset, named_toml, parse_overrides, read_toml, resolve_config, tracked_in
 from strategies.checkpoint import CheckpointError, read_checkpoint
 from strategies.config import ConfigError, cohort_size
 from strategies.results import write_json_atomic
@@ -230,7 +238,8 @@ def run_sweep(
                 shutil.rmtree(run_dir, ignore_errors=True)  # an outdated attempt, or one without a checkpoint
             started = time.time()
             try:
-                launch(run.config, run_dir, sweep.resources, progress=progress and parallel == 1, label=run.run_id,
+                launch(tracked_in(run.config, out_dir, sweep.name), run_dir, sweep.resources,
+                       progress=progress and parallel == 1, label=run.run_id,
                        leave=False, ray_address=ray_address, stop=stop)
                 outcome = {"status": "completed", "error": ""}
             except RunFailed as error:
@@ -337,7 +346,8 @@ def auto_parallel(sweep: Sweep) -> int:
 
 def run_command(args: argparse.Namespace) -> int:
     """Validate the sweep, then list it or run it (see main)."""
-    sweep = load_sweep(sweep_path(args.sweep), parse_overrides(args.set))
+    overrides = {**parse_overrides(args.set), **({"track": args.track} if args.track is not None else {})}
+    sweep = load_sweep(sweep_path(args.sweep), overrides)
     if args.ray_address is not None and not args.list:
         check_ray_address(args.ray_address)
     out_dir = (args.out or Path("runs") / sweep.name).resolve()
@@ -362,6 +372,7 @@ def run_command(args: argparse.Namespace) -> int:
         sweep = dataclasses.replace(sweep, resources=client_resources(
             [run.config for run in sweep.runs], sweep.resources.num_cpus, None, parallel, args.ray_address))
     check_machine((run.config for run in sweep.runs), sweep.resources, args.ray_address)
+    check_trackers(run.config for run in sweep.runs)
     check_mps(args.mps)
 
     # Runs one after another share one Ray cluster (started inside MPS, if asked); a sweep

@@ -39,7 +39,7 @@ CHECKPOINT_ENTRIES = {"format", "config", "round", "arrays", "strategy", "rng", 
 # Run-config keys that do not change a run's numbers: resuming may change them.
 RESUMABLE_CHANGES = (
     "output-dir", "checkpoint-every", "resume", "round-timeout", "node-timeout",
-    "save-models-every", "save-models-last", "save-client-models",
+    "save-models-every", "save-models-last", "save-client-models", "track", "track-dir", "track-group",
 )
 
 

@@ -25,6 +25,7 @@ from strategies.options import ConfigError as ConfigError
 from strategies.options import Option
 from strategies.options import one_of as _one_of
 from strategies.schedules import EXPLORATIONS, LR_SCHEDULES
+from strategies.tracking import TRACKERS, tracker_names
 
 # Every declared method (strategies/methods.py): server-side methods, then methods that only
 # change the clients' local objective.
@@ -170,6 +171,12 @@ SCHEMA: dict[str, Option] = {
     "round-indicators": Option(bool, "true or false (add IMA's locality and client-model CKA to results.csv every round)"),
     "resume": Option(bool, "true or false (continue from output-dir/checkpoint.pt when there is one)"),
     "fault-injection": Option(str, f"'' or {FAULT_FORMAT}", _parses_as_faults),
+    "track": Option(str,
+            f"'' or a comma-separated list of {', '.join(TRACKERS)} (log the config, every round and the summary "
+            f"to these experiment trackers; the optional extra 'tracking')",
+            lambda v: all(name in TRACKERS for name in tracker_names(v))),
+    "track-dir": Option(str, "a directory path, or '' for output-dir (where TensorBoard, MLflow and W&B write)"),
+    "track-group": Option(str, "a name, or '' for output-dir's name (the MLflow experiment, the W&B group)"),
 }
 
 

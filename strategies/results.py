@@ -17,7 +17,10 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from strategies.tracking import Trackers
 
 # test-accuracy/-loss: the model the method reports (IMA: the one clients receive;
 # WIMA/SWA: the averaged shadow once it exists); base-*: the base method's model;
@@ -86,7 +89,7 @@ class RunRecorder:
 
     def __init__(
         self, directory: Path, config: Mapping[str, Any], last_k: int, target: float,
-        rows: Sequence[Mapping[str, Any]] = (), resumed_after: int | None = None,
+        rows: Sequence[Mapping[str, Any]] = (), resumed_after: int | None = None, trackers: Trackers | None = None,
     ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -97,6 +100,8 @@ class RunRecorder:
         self.started = time.time()
         self.training_started: float | None = None
         self.described: dict[str, Any] = {}
+        self.trackers = trackers
+        self.tracked_rounds: set[Any] = set()
         write_json_atomic(self.directory / "config.json", dict(config))
         self.results_path = self.directory / "results.csv"
         self._given_rows = list(rows)
@@ -123,6 +128,9 @@ class RunRecorder:
             csv.writer(f).writerow([row[c] for c in self.columns])
             f.flush()
             os.fsync(f.fileno())
+        if self.trackers is not None and row["round"] not in self.tracked_rounds:  # once, also when rewritten
+            self.tracked_rounds.add(row["round"])
+            self.trackers.log_round(row)
 
     def describe(self, **entries: Any) -> None:
         """Keep ``entries`` in ``summary.json`` from now on (e.g. what fixed the arithmetic)."""
@@ -134,13 +142,25 @@ class RunRecorder:
         self.training_started = time.time()
 
     def complete(self) -> dict[str, Any]:
-        return self._write_summary("completed")
+        return self._end("completed")
 
     def fail(self, error: BaseException) -> dict[str, Any]:
-        return self._write_summary("failed", error=f"{type(error).__name__}: {error}")
+        return self._end("failed", error=f"{type(error).__name__}: {error}")
+
+    def _end(self, status: str, **extra: Any) -> dict[str, Any]:
+        # The trackers finish (W&B flushes its run) before summary.json records the end:
+        # the launcher stops every process of the run once it reads that.
+        if self.trackers is not None:
+            self.trackers.finish(self._summary(status, **extra), sorted(self.directory.glob("*.png")))
+        return self._write_summary(status, **extra)
 
     def _write_summary(self, status: str, **extra: Any) -> dict[str, Any]:
-        summary = {
+        summary = self._summary(status, **extra)
+        write_json_atomic(self.directory / "summary.json", summary)
+        return summary
+
+    def _summary(self, status: str, **extra: Any) -> dict[str, Any]:
+        return {
             "status": status,
             "wall-seconds": time.time() - self.started,
             "started-at": self.started,
@@ -150,5 +170,3 @@ class RunRecorder:
             **self.described,
             **extra,
         }
-        write_json_atomic(self.directory / "summary.json", summary)
-        return summary

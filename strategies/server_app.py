@@ -57,6 +57,7 @@ from strategies.results import RunRecorder
 from strategies.round_interface import RoundStrategy
 from strategies.sampling import discover_partitions
 from strategies.schedules import ClientSchedule
+from strategies.tracking import Trackers
 
 app = ServerApp()
 
@@ -98,6 +99,7 @@ def main(grid: Grid, context: Context) -> None:
     recorder = RunRecorder(
         directory, config, summary_horizon(config), config["target-accuracy"],
         rows=checkpoint["rows"] if checkpoint else (), resumed_after=checkpoint["round"] if checkpoint else None,
+        trackers=Trackers(config, directory) if config["track"] else None,
     )
     try:
         run(grid, config, recorder, checkpoint)
