@@ -19,9 +19,11 @@ TOOLS = {
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in TOOLS:
-        given = f"{argv[0]!r} is not a tool; " if argv and argv[0] not in ("-h", "--help") else ""
-        print(f"usage: python -m experiments.analysis TOOL [--help]\n{given}tools: {', '.join(TOOLS)}", file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        asked = bool(argv) and argv[0] in ("-h", "--help")  # asked-for help goes to stdout, as argparse's
+        given = f"{argv[0]!r} is not a tool; " if argv and not asked else ""
+        print(f"usage: python -m experiments.analysis TOOL [--help]\n{given}tools: {', '.join(TOOLS)}",
+              file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 2
     tool = importlib.import_module(TOOLS[argv[0]])
     try:
         return guarded(lambda: tool.main(argv[1:]))
