@@ -74,7 +74,7 @@ def averaging_start(config: Mapping[str, Any]) -> int | None:
 
 
 def accuracy_figure(curves: Mapping[str, pd.DataFrame], title: str = "", starts: Mapping[str, int | None] | None = None):
-    """Central test accuracy per round, one colour per run: the reported model solid and,
+    """Central test accuracy (%) per round, one colour per run: the reported model solid and,
     where a run also has an averaged model, its base model dashed and thinner on top (visible
     where the two coincide); a dotted vertical line where a run's averaging starts; integer
     round ticks. Returns the matplotlib Figure."""
@@ -90,9 +90,9 @@ def accuracy_figure(curves: Mapping[str, pd.DataFrame], title: str = "", starts:
         # Each later run is drawn thinner, so runs that coincide (e.g. before averaging starts)
         # stay visible as a line inside a line.
         width = max(1.2, 3.0 - 0.6 * index)
-        (line,) = ax.plot(frame["round"], frame["test-accuracy"], linewidth=width, label=label)
+        (line,) = ax.plot(frame["round"], 100 * frame["test-accuracy"], linewidth=width, label=label)
         if "averaged-accuracy" in frame and frame["averaged-accuracy"].notna().any():
-            ax.plot(frame["round"], frame["base-accuracy"], linestyle=(0, (2, 2)), linewidth=1.0, zorder=3,
+            ax.plot(frame["round"], 100 * frame["base-accuracy"], linestyle=(0, (2, 2)), linewidth=1.0, zorder=3,
                     color=line.get_color(), alpha=0.9, label=f"{label}: base model")
         if starts.get(label):
             ax.axvline(starts[label], color=line.get_color(), linestyle=":", linewidth=1.2,
@@ -100,7 +100,7 @@ def accuracy_figure(curves: Mapping[str, pd.DataFrame], title: str = "", starts:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(title or "central test accuracy per round")
     ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy")
+    ax.set_ylabel("test accuracy (%)")  # as in the sweep reports
     ax.grid(alpha=0.3)
     fig.legend(loc="outside lower center", ncols=min(3, max(1, len(ax.lines))), fontsize="small")
     return fig

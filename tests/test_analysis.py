@@ -328,3 +328,23 @@ def test_saved_models_round_trip_and_a_resume_discards_later_rounds(tmp_path):
     with pytest.raises(FileNotFoundError, match="saved rounds: 2"):
         load_round_models(tmp_path, 4)
 
+
+
+def test_a_wima_runs_base_curve_has_its_own_entry_and_identical_curves_stay_visible():
+    """The WIMA run's base model is the FedAvg run of the same seed, bit for bit: drawn
+    under FedAvg's name and colour it hid that curve (or hid under it)."""
+    import matplotlib.pyplot as plt
+
+    from experiments.analysis.stability import plot_stability
+
+    rounds, accuracy = np.arange(1, 6), np.array([0.2, 0.4, 0.5, 0.6, 0.65])
+    curves = [{"label": "fedavg", "averaged": False, "rounds": rounds, "accuracy": accuracy},
+              {"label": "fedavg+wima", "averaged": True, "rounds": rounds, "accuracy": accuracy + 0.01},
+              {"label": "fedavg+wima: base model", "averaged": False, "rounds": rounds, "accuracy": accuracy}]
+    figure = plot_stability(curves, window=2, title="t")
+    top = figure.axes[0]
+    lines = {line.get_label(): line for line in top.lines}
+    assert set(lines) == {"fedavg", "fedavg+wima", "fedavg+wima: base model"}
+    same = lines["fedavg"], lines["fedavg+wima: base model"]
+    assert same[0].get_color() != same[1].get_color() and same[0].get_linewidth() > same[1].get_linewidth()
+    plt.close(figure)

@@ -200,6 +200,7 @@ def test_accuracy_figure_names_methods_setup_and_averaging_start():
     # Coinciding curves stay distinguishable: later runs thinner, base models dashed.
     widths = [line.get_linewidth() for line in ax.lines if line.get_label() in curves]
     assert widths == sorted(widths, reverse=True) and len(set(widths)) == 3
+    assert ax.get_ylabel() == "test accuracy (%)" and max(ax.lines[0].get_ydata()) == 75.0  # % as in sweep reports
     plt.close(fig)
 
 

@@ -51,7 +51,9 @@ def curves_of(run: AnalysisRun) -> list[dict[str, object]]:
                "accuracy": results["test-accuracy"].to_numpy()}]
     shadow = averaging != "none" and (results["sent-model"] == "base").all()
     if shadow:
-        curves.append({"label": run.config["strategy"], "averaged": False, "rounds": results["round"].to_numpy(),
+        # Its own entry and colour: the base model of a WIMA run is the FedAvg run of the same
+        # seed, bit for bit, and would hide under (or hide) that run's curve.
+        curves.append({"label": f"{run.label}: base model", "averaged": False, "rounds": results["round"].to_numpy(),
                        "accuracy": results["base-accuracy"].to_numpy()})
     return curves
 
@@ -59,12 +61,16 @@ def curves_of(run: AnalysisRun) -> list[dict[str, object]]:
 def plot_stability(curves: list[dict[str, object]], window: int, title: str):
     figure, (top, bottom) = pyplot().subplots(2, 1, figsize=(9, 7), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     colours: dict[str, str] = {}
-    for curve in curves:
+    for index, curve in enumerate(curves):
         colour = colours.setdefault(str(curve["label"]), f"C{len(colours) % 10}")
         style = "--" if curve["averaged"] else "-"
         label = f"{curve['label']} (seed {curve['seed']})" if curve.get("many-seeds") else str(curve["label"])
-        top.plot(curve["rounds"], 100 * np.asarray(curve["accuracy"]), style, color=colour, label=label, linewidth=1.2)
-        bottom.plot(curve["rounds"], 100 * round_to_round_noise(curve["accuracy"], window), style, color=colour, linewidth=1)
+        # Each later curve thinner: identical curves (a WIMA run's base model and the run
+        # without averaging) stay visible as a line inside a line.
+        width = max(0.6, 2.4 - 0.4 * index)
+        top.plot(curve["rounds"], 100 * np.asarray(curve["accuracy"]), style, color=colour, label=label, linewidth=width)
+        bottom.plot(curve["rounds"], 100 * round_to_round_noise(curve["accuracy"], window), style, color=colour,
+                    linewidth=width)
     top.set(ylabel="test accuracy (%)", title="solid: without averaging, dashed: with")
     bottom.set(xlabel="round", ylabel=f"noise (pp), window {window}")
     top.legend(fontsize=8)
