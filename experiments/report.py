@@ -35,16 +35,16 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("run")
 
 
-AVERAGING_NAMES = {"ima": "IMA", "wima": "WIMA", "swa": "SWA"}
 
 
 def method_label(config: Mapping[str, Any], extra_keys: Iterable[str] = ()) -> str:
     """What ran, as the papers write it: "FedAvg+IMA", then ``extra_keys`` as key=value."""
-    from strategies.methods import METHODS  # the declarations import torch: only when a label is asked for
+    from strategies.methods import AVERAGINGS, METHODS  # the declarations import torch: only when asked for
 
     name = METHODS[config["strategy"]].display_name if config["strategy"] in METHODS else config["strategy"]
     if config["averaging"] != "none":
-        name += "+" + AVERAGING_NAMES.get(config["averaging"], config["averaging"])
+        rule = AVERAGINGS.get(config["averaging"])
+        name += "+" + (rule.display_name if rule else config["averaging"])
     extras = [f"{k}={_config_value(config[k])}" for k in extra_keys]
     return ", ".join([name, *extras])
 
@@ -66,11 +66,11 @@ def setup_title(config: Mapping[str, Any]) -> str:
 
 def averaging_start(config: Mapping[str, Any]) -> int | None:
     """The first round whose reported model is an average (None without averaging)."""
-    from strategies.config import averaging_start_round
+    from strategies.methods import AVERAGINGS
 
     if config["averaging"] == "none":
         return None
-    return config["window"] if config["averaging"] == "wima" else averaging_start_round(config)
+    return AVERAGINGS[config["averaging"]].first_average(config)
 
 
 def accuracy_figure(curves: Mapping[str, pd.DataFrame], title: str = "", starts: Mapping[str, int | None] | None = None):

@@ -48,6 +48,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from strategies.arrays import to_arrays, to_numpy
+from strategies.method import AveragingSpec, averaging_start_round
+from strategies.options import ConfigError
 from strategies.round_interface import RoundStrategy, attribute_state
 
 if TYPE_CHECKING:
@@ -341,3 +343,38 @@ class ServerSWA(ModelAveraging):
                  basin_clients: bool = False) -> None:
         super().__init__(_checked_base(strategy, basin_clients, "ServerSWA"), None, start_round, feedback=False,
                          sample_every=cycle, subset=subset)
+
+
+def window_fits(config) -> None:
+    """IMA's and WIMA's window must fill within the run."""
+    if config["window"] > config["num-rounds"]:
+        raise ConfigError(
+            f"run config key 'window' = {config['window']} exceeds num-rounds = {config['num-rounds']}: the window "
+            f"of {config['averaging'].upper()} would never fill; allowed: 1..{config['num-rounds']}"
+        )
+
+
+def build_ima(base: Strategy, config) -> ModelAveraging:
+    # The IMA authors' ordering on FedAdam/FedYogi/FedAdagrad (see the module docstring).
+    optimizer_target = hasattr(base, "step_target") and config["ima-server-opt"] == "fma-target"
+    return ModelAveraging(base, config["window"], averaging_start_round(config), feedback=True,
+                          subset=config["avg-subset"], optimizer_target=optimizer_target)
+
+
+def build_swa(base: Strategy, config) -> ModelAveraging:
+    start, cycle = averaging_start_round(config), config["swa-cycle"]
+    if config["swa-variant"] == "official-code":
+        # fedsam's models/main.py: update after rounds i > s with (i − s) mod c = 0.
+        return ModelAveraging(base, None, start + cycle, feedback=False, sample_every=cycle, sample_phase=start,
+                              subset=config["avg-subset"])
+    return ModelAveraging(base, None, start, feedback=False, sample_every=cycle, subset=config["avg-subset"])
+
+
+AVERAGINGS = (
+    AveragingSpec("ima", "IMA", build_ima, check=window_fits),
+    AveragingSpec("wima", "WIMA",
+                  lambda base, config: ModelAveraging(base, config["window"], config["window"],
+                                                      feedback=config["avg-feedback"], subset=config["avg-subset"]),
+                  check=window_fits, first_average=lambda config: config["window"]),
+    AveragingSpec("swa", "SWA", build_swa),
+)

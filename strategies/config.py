@@ -20,7 +20,8 @@ from partitions.client_dirichlet import EXHAUSTIONS as CLIENT_EXHAUSTIONS
 from partitions.datasets import BUILTIN_DATASETS, INPUT_SHAPES, is_known_dataset
 from partitions.stats import LABEL_SCHEMES, PARTITION_SCHEMES
 from strategies.averaging import AVERAGING_SUBSETS
-from strategies.methods import METHODS, method, method_options
+from strategies.method import averaging_start_round as averaging_start_round
+from strategies.methods import AVERAGINGS, METHODS, method, method_options
 from strategies.options import ConfigError as ConfigError
 from strategies.options import Option
 from strategies.options import one_of as _one_of
@@ -35,7 +36,7 @@ STRATEGY_NAMES = tuple(METHODS)
 # sequence models (next-character prediction).
 RESIDUAL_ONLY = tuple(name for name, spec in METHODS.items() if spec.model_needs == "slimmable-residual")
 IMAGE_ONLY = tuple(name for name, spec in METHODS.items() if spec.model_needs != "any")
-AVERAGING_NAMES = ("none", "ima", "wima", "swa")
+AVERAGING_NAMES = ("none", *AVERAGINGS)
 # IMA on FedAdam/FedYogi/FedAdagrad: the window of FMA aggregates is the target of the
 # optimiser's step (the IMA authors' code), or the window of the optimiser's outputs is sent.
 IMA_SERVER_OPT_ORDERINGS = ("fma-target", "output-window")
@@ -289,11 +290,8 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"run config key 'avg-start' = {config['avg-start']!r} is not allowed; allowed: a fraction in (0, 1) "
             f"or a whole round number between 1 and num-rounds = {config['num-rounds']}"
         )
-    if config["averaging"] in ("ima", "wima") and config["window"] > config["num-rounds"]:
-        raise ConfigError(
-            f"run config key 'window' = {config['window']} exceeds num-rounds = {config['num-rounds']}: the window "
-            f"of {config['averaging'].upper()} would never fill; allowed: 1..{config['num-rounds']}"
-        )
+    if config["averaging"] != "none" and (rule := AVERAGINGS[config["averaging"]]).check is not None:
+        rule.check(config)
     if config["min-replies"] > cohort_size(config):
         raise ConfigError(
             f"run config key 'min-replies' = {config['min-replies']} exceeds the cohort size {cohort_size(config)} "
@@ -306,14 +304,6 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"allowed: partitions 0..{config['num-clients'] - 1}"
         )
     return config
-
-
-def averaging_start_round(config: Mapping[str, Any]) -> int:
-    """avg-start as a 1-based round: a fraction of num-rounds (rounded) or a round number."""
-    start = config["avg-start"]
-    if start < 1:
-        return max(1, round(start * config["num-rounds"]))
-    return int(start)
 
 
 def summary_horizon(config: Mapping[str, Any]) -> int:

@@ -146,7 +146,7 @@ def _fedopt(name: str, display_name: str, cls: type[ServerOptimizer]) -> MethodS
 
     options = {key: FEDOPT_OPTIONS[key] for key in ("tau",)} if cls is FedAdagrad else (
         FEDOPT_OPTIONS if cls is FedAdam else {k: v for k, v in FEDOPT_OPTIONS.items() if k != "fedadam-bias-correction"})
-    spec = MethodSpec(name, display_name, build, options=options, default_server_lr=0.01, adaptive_server_optimizer=True)
+    spec = MethodSpec(name, display_name, build, options=options, default_server_lr=0.01)
     return spec
 
 

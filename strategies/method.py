@@ -1,4 +1,5 @@
-"""A method's declaration: everything Basin needs to know about it, in one place.
+"""A method's declaration, and an averaging rule's: everything Basin needs to know about
+it, in one place.
 
 Each method's own module ends with ``METHODS = (MethodSpec(...), ...)``; strategies/methods.py
 lists those modules, and every table that used to name methods — the registry, config
@@ -21,8 +22,7 @@ A declaration says:
   state across rounds (checkpoints then snapshot it);
 - what it needs: ``plain_sgd`` (its paper steps with plain SGD: no client momentum),
   ``model_needs`` ("image": one label per image; "slimmable-residual"), and
-  ``default_server_lr`` (``server-lr = 0``), ``adaptive_server_optimizer`` (FedAdam and
-  kin, for IMA's ordering);
+  ``default_server_lr`` (``server-lr = 0``);
 - ``projection_head``: on the models that have one to add (FedAlign's ResNet-56), train
   with a two-layer projection head (MOON);
 - ``cost_table``: its rows in ``python -m experiments.costs``'s default table, each a name
@@ -72,7 +72,6 @@ class MethodSpec:
     plain_sgd: bool | Callable[[Mapping[str, Any]], bool] = False
     model_needs: str = "any"
     default_server_lr: float = 1.0
-    adaptive_server_optimizer: bool = False
     projection_head: bool = False
     cost_table: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -90,3 +89,33 @@ class MethodSpec:
     def server_lr(self, config: Mapping[str, Any]) -> float:
         """``server-lr``, or the method's default when it is 0."""
         return config["server-lr"] or self.default_server_lr
+
+
+def averaging_start_round(config: Mapping[str, Any]) -> int:
+    """avg-start as a 1-based round: a fraction of num-rounds (rounded) or a round number."""
+    start = config["avg-start"]
+    if start < 1:
+        return max(1, round(start * config["num-rounds"]))
+    return int(start)
+
+
+@dataclass(frozen=True)
+class AveragingSpec:
+    """An averaging rule's declaration (the ``averaging`` key's value ``name``): how it wraps
+    the base method's strategy (``build(base, config)``, a
+    :class:`~strategies.averaging.ModelAveraging`), its own run-config keys, constraints on
+    other keys, and the first round whose reported model is an average (figures mark it).
+    Rules live in strategies/averaging.py (IMA, WIMA, SWA) and their own modules
+    (strategies/ema.py), listed in strategies/methods.py's ``AVERAGING_MODULES``."""
+
+    name: str
+    display_name: str
+    build: Callable[[Any, Mapping[str, Any]], Any]
+    options: Mapping[str, Option] = field(default_factory=dict)
+    check: Callable[[Mapping[str, Any]], None] | None = None
+    first_average: Callable[[Mapping[str, Any]], int] = averaging_start_round
+
+    def __post_init__(self) -> None:
+        missing = [key for key, option in self.options.items() if option.default is None]
+        if missing:
+            raise ValueError(f"{self.name}: option(s) {', '.join(missing)} declare no default")

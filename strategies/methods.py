@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from strategies.method import MethodSpec
+from strategies.method import AveragingSpec, MethodSpec
 from strategies.options import Option, toml_value
 
 if TYPE_CHECKING:
@@ -31,6 +31,8 @@ METHOD_MODULES = (
     "clients.objectives.moon", "clients.objectives.sam", "clients.objectives.fedalign", "clients.objectives.mixup",
     "clients.objectives.stochastic_depth", "clients.objectives.gradaug", "clients.objectives.label_smoothing",
 )
+# Averaging rules (the ``averaging`` key), each module ending with ``AVERAGINGS = (AveragingSpec(...),)``.
+AVERAGING_MODULES = ("strategies.averaging", "strategies.ema")
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 BLOCK_START = "# -- method keys: generated from the methods' declarations by `python -m strategies.methods --write-pyproject`"
 BLOCK_END = "# -- end of method keys"
@@ -47,6 +49,13 @@ def _load() -> dict[str, MethodSpec]:
 
 
 METHODS: dict[str, MethodSpec] = _load()
+AVERAGINGS: dict[str, AveragingSpec] = {
+    rule.name: rule for module in AVERAGING_MODULES for rule in importlib.import_module(module).AVERAGINGS
+}
+
+
+def _declarations() -> list[MethodSpec | AveragingSpec]:
+    return [*METHODS.values(), *AVERAGINGS.values()]
 
 
 def method(name: str) -> MethodSpec:
@@ -55,10 +64,10 @@ def method(name: str) -> MethodSpec:
 
 
 def method_options() -> dict[str, Option]:
-    """Every method's own run-config keys, in declaration order. A key shared by several
-    methods must be the same Option (declared by one, imported by the others)."""
+    """Every method's and averaging rule's own run-config keys, in declaration order. A key
+    shared by several must be the same Option (declared by one, imported by the others)."""
     options: dict[str, Option] = {}
-    for spec in METHODS.values():
+    for spec in _declarations():
         for key, option in spec.options.items():
             if options.setdefault(key, option) is not option:
                 raise ValueError(f"run-config key {key!r} is declared differently by {spec.name!r} and another method")
@@ -83,7 +92,7 @@ def pyproject_block() -> str:
     """The method keys of ``[tool.flwr.app.config]``, from the declarations (Flower accepts
     overrides only of keys that pyproject.toml declares)."""
     lines, seen = [BLOCK_START], set()
-    for spec in METHODS.values():
+    for spec in _declarations():
         own = [key for key in spec.options if key not in seen]
         seen.update(own)
         if own:

@@ -11,9 +11,8 @@ from typing import Any, cast
 
 from flwr.serverapp.strategy import Strategy
 
-from strategies.averaging import ModelAveraging
-from strategies.config import averaging_start_round
-from strategies.methods import method
+from strategies.method import averaging_start_round
+from strategies.methods import AVERAGINGS, method
 from strategies.round_interface import RoundStrategy
 from strategies.schedules import ClientSchedule
 
@@ -29,27 +28,9 @@ def build_strategy(config: Mapping[str, Any]) -> RoundStrategy:
     # Every declared method's strategy is a Flower Strategy as well as a RoundStrategy.
     method_strategy = build_base_strategy(config)
     base = cast(Strategy, method_strategy)
-    averaging, start = config["averaging"], averaging_start_round(config)
-    if averaging == "ima":
-        # The IMA authors' ordering on FedAdam/FedYogi/FedAdagrad (strategies/averaging.py).
-        optimizer_target = method(config["strategy"]).adaptive_server_optimizer and config["ima-server-opt"] == "fma-target"
-        return ModelAveraging(
-            base, config["window"], start, feedback=True, subset=config["avg-subset"], optimizer_target=optimizer_target
-        )
-    if averaging == "wima":
-        return ModelAveraging(
-            base, config["window"], config["window"], feedback=config["avg-feedback"], subset=config["avg-subset"]
-        )
-    if averaging == "swa":
-        cycle = config["swa-cycle"]
-        if config["swa-variant"] == "official-code":
-            # fedsam's models/main.py: update after rounds i > s with (i − s) mod c = 0.
-            return ModelAveraging(
-                base, None, start + cycle, feedback=False, sample_every=cycle, sample_phase=start,
-                subset=config["avg-subset"],
-            )
-        return ModelAveraging(base, None, start, feedback=False, sample_every=cycle, subset=config["avg-subset"])
-    return method_strategy
+    if config["averaging"] == "none":
+        return method_strategy
+    return AVERAGINGS[config["averaging"]].build(base, config)
 
 
 def build_client_schedule(config: Mapping[str, Any]) -> ClientSchedule:

@@ -39,7 +39,7 @@ BAD_VALUES = [
     ("seed", True),
     ("target-accuracy", 1.2),
     ("summary-last-k", -1),
-    ("averaging", "ema"),
+    ("averaging", "polyak"),
     ("window", 0),
     ("avg-start", 0),
     ("avg-start", 2.5),

@@ -59,6 +59,8 @@ METHOD_RUNS = {
     "stochastic-depth": {"strategy": "stochastic-depth", "num-rounds": 2, **RESNET},
     "gradaug": {"strategy": "gradaug", "num-rounds": 2, **RESNET},
     "label-smoothing": {"strategy": "label-smoothing"},
+    "fedavg+ema": {"averaging": "ema", "avg-start": 2, "ema-decay": 0.5},
+    "fedavg+swa": {"averaging": "swa", "avg-start": 2, "swa-cycle": 1},
 }
 RUNS = {
     "fedavg": {},

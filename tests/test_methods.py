@@ -55,12 +55,15 @@ def test_a_method_is_named_only_by_the_module_that_declares_it():
     assert not found, "\n".join(found)
 
 
-def test_every_declared_method_runs_in_a_real_flower_run():
+def test_every_declared_method_and_averaging_rule_runs_in_a_real_flower_run():
+    from strategies.methods import AVERAGINGS
     from tests.test_end_to_end import RUNS
     from tests.test_resilience import RESUMED_METHODS
 
-    ran = {config.get("strategy", "fedavg") for config in [*RUNS.values(), *RESUMED_METHODS.values()]}
-    assert set(METHODS) - ran == set()
+    configs = [*RUNS.values(), *RESUMED_METHODS.values()]
+    assert set(METHODS) - {config.get("strategy", "fedavg") for config in configs} == set()
+    assert set(AVERAGINGS) - {config.get("averaging", "ima") for config in RESUMED_METHODS.values()} \
+        - {config.get("averaging") for config in RUNS.values()} == set()
 
 
 def test_every_table_is_derived_from_the_declarations():
@@ -137,3 +140,18 @@ def test_label_smoothing_is_cross_entropy_against_smoothed_targets():
     target[torch.arange(5), y] += 0.8  # (1 − ε)·[k = y] + ε/C
     assert float(loss.detach()) == pytest.approx(float(-(target * log_p).sum(dim=1).mean().detach()), rel=1e-6)
     assert model.weight.grad is not None
+
+
+def test_the_ema_is_beta_times_the_average_plus_one_minus_beta_times_the_model():
+    from flwr.serverapp.strategy import FedAvg
+
+    from strategies.ema import ExponentialAveraging
+
+    ema = ExponentialAveraging(FedAvg(), decay=0.75, start_round=2)
+    for w in ([4.0, 0.0], [0.0, 8.0], [8.0, 4.0]):
+        ema._sample({"w": np.array(w, dtype=np.float32)})
+    # w_EMA = w¹ = (4, 0); then ¾·(4, 0) + ¼·(0, 8) = (3, 2); then ¾·(3, 2) + ¼·(8, 4) = (4.25, 2.5)
+    assert ema._average({"w": np.zeros(2, np.float32)})["w"].tolist() == [4.25, 2.5]
+    restored = ExponentialAveraging(FedAvg(), decay=0.75, start_round=2)
+    restored.load_state_dict(ema.state_dict())  # checkpointable: its one copy and count
+    assert restored.running_mean["w"].tolist() == [4.25, 2.5] and restored.num_averaged == 3
