@@ -171,12 +171,25 @@ def ancestry(pid: int) -> set[int]:
         pid = parent
 
 
+# The process that hosts a run's ServerApp: the simulation process, or a deployment's.
+SERVER_APP_COMMANDS = ("flwr-simulation", "flwr-serverapp")
+
+
 def stop_home(home: Path | str, grace: float = 1.0) -> list[int]:
     """Stop every process of ``home`` (see :func:`processes_of_home`) with its tree and
-    process groups; returns the PIDs it found."""
+    process groups; returns the PIDs it found.
+
+    The ServerApp's process is killed first, at once: while the others get their grace to
+    stop, a run that is being stopped records no further round (a fast run used to reach
+    its end during that second). Everything it writes is written whole (appended rows,
+    files replaced atomically), so nothing it wrote is cut."""
     roots = processes_of_home(home)
     if roots:
-        stop_process_tree(roots, grace=grace)
+        table = process_table()
+        for pid in process_tree(roots, table):
+            if any(command in table.get(pid, (0, 0, ""))[2] for command in SERVER_APP_COMMANDS):
+                signal_all({pid}, signal.SIGKILL)
+        stop_process_tree(roots, table, grace=grace)
     return roots
 
 
@@ -253,7 +266,7 @@ def simulation_running(port: int) -> bool:
     """Whether the simulation process (it hosts the ServerApp) of the SuperLink on ``port`` runs."""
     table = process_table()
     tree = process_tree(superlinks(port, table), table)
-    return any("flwr-simulation" in table[pid][2] and alive(pid) for pid in tree)
+    return any(SERVER_APP_COMMANDS[0] in table[pid][2] and alive(pid) for pid in tree)
 
 
 def superlinks(port: int, table: dict[int, tuple[int, int, str]]) -> list[int]:

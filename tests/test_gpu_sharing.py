@@ -1,4 +1,4 @@
-"""Sharing one GPU (experiments/mps.py, launch.client_resources, sweep --parallel auto),
+"""Sharing one GPU (experiments/mps.py, machine.client_resources, sweep --parallel auto),
 tested without one: a fake ``nvidia-cuda-mps-control`` records what it was asked."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import stat
 import pytest
 import torch
 
-from experiments import launch, sweep
+from experiments import machine, sweep_runs
 from experiments import mps as mps_module
 from experiments.cli import UsageError
 from experiments.machine import client_resources
@@ -104,7 +104,7 @@ def config(**values):
 def test_auto_gpu_share_trains_a_whole_cohort_at_once_within_cores_and_memory(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (40 << 30, 80 << 30))
-    monkeypatch.setattr(launch, "machine_cpus", lambda: 16)
+    monkeypatch.setattr(machine, "machine_cpus", lambda: 16)
     cohort_of_10 = config(**{"num-clients": 100, "participation": 0.1})
     assert client_resources([cohort_of_10], 1, None).num_gpus == pytest.approx(1 / 10)
     assert "10 client processes share the GPU" in capsys.readouterr().err
@@ -121,12 +121,12 @@ def test_auto_gpu_share_trains_a_whole_cohort_at_once_within_cores_and_memory(mo
 
 
 def test_parallel_auto(monkeypatch):
-    runs = [sweep.SweepRun(f"r{i}", config(**{"num-clients": 100, "participation": 0.1})) for i in range(6)]
-    plan = sweep.Sweep("s", runs, launch.ClientResources(), 0, True)
+    runs = [sweep_runs.SweepRun(f"r{i}", config(**{"num-clients": 100, "participation": 0.1})) for i in range(6)]
+    plan = sweep_runs.Sweep("s", runs, machine.ClientResources(), 0, True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert sweep.auto_parallel(plan) == 1
+    assert sweep_runs.auto_parallel(plan) == 1
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (70 << 30, 80 << 30))
-    assert sweep.auto_parallel(plan) == sweep.AUTO_PARALLEL_MAX
+    assert sweep_runs.auto_parallel(plan) == sweep_runs.AUTO_PARALLEL_MAX
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (25 << 30, 80 << 30))
-    assert sweep.auto_parallel(plan) == 2  # 10 client processes of 1 GiB per run
+    assert sweep_runs.auto_parallel(plan) == 2  # 10 client processes of 1 GiB per run

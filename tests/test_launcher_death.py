@@ -20,11 +20,12 @@ from experiments.output_dir import LOCK_FILE
 from experiments.processes import process_table, processes_of_home, ray_sessions
 from experiments.run_config import APP_DIR, resolve_config
 
-# 4 clients, 2 per round, 40 rounds of ~0.1 s (4 epochs of batches of 4), a checkpoint
+# 4 clients, 2 per round, 60 rounds of ~0.1 s (4 epochs of batches of 4), a checkpoint
 # every 2: killed after round 3 or so, the resumed run redoes the rounds after its last
 # checkpoint. Enough rounds that the run cannot finish while its launcher's death is
-# being cleaned up (16 did, once rounds got faster: the summary then said completed).
-SETTINGS = {"num-clients": 4, "participation": 0.5, "num-rounds": 40, "local-epochs": 4, "batch-size": 4, "device": "cpu",
+# being noticed (16 did, once rounds got faster; 40 did twice late in a full suite run,
+# before the clean-up froze the ServerApp first: the summary then said completed).
+SETTINGS = {"num-clients": 4, "participation": 0.5, "num-rounds": 60, "local-epochs": 4, "batch-size": 4, "device": "cpu",
             "averaging": "ima", "window": 2, "avg-start": 4, "checkpoint-every": 2}
 TIMING_COLUMNS = ["round-seconds", "train-seconds", "eval-seconds", "client-seconds"]
 WAYS = ("sigkill", "sighup-group", "ctrl-c-twice")

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from experiments import launch as launch_module
-from experiments import run, sweep
+from experiments import run, sweep, sweep_runs
 from experiments.launch import RunFailed, launch
 from experiments.processes import free_port, stop_process_tree
 from experiments.ray_cluster import LocalRayCluster, RayClusterUnreachable, check_ray_address
@@ -71,7 +71,7 @@ def test_the_command_lines_pass_the_address_to_every_run(tmp_path, tiny_sweep, m
         raise RunFailed("not run")
 
     monkeypatch.setattr(launch_module, "launch", fake_launch)  # run.main imports it when called
-    monkeypatch.setattr(sweep, "launch", fake_launch)
+    monkeypatch.setattr(sweep_runs, "launch", fake_launch)
     monkeypatch.setattr(signal, "signal", lambda *args: None)  # the commands' SIGTERM handler
     with socket.create_server(("127.0.0.1", 0)) as listener:
         address = f"127.0.0.1:{listener.getsockname()[1]}"
@@ -189,7 +189,7 @@ def test_a_job_of_runs_one_after_another_shares_one_ray_cluster(tmp_path, tiny_s
         raise RunFailed("not run")
 
     monkeypatch.setattr(launch_module, "launch", fake_launch)
-    monkeypatch.setattr(sweep, "launch", fake_launch)
+    monkeypatch.setattr(sweep_runs, "launch", fake_launch)
     monkeypatch.setattr(signal, "signal", lambda *args: None)
     two_seeds = tmp_path / "two.toml"
     two_seeds.write_text("[set]\nnum-rounds = 1\n[grid]\nseed = [0, 1]\n")
