@@ -94,18 +94,19 @@ class AdaBest(ServerUpdate, InPlaceFedAvg):
         self.examples_per_step = (float(state["examples-per-step"][0]), int(state["examples-per-step"][1]))
 
 
+ADABEST_OPTIONS = {
+    "adabest-mu": Option(float, "a number >= 0 (AdaBest's μ: the bias estimate's step)", lambda v: v >= 0, default=0.02),
+    "adabest-beta": Option(float, "a number in [0, 1) (AdaBest's server extrapolation β)", lambda v: 0 <= v < 1,
+                           default=0.85),
+    "adabest-variant": one_of(*ADABEST_VARIANTS, default="paper"),
+}
+
 METHODS = (
     MethodSpec(
         "adabest", "AdaBest",
         lambda config: AdaBest(**COHORT, mu=config["adabest-mu"], beta=config["adabest-beta"],
                                variant=config["adabest-variant"]),
-        options={
-            "adabest-mu": Option(float, "a number >= 0 (AdaBest's μ: the bias estimate's step)", lambda v: v >= 0,
-                                 default=0.02),
-            "adabest-beta": Option(float, "a number in [0, 1) (AdaBest's server extrapolation β)",
-                                   lambda v: 0 <= v < 1, default=0.85),
-            "adabest-variant": one_of(*ADABEST_VARIANTS, default="paper"),
-        },
-        client_components=(adabest_component,), client_state=True, plain_sgd=True, cost_table={"adabest": {}},
+        options=ADABEST_OPTIONS, client_components=(adabest_component,), client_state=True, plain_sgd=True,
+        cost_table={"adabest": {}},
     ),
 )

@@ -65,10 +65,10 @@ METHOD_RUNS = {
 RUNS = {
     "fedavg": {},
     "fedavg-again": {},  # the same seed: must repeat "fedavg" bit for bit
-    # FedAdam+IMA end to end: tests/test_resilience.py (its uninterrupted run).
+    # FedAdam+IMA end to end: tests/test_checkpoint_resume.py (its uninterrupted run).
     "fedprox+wima": {"num-rounds": 4, "strategy": "fedprox", "averaging": "wima", "window": 2},
     # SCAFFOLD end to end, its c_i carried across rounds and across a resume:
-    # tests/test_resilience.py (scaffold+ima).
+    # tests/test_checkpoint_resume.py (scaffold+ima).
     **METHOD_RUNS,
     # Heterogeneity beyond label skew, on small local copies of hub sets (tests/miniature.py):
     # Pachinko over 4 × 100 CIFAR-100-like images; feature + label skew, 3 domains × 2

@@ -57,8 +57,8 @@ def test_a_method_is_named_only_by_the_module_that_declares_it():
 
 def test_every_declared_method_and_averaging_rule_runs_in_a_real_flower_run():
     from strategies.methods import AVERAGINGS
+    from tests.test_checkpoint_resume import RESUMED_METHODS
     from tests.test_end_to_end import RUNS
-    from tests.test_resilience import RESUMED_METHODS
 
     configs = [*RUNS.values(), *RESUMED_METHODS.values()]
     assert set(METHODS) - {config.get("strategy", "fedavg") for config in configs} == set()

@@ -1,4 +1,4 @@
-"""The baselines of the seed papers' comparison tables (issue 13): FedCM, FedACG, MoFedSAM,
+"""The baselines of the seed papers' comparison tables: FedCM, FedACG, MoFedSAM,
 FedLESAM, AdaBest, MIME/MimeLite and FedFA. Each method's arithmetic by hand on tiny
 tensors, rounds through Flower Messages with their state checkpointed, and the clients'
 terms inside the local step."""
