@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import re
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,6 +75,7 @@ def method_options() -> dict[str, Option]:
     return options
 
 
+@cache  # asked by every client round: the declarations do not change in a process
 def client_components() -> tuple[Builder, ...]:
     """Every declared client-component builder, each once. A message asks for one method's
     components only, so their order across methods does not matter; within a method it is
@@ -81,6 +83,7 @@ def client_components() -> tuple[Builder, ...]:
     return tuple(dict.fromkeys(build for spec in METHODS.values() for build in spec.client_components))
 
 
+@cache
 def objective_builders() -> dict[str, ObjectiveBuilder]:
     """Local objectives by the name a round config sends (its method's name)."""
     return {spec.name: spec.objective for spec in METHODS.values() if spec.objective is not None}
