@@ -27,11 +27,10 @@ from experiments.launch import RunFailed, check_folder_reuse, end_summary, run_f
 from experiments.machine import ClientResources, check_data, check_machine
 from experiments.output_dir import OutputLock, create_output_dir, record_holder, unique_output_dir
 from experiments.processes import (
+    Guardian,
     deferred_interrupts,
     free_port,
     processes_of_home,
-    start_guardian,
-    stop_guardian,
     stop_process_tree,
 )
 from experiments.run_config import APP_DIR, load_preset, parse_overrides, resolve_config
@@ -105,7 +104,7 @@ class LocalFederation:
         self._bin_dir = Path(sys.executable).parent
         self._processes: list[subprocess.Popen] = []
         self._temp: tempfile.TemporaryDirectory | None = None
-        self._guardian: subprocess.Popen | None = None
+        self._guardian: Guardian | None = None
 
     def __enter__(self) -> LocalFederation:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -113,7 +112,7 @@ class LocalFederation:
         self.work_dir = Path(self._temp.name)
         # Every process of the federation has its FLWR_HOME under work_dir: the guardian
         # stops them all if this launcher dies (experiments/processes.py).
-        self._guardian = start_guardian(self.work_dir, self.log_dir)
+        self._guardian = Guardian(self.work_dir, self.log_dir)
         try:
             if self.security.tls:
                 self.tls = write_tls_certificates(self.work_dir / "tls")
@@ -243,7 +242,7 @@ class LocalFederation:
                 self._temp.cleanup()
                 self._temp = None
             if self._guardian is not None:
-                stop_guardian(self._guardian)
+                self._guardian.stop()
                 self._guardian = None
 
     # --- flwr CLI ----------------------------------------------------------------

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from experiments.output_dir import mark_abandoned_summaries
-from experiments.processes import GUARD_POLL_S, ray_sessions, remove_finished_ray_sessions, same_process_alive, stop_home
+from experiments.processes import GUARD_POLL_S, remove_finished_ray_sessions, same_process_alive, sessions_before, stop_home
 
 
 def main(argv: list[str]) -> int:
@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
-    sessions_before = ray_sessions()  # the guardian starts before the run's Ray
+    earlier_sessions = sessions_before(home)  # read now: the home is removed below
     while same_process_alive(launcher, started):
         time.sleep(GUARD_POLL_S)
     # The launcher is gone: nothing of its run may go on (nor write into its folder).
@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     stop_home(home)
     mark_abandoned_summaries(out_dir, str(launcher), "its processes stopped by the run's guardian")
     shutil.rmtree(home, ignore_errors=True)
-    remove_finished_ray_sessions(sessions_before)
+    remove_finished_ray_sessions(earlier_sessions)
     return 0
 
 

@@ -25,13 +25,12 @@ from experiments.flower_log import count_rounds, flower_failure_reason, follow_r
 from experiments.machine import ClientResources, gpu_memory_advice
 from experiments.output_dir import FolderHoldsAnotherRun, OutputLock, clear_folder, create_output_dir, record_holder
 from experiments.processes import (
+    Guardian,
     deferred_interrupts,
     free_port,
     ray_sessions,
     remove_finished_ray_sessions,
     simulation_running,
-    start_guardian,
-    stop_guardian,
     stop_home,
 )
 from experiments.ray_cluster import check_ray_address
@@ -188,7 +187,7 @@ def _launch_locked(
         # Every process of the run inherits FLWR_HOME: the guardian, and a launcher that
         # takes the folder over after this one died, find them all by it.
         record_holder(out_dir, flwr_home)
-        guardian = start_guardian(Path(flwr_home), out_dir)
+        guardian = Guardian(Path(flwr_home), out_dir)
         env = flower_environment(bin_dir, flwr_home, http_port, control_port, ray_address)
         command = [
             str(bin_dir / "flwr"), "run", str(stage_app(Path(flwr_home) / "app")), "--stream",
@@ -215,7 +214,7 @@ def _launch_locked(
                 if interrupted:  # recorded once the ServerApp is stopped: its rows are final
                     end_summary(out_dir, config, "interrupted", "stopped by Ctrl-C or SIGTERM")
                 remove_finished_ray_sessions(sessions_before)  # Ray's logs and sockets of this run
-                stop_guardian(guardian)
+                guardian.stop()
 
     summary = read_summary(out_dir)
     if summary is None or summary.get("status") != "completed":

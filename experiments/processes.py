@@ -10,13 +10,14 @@ kernel reuses) or process groups (which Ray's processes leave).
 
 A launcher's death must not leave them running: the SuperLink outlives ``flwr run``,
 Ray's agents outlive their parents, and a parent-death signal reaches only direct
-children. So each launch starts a **guardian** (:func:`start_guardian`,
+children. So each launch starts a **guardian** (:class:`Guardian`,
 ``python -m experiments.guardian``) in a session of its own, where the terminal's SIGHUP
 and Ctrl-C do not reach it. It checks every 0.2 s that its launcher (PID and start time,
 so a reused PID does not fool it) still runs; once the launcher is gone, however it died
 (SIGKILL, a closed terminal, a second Ctrl-C during clean-up), it stops every process of
 the run's ``FLWR_HOME``, marks the run's summaries ``killed`` and removes the directory.
-A launcher that ends normally stops its guardian first.
+A launcher that ends normally stops its guardian first; one whose guardian dies starts
+a new one within ``GUARDIAN_CHECK_S``.
 """
 
 from __future__ import annotations
@@ -75,10 +76,15 @@ def stop_process_tree(roots: list[int], table: ProcessTable | None = None, grace
     that processes which left the tree (Ray's agents outlive their parent) go too. The tree
     is collected before signalling, as children are re-parented once their parent exits;
     ``table`` is a snapshot from :func:`process_table` (taken now if not given).
+
+    Only groups that a process of the tree leads: a group the run merely joined is its
+    caller's (a batch script's ``&`` job, a ``subprocess.Popen`` child without a session
+    of its own: the launcher and ``flwr run`` are in the caller's group), and killing it
+    killed the caller.
     """
     table = process_table() if table is None else table
     tree = process_tree(roots, table)
-    groups = {table[pid][1] for pid in tree if pid in table} - {os.getpgrp()}
+    groups = {table[pid][1] for pid in tree if pid in table and table[pid][1] in tree} - {os.getpgrp()}
     signal_all(tree, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(alive(pid) for pid in tree):
@@ -212,25 +218,67 @@ def remove_finished_ray_sessions(before: set[Path]) -> None:
             shutil.rmtree(session, ignore_errors=True)
 
 
-def start_guardian(home: Path, out_dir: Path) -> subprocess.Popen:
+# How often the launcher checks that its guardian still runs.
+GUARDIAN_CHECK_S = 0.5
+# In a run's home: the Ray session folders that existed before the run (the guardian
+# removes only the run's own, also a guardian started after the run's Ray).
+SESSIONS_BEFORE_FILE = "ray-sessions-before.txt"
+
+
+class Guardian:
     """The guardian of a run whose processes live under ``home`` and write into ``out_dir``
-    (see the module docstring); stop it with :func:`stop_guardian` when the run is over."""
-    me = os.getpid()
-    command = [sys.executable, "-m", "experiments.guardian", str(me), str(start_time(me)), str(home), str(out_dir)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
-    return subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (see the module docstring), kept alive for as long as the run: a thread of the launcher
+    checks it every ``GUARDIAN_CHECK_S`` and starts a new one when it has died (the OOM
+    killer, a user's ``kill`` of a stray-looking Python process), so that the launcher's
+    own death later still stops the run. :meth:`stop` ends it when the run is over."""
+
+    def __init__(self, home: Path, out_dir: Path) -> None:
+        self.home, self.out_dir, self.restarts = home, out_dir, 0
+        (home / SESSIONS_BEFORE_FILE).write_text("".join(f"{session}\n" for session in sorted(ray_sessions())))
+        self.process = self._start()
+        self._stopped = threading.Event()
+        self._keeper = threading.Thread(target=self._keep, name="basin-guardian-keeper", daemon=True)
+        self._keeper.start()
+
+    def _start(self) -> subprocess.Popen:
+        me = os.getpid()
+        command = [sys.executable, "-m", "experiments.guardian", str(me), str(start_time(me)), str(self.home),
+                   str(self.out_dir)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
+        return subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def _keep(self) -> None:
+        while not self._stopped.wait(GUARDIAN_CHECK_S):
+            if self.process.poll() is not None:
+                print(f"[basin] the run's guardian (PID {self.process.pid}) died ({_how_it_ended(self.process.returncode)}); "
+                      "started a new one", file=sys.stderr, flush=True)
+                self.process = self._start()
+                self.restarts += 1
+
+    def stop(self) -> None:
+        """End the guardian of a run whose launcher is about to clean up itself (it then stops nothing)."""
+        self._stopped.set()
+        self._keeper.join()
+        if self.process.poll() is None:
+            self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
-def stop_guardian(guardian: subprocess.Popen) -> None:
-    """End a guardian whose launcher is about to clean up itself (it then stops nothing)."""
-    if guardian.poll() is None:
-        guardian.terminate()
+def _how_it_ended(returncode: int) -> str:
+    return f"signal {signal.Signals(-returncode).name}" if returncode < 0 else f"exit code {returncode}"
+
+
+def sessions_before(home: Path) -> set[Path]:
+    """The Ray session folders that existed before the run of ``home`` (see :class:`Guardian`)."""
     try:
-        guardian.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        guardian.kill()
-        guardian.wait()
+        return {Path(line) for line in (home / SESSIONS_BEFORE_FILE).read_text().splitlines() if line}
+    except OSError:
+        return ray_sessions()
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from experiments.run_config import APP_DIR, resolve_config
 SETTINGS = {"num-clients": 4, "participation": 0.5, "num-rounds": 40, "local-epochs": 4, "batch-size": 4, "device": "cpu",
             "averaging": "ima", "window": 2, "avg-start": 4, "checkpoint-every": 2}
 TIMING_COLUMNS = ["round-seconds", "train-seconds", "eval-seconds", "client-seconds"]
-WAYS = ("sigkill", "sighup-group", "ctrl-c-twice")
+WAYS = ("sigkill", "sighup-group", "ctrl-c-twice", "guardian-then-sigkill")
 
 
 def _command(out: Path) -> list[str]:
@@ -42,6 +42,12 @@ def _as_from_a_terminal() -> None:
     run completed: that was "clean-up takes 5–8 s late in a full suite run")."""
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
+
+
+def _guardian_of(home: str) -> int | None:
+    """The PID of the guardian of the run whose FLWR_HOME is ``home`` (None while there is none)."""
+    return next((pid for pid, (_, _, command) in process_table().items()
+                 if "experiments.guardian" in command and f" {home} " in command), None)
 
 
 def _rows(path: Path) -> int:
@@ -73,7 +79,14 @@ def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(tm
             time.sleep(0.05)
         home = (out / LOCK_FILE).read_text().splitlines()[1]  # the run's FLWR_HOME, as the lock records it
         assert processes_of_home(home), "the run's processes are found by their FLWR_HOME"
-        if way == "sigkill":
+        if way == "guardian-then-sigkill":  # the OOM killer or a user's kill takes the guardian first
+            guardian = _guardian_of(home)
+            os.kill(guardian, signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while _guardian_of(home) in (None, guardian):
+                assert time.monotonic() < deadline, "no new guardian 5 s after the first one died"
+                time.sleep(0.05)
+        if way in ("sigkill", "guardian-then-sigkill"):
             os.kill(launcher.pid, signal.SIGKILL)
         elif way == "sighup-group":  # the terminal or SSH session closed
             os.killpg(launcher.pid, signal.SIGHUP)
@@ -104,6 +117,8 @@ def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(tm
         assert "clients failed because their processes died" in summary["error"], summary
     else:
         assert summary["status"] == ("interrupted" if way == "ctrl-c-twice" else "killed"), summary
+    if way == "guardian-then-sigkill":
+        assert "the run's guardian" in launcher.stderr.read().decode(), "the launcher says it started a new guardian"
     rows_after_death = _rows(out / "results.csv")
     time.sleep(1.0)
     assert _rows(out / "results.csv") == rows_after_death  # nothing writes into the folder any more
@@ -174,3 +189,54 @@ def test_stopping_a_run_from_a_process_that_carries_its_flwr_home_does_not_stop_
     done = subprocess.run([sys.executable, "-c", code], cwd=APP_DIR, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "FLWR_HOME": str(home), "PYTHONPATH": str(APP_DIR)})
     assert done.stdout.strip() == "survived True True", done.stderr[-2000:]
+
+
+# A batch script without job control (bash without -i, a SLURM job, a Makefile, a CI step)
+# starts the launcher with `&`: the launcher, and the `flwr run` it starts, are then in
+# the script's process group. So is a Python program's child started without a session
+# of its own. Losing the launcher must not take the caller down with the run.
+_BATCH_SCRIPT = """
+"$@" >/dev/null 2>&1 &
+launcher=$!
+until [ "$(wc -l 2>/dev/null < "$OUT/results.csv" || echo 0)" -ge 2 ]; do
+  kill -0 "$launcher" 2>/dev/null || exit 3
+  sleep 0.1
+done
+kill -9 "$launcher"
+sleep 15
+echo survived > "$MARKER"
+"""
+_PYTHON_CALLER = """
+import os, signal, subprocess, sys, time
+from pathlib import Path
+out, marker = Path(os.environ["OUT"]), Path(os.environ["MARKER"])
+launcher = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+while not (out / "results.csv").is_file() or len((out / "results.csv").read_text().splitlines()) < 2:
+    if launcher.poll() is not None:
+        sys.exit(3)
+    time.sleep(0.1)
+os.kill(launcher.pid, signal.SIGKILL)
+time.sleep(15)
+marker.write_text("survived")
+"""
+
+
+@pytest.mark.parametrize("caller", ["bash-script", "python-popen"])
+def test_a_killed_launcher_does_not_take_down_the_script_that_started_it(tmp_path, caller):
+    out, marker = tmp_path / "run", tmp_path / "marker"
+    env = {**os.environ, "PYTHONPATH": str(APP_DIR), "OUT": str(out), "MARKER": str(marker)}
+    interpreter = ["bash", "-c", _BATCH_SCRIPT, "batch"] if caller == "bash-script" else [sys.executable, "-c", _PYTHON_CALLER]
+    # The caller gets a session of its own, so that the test runner is safe whatever happens to it.
+    script = subprocess.Popen([*interpreter, *_command(out)], cwd=APP_DIR, env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = script.communicate(timeout=240)
+    finally:
+        if script.poll() is None:
+            os.killpg(script.pid, signal.SIGKILL)
+            script.wait()
+    home = (out / LOCK_FILE).read_text().splitlines()[1] if (out / LOCK_FILE).is_file() else None
+    assert script.returncode == 0, f"the caller ended with {script.returncode} (-9: killed with the run): {err[-2000:]}"
+    assert marker.read_text().strip() == "survived"
+    assert home is None or not processes_of_home(home), "the run's processes are left"
+    assert json.loads((out / "summary.json").read_text())["status"] == "killed"
