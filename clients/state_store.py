@@ -17,7 +17,7 @@ checkpoint and those after it (at most ``checkpoint-every`` + 1 per client).
 
 from __future__ import annotations
 
-import os
+import io
 import re
 import shutil
 from collections.abc import Mapping
@@ -28,6 +28,7 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from clients import protocol
+from clients.atomic_files import write_atomically
 
 CLIENT_STATE_DIR = "client-state"  # in the server's output-dir
 SNAPSHOT = re.compile(r"round-(\d+)\.pt")
@@ -44,14 +45,12 @@ def stored_or_zeros(state: RecordDict, key: str, like: Mapping[str, torch.Tensor
 
 
 def atomic_save(obj: Any, path: Path) -> None:
-    """``torch.save`` to a temporary file, flushed to disk, then renamed over ``path``: a
-    reader sees the old file or the new one, never a torn one (also after ``kill -9``)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """``torch.save`` of ``obj`` to ``path``, atomically (:func:`write_atomically`). Serialized
+    in memory first: torch's own file writer reports a full disk as an unspecific
+    ``RuntimeError`` (\"iostream error\"), Python's write as ENOSPC."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    write_atomically(Path(path), buffer.getbuffer())
 
 
 def last_checkpoint_round(server_round: int, checkpoint_every: int, resumed_after: int) -> int:

@@ -2,13 +2,18 @@
 
 An error the user caused (a bad value, a missing file, a locked or unwritable output
 directory, a checkpoint of another run, …) prints one line, ``error: …`` with what is
-allowed or what to do, and exits 2; no traceback. Ctrl-C, or SIGTERM, ends with exit 130.
-Errors of other kinds are bugs and keep their traceback.
+allowed or what to do, and exits 2; no traceback. A full disk prints one line, ``error:
+the disk holding <folder> is full (…): free space and run the same command to resume``, and
+exits 3. Ctrl-C, or SIGTERM, ends with exit 130. Errors of other kinds are bugs and keep
+their traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import shutil
 import signal
 import sys
 import threading
@@ -17,11 +22,51 @@ from collections.abc import Callable
 from pathlib import Path
 
 EXIT_USAGE = 2
+EXIT_DISK_FULL = 3
 EXIT_INTERRUPTED = 130
+# What a full disk, or a full quota, makes a write fail with.
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+NO_SPACE = f"[Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)}"
 
 
 class UsageError(ValueError):
     """Input the user can fix: a command-line value, a file's content."""
+
+
+class DiskFull(Exception):
+    """A write failed because the disk holding ``folder`` is full: free space, and the same
+    command resumes (the run's checkpoint is whole)."""
+
+    def __init__(self, folder: Path | str, cause: str, what_to_do: str = "free space") -> None:
+        super().__init__(f"the disk holding {folder} is full ({cause}): {what_to_do} and run the same "
+                         "command to resume")
+        self.folder = folder
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+    """Whether ``error``, or an error it was raised from or while handling, is a full disk:
+    ENOSPC or EDQUOT, also among the errors of a ``shutil`` tree copy."""
+    return _full_disk_write(error) is not None
+
+
+def disk_full_error(error: BaseException) -> DiskFull:
+    """The DiskFull of an error that :func:`is_disk_full`: the folder of the file it could not write."""
+    filename = _full_disk_write(error)
+    return DiskFull(Path(os.path.dirname(os.path.abspath(filename))) if filename else Path.cwd(), NO_SPACE)
+
+
+def _full_disk_write(error: BaseException | None) -> str | None:
+    """The file that a full disk could not take in ``error``'s chain ("" if it names none), or None."""
+    while error is not None:
+        if isinstance(error, shutil.Error):  # copytree collects its errors as (source, destination, why)
+            entries = error.args[0] if error.args and isinstance(error.args[0], list) else []
+            for entry in entries:
+                if any(f"[Errno {number}]" in str(entry) for number in DISK_FULL_ERRNOS):
+                    return str(entry[1]) if isinstance(entry, tuple) and len(entry) == 3 else ""
+        elif isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
+            return str(error.filename or "")
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def nonempty_path(text: str) -> Path:
@@ -70,7 +115,7 @@ def _interrupt(signum, frame) -> None:
 
 
 def guarded(body: Callable[[], int]) -> int:
-    """``body()``'s exit code; 2 with one line for a user error, 130 when interrupted."""
+    """``body()``'s exit code; 2 with one line for a user error, 3 for a full disk, 130 when interrupted."""
     in_main_thread = threading.current_thread() is threading.main_thread()  # signals: main thread only
     previous = signal.signal(signal.SIGTERM, _interrupt) if in_main_thread else None
     try:
@@ -78,9 +123,20 @@ def guarded(body: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except DiskFull as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_DISK_FULL
     except user_errors() as error:
+        if is_disk_full(error):  # FileNotFoundError is a user error, and an OSError
+            print(f"error: {disk_full_error(error)}", file=sys.stderr)
+            return EXIT_DISK_FULL
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except Exception as error:
+        if not is_disk_full(error):
+            raise
+        print(f"error: {disk_full_error(error)}", file=sys.stderr)
+        return EXIT_DISK_FULL
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)

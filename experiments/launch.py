@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from experiments.cli import NO_SPACE, DiskFull, is_disk_full
 from experiments.flower_log import count_rounds, flower_failure_reason, follow_run, read_summary
 from experiments.machine import ClientResources, gpu_memory_advice
 from experiments.output_dir import FolderHoldsAnotherRun, OutputLock, clear_folder, create_output_dir, record_holder
@@ -65,6 +66,17 @@ def stage_app(destination: Path) -> Path:
     for name in APP_FILES:
         shutil.copy2(APP_DIR / name, destination / name)
     return destination
+
+
+def stage_in_temporary_directory(flwr_home: Path) -> Path:
+    """:func:`stage_app` into the run's ``FLWR_HOME``, a full temporary directory said as such."""
+    try:
+        return stage_app(flwr_home / "app")
+    except OSError as error:
+        if not is_disk_full(error):
+            raise
+        raise DiskFull(f"the temporary directory {tempfile.gettempdir()}", NO_SPACE,
+                       "free space there, or set TMPDIR to a folder with space,") from None
 
 
 def check_folder_reuse(out_dir: Path, config: Mapping[str, Any], overwrite: bool = False) -> None:
@@ -184,13 +196,16 @@ def _launch_locked(
     bin_dir = Path(sys.executable).parent
     log_path = out_dir / "flwr.log"
     with tempfile.TemporaryDirectory(prefix="basin-flwr-home-") as flwr_home:
+        # The app is staged before anything starts: a full temporary directory stops the
+        # launch here, with nothing to stop.
+        app = stage_in_temporary_directory(Path(flwr_home))
         # Every process of the run inherits FLWR_HOME: the guardian, and a launcher that
         # takes the folder over after this one died, find them all by it.
         record_holder(out_dir, flwr_home)
         guardian = Guardian(Path(flwr_home), out_dir)
         env = flower_environment(bin_dir, flwr_home, http_port, control_port, ray_address)
         command = [
-            str(bin_dir / "flwr"), "run", str(stage_app(Path(flwr_home) / "app")), "--stream",
+            str(bin_dir / "flwr"), "run", str(app), "--stream",
             "--run-config", str(run_config_path),
             "--federation-config", resources.federation_config(config["num-clients"]),
         ]
@@ -230,8 +245,9 @@ def _launch_locked(
     return summary
 
 
-def run_failure(out_dir: Path, config: Mapping[str, Any], log_path: Path, context: str = "") -> RunFailed:
-    """Why a Flower run in ``out_dir`` did not complete, as the RunFailed to raise.
+def run_failure(out_dir: Path, config: Mapping[str, Any], log_path: Path, context: str = "") -> RunFailed | DiskFull:
+    """Why a Flower run in ``out_dir`` did not complete, as the RunFailed to raise (DiskFull
+    when a write failed for a full disk: the summary then says ``failed`` with that reason).
 
     The ServerApp's recorded error when there is one (Flower's log, with its traceback, is
     named, not shown); else Flower or its processes died before the ServerApp recorded an
@@ -240,9 +256,16 @@ def run_failure(out_dir: Path, config: Mapping[str, Any], log_path: Path, contex
     caller saw (e.g. a SuperLink's exit).
     """
     summary = read_summary(out_dir)
+    log_text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+    if _disk_was_full(summary, log_text):
+        reason = f"the disk holding the output folder is full ({NO_SPACE})"
+        try:  # the run's temporary files are removed: a summary is small enough to fit, mostly
+            end_summary(out_dir, config, "failed", reason)
+        except OSError:
+            pass  # it then still says "running"; the next launcher in the folder marks it killed
+        return DiskFull(out_dir, NO_SPACE)
     if summary is not None and summary.get("status") == "failed":
         return RunFailed(f"run in {out_dir} failed: {summary.get('error')}{context}\n(Flower's log: {log_path})")
-    log_text = log_path.read_text(errors="replace") if log_path.is_file() else ""
     reason = flower_failure_reason(log_text) or (
         f"the ServerApp's process ended after round {count_rounds(out_dir)} without recording why "
         f"(killed from outside, or out of memory?)"
@@ -250,6 +273,14 @@ def run_failure(out_dir: Path, config: Mapping[str, Any], log_path: Path, contex
     end_summary(out_dir, config, "killed", reason)
     tail = "\n".join(log_text.splitlines()[-30:])
     return RunFailed(f"run in {out_dir} failed: {reason}{context}\n--- last lines of {log_path} ---\n{tail}")
+
+
+def _disk_was_full(summary: Mapping[str, Any] | None, log_text: str) -> bool:
+    """Whether the ServerApp failed writing to a full disk: its recorded error, or Flower's
+    log when it could not record one (the summary itself did not fit)."""
+    marker = "[Errno 28]"
+    return marker in str((summary or {}).get("error", "")) or (
+        (summary is None or summary.get("status") == "running") and marker in log_text)
 
 
 def end_summary(out_dir: Path, config: Mapping[str, Any], status: str, reason: str) -> None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import itertools
 import json
-import os
 import re
 import shutil
 import sys
@@ -23,7 +23,8 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.cli import EXIT_INTERRUPTED, EXIT_USAGE
+from clients.atomic_files import write_atomically
+from experiments.cli import EXIT_INTERRUPTED, EXIT_USAGE, DiskFull
 from experiments.launch import RunFailed, launch
 from experiments.machine import (
     CLIENT_PROCESS_GPU_BYTES,
@@ -242,6 +243,9 @@ def run_sweep(
                        progress=progress and parallel == 1, label=run.run_id,
                        leave=False, ray_address=ray_address, stop=stop)
                 outcome = {"status": "completed", "error": ""}
+            except DiskFull:
+                stop.set()  # every later run would fail the same way: this one stays pending, the others stop
+                raise
             except RunFailed as error:
                 outcome = {"status": "failed", "error": str(error).splitlines()[0]}
             except Exception as error:  # the sweep goes on; the run records why it failed
@@ -263,7 +267,7 @@ def run_sweep(
                 try:
                     for future in as_completed(futures):
                         future.result()
-                except KeyboardInterrupt:
+                except (KeyboardInterrupt, DiskFull):
                     stop.set()  # each running launch stops its processes and records "interrupted"
                     for future in futures:
                         future.cancel()
@@ -307,18 +311,16 @@ def _summary_columns(run_dir: Path) -> dict[str, Any]:
 def write_tables(sweep: Sweep, out_dir: Path) -> pd.DataFrame:
     """Rebuild results.parquet/.csv and curves.parquet, each replaced atomically."""
     table, curves = collect(sweep, out_dir)
-    _replace(out_dir / "results.parquet", lambda tmp: table.to_parquet(tmp, index=False))
-    _replace(out_dir / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
-    _replace(out_dir / "curves.parquet", lambda tmp: curves.to_parquet(tmp, index=False))
+    write_atomically(out_dir / "results.parquet", _parquet(table))
+    write_atomically(out_dir / "results.csv", table.to_csv(index=False).encode())
+    write_atomically(out_dir / "curves.parquet", _parquet(curves))
     return table
 
 
-def _replace(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _parquet(frame: pd.DataFrame) -> memoryview:
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False)
+    return buffer.getbuffer()
 
 
 # ---- command line -------------------------------------------------------------------

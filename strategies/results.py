@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clients.atomic_files import write_atomically
+
 if TYPE_CHECKING:
     from strategies.tracking import Trackers
 
@@ -46,13 +48,9 @@ ROUND_COLUMNS = (
 
 
 def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
-    """Write JSON to a temporary file and rename it over ``path`` (never half-written)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write JSON atomically (:func:`clients.state_store.write_atomically`: never half-written,
+    no temporary file left when the disk is full)."""
+    write_atomically(path, json.dumps(payload, indent=2, sort_keys=True).encode())
 
 
 def summarize(rows: Sequence[Mapping[str, Any]], last_k: int, target: float) -> dict[str, Any]:

@@ -1,0 +1,182 @@
+"""A full disk ends a command with one line and exit code 3, leaves no temporary file and
+no process, and the same command resumes to the uninterrupted run's results, bit for bit.
+
+The writers are checked everywhere by injecting ENOSPC; the commands on a real full
+filesystem (a small tmpfs), skipped where mounting is not permitted."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from clients.atomic_files import write_atomically
+from clients.state_store import atomic_save
+from experiments.cli import EXIT_DISK_FULL, guarded
+from experiments.reproducible import compare_runs
+from experiments.run_config import APP_DIR
+from partitions import cache
+from strategies.results import write_json_atomic
+from tests.conftest import processes_in_scope
+
+NO_SPACE = os.strerror(errno.ENOSPC)
+
+
+def _full_disk(*_args, **_kwargs):
+    raise OSError(errno.ENOSPC, NO_SPACE)
+
+
+WRITERS = {
+    "bytes": lambda path: write_atomically(path, b"new"),
+    "json (summaries)": lambda path: write_json_atomic(path, {"status": "new"}),
+    "torch (checkpoints, models)": lambda path: atomic_save({"w": torch.ones(3)}, path),
+}
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_writer_on_a_full_disk_keeps_the_old_file_leaves_no_temporary_one_and_names_the_file(tmp_path, monkeypatch, writer):
+    path = tmp_path / "file"
+    path.write_bytes(b"old")
+    monkeypatch.setattr(os, "fsync", _full_disk)  # the data reached the page cache, not the disk
+    with pytest.raises(OSError) as raised:
+        WRITERS[writer](path)
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
+    assert path.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_a_sweep_table_on_a_full_disk_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from experiments import sweep_runs
+
+    table = pd.DataFrame({"run": ["a"], "status": ["completed"]})
+    monkeypatch.setattr(sweep_runs, "collect", lambda sweep, out_dir: (table, table))
+    monkeypatch.setattr(os, "fsync", _full_disk)
+    with pytest.raises(OSError):
+        sweep_runs.write_tables(None, tmp_path)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_cache_entry_that_does_not_fit_is_not_left_for_a_later_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("BASIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(np, "savez", _full_disk)
+    arrays = cache.cached_arrays("test", "key", lambda: {"x": np.arange(3)})
+    assert np.array_equal(arrays["x"], np.arange(3))  # the run goes on with what it built
+    assert not cache.is_cached("test", "key")
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.parametrize("error", [
+    OSError(errno.ENOSPC, NO_SPACE, "/data/run/summary.json"),
+    RuntimeError("raised from a full disk"),  # e.g. a library's own error: the cause is what counts
+    shutil.Error([("/src/a.py", "/data/run/a.py", f"[Errno 28] {NO_SPACE}: '/data/run/a.py'")]),
+], ids=["OSError", "raised from one", "a tree copy's"])
+def test_a_full_disk_is_one_line_and_exit_code_3(capsys, error):
+    def body() -> int:
+        if isinstance(error, RuntimeError):
+            raise error from OSError(errno.ENOSPC, NO_SPACE, "/data/run/checkpoint.pt")
+        raise error
+
+    assert guarded(body) == EXIT_DISK_FULL == 3
+    assert capsys.readouterr().err == (f"error: the disk holding /data/run is full ([Errno 28] {NO_SPACE}): free space "
+                                       "and run the same command to resume\n")
+
+
+# ---- on a real full filesystem -----------------------------------------------------
+
+SETTINGS = {"num-clients": 4, "participation": 0.5, "num-rounds": 6, "local-epochs": 1, "device": "cpu",
+            "checkpoint-every": 1, "averaging": "ima", "window": 2, "avg-start": 2}
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 120 KiB tmpfs: round 1 or 2's checkpoint does not fit next to the run's other files."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=120k", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _run(out: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
+    sets = [arg for key, value in SETTINGS.items() for arg in ("--set", f"{key}={value}")]
+    return subprocess.run([sys.executable, "-m", "experiments.run", *sets, *extra, "--out", str(out)], cwd=APP_DIR,
+                          env={**env, "PYTHONPATH": str(APP_DIR)}, capture_output=True, text=True, timeout=300)
+
+
+def _nothing_left(scope: str) -> list[int]:
+    deadline = time.monotonic() + 8
+    while processes_in_scope(scope) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return sorted(processes_in_scope(scope))
+
+
+def test_a_full_output_disk_stops_the_run_in_one_line_and_the_same_command_resumes_exactly(small_disk, tmp_path, scoped_env):
+    env, scope = scoped_env
+    out = small_disk / "run"
+    full = _run(out, env)
+    assert full.returncode == EXIT_DISK_FULL, full.stderr[-3000:]
+    last = full.stderr.strip().splitlines()[-1]
+    assert last == (f"error: the disk holding {out} is full ([Errno 28] {NO_SPACE}): free space and run the same "
+                    "command to resume")
+    assert "Traceback" not in full.stderr
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and "disk" in summary["error"] and "full" in summary["error"]
+    assert _nothing_left(scope) == []
+
+    subprocess.run(["mount", "-o", "remount,size=20m", str(small_disk)], check=True)  # space freed
+    resumed = _run(out, env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    reference = _run(tmp_path / "uninterrupted", env)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    comparison = compare_runs(out, tmp_path / "uninterrupted")
+    assert comparison.identical, comparison.differences
+    assert _nothing_left(scope) == []
+
+
+def test_a_full_temporary_directory_is_named_and_leaves_no_process(small_disk, tmp_path, scoped_env):
+    env, scope = scoped_env
+    done = _run(tmp_path / "run", {**env, "TMPDIR": str(small_disk)})
+    assert done.returncode == EXIT_DISK_FULL, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: the disk holding the temporary directory {small_disk} is full ([Errno 28] {NO_SPACE}): free space "
+        "there, or set TMPDIR to a folder with space, and run the same command to resume")
+    assert "Traceback" not in done.stderr
+    assert _nothing_left(scope) == []
+    assert list(small_disk.iterdir()) == []  # the staged app's partial copy is removed
+
+
+def test_a_sweep_on_a_full_disk_stops_in_one_line_and_the_same_command_completes_it(small_disk, tmp_path, scoped_env):
+    env, scope = scoped_env
+    spec = tmp_path / "sweep.toml"
+    spec.write_text('name = "full"\n[set]\n' + "".join(f"{key} = {json.dumps(value)}\n" for key, value in SETTINGS.items())
+                    + '[grid]\naveraging = ["none", "ima"]\n')
+    out = small_disk / "sweep"
+    command = [sys.executable, "-m", "experiments.sweep", str(spec), "--no-progress", "--out", str(out)]
+    env = {**env, "PYTHONPATH": str(APP_DIR)}
+    full = subprocess.run(command, cwd=APP_DIR, env=env, capture_output=True, text=True, timeout=300)
+    assert full.returncode == EXIT_DISK_FULL, full.stderr[-3000:]
+    assert full.stderr.strip().splitlines()[-1].startswith(f"error: the disk holding {out / 'runs'}")
+    assert "Traceback" not in full.stderr
+    assert not [p for p in out.rglob("*.tmp")]
+    assert _nothing_left(scope) == []
+
+    subprocess.run(["mount", "-o", "remount,size=20m", str(small_disk)], check=True)
+    resumed = subprocess.run(command, cwd=APP_DIR, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert pd.read_csv(out / "results.csv")["status"].eq("completed").all()
+    assert _nothing_left(scope) == []
