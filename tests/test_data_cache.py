@@ -223,3 +223,26 @@ def test_a_cached_partition_is_one_mapped_file_of_read_only_views_and_a_damaged_
     entry.write_bytes(entry.read_bytes()[:-8])  # a truncated file: read fails, built again
     assert [a.tolist() for a in cache.cached_partition("data", ("iid", 3), build)] == [[5, 1, 9], [], [2]]
     assert len(built) == 2
+
+
+def test_two_launchers_at_once_on_an_empty_cache_both_complete_and_leave_it_whole(tmp_path):
+    """Both decode the data and build the partition at the same moment: each writes its
+    entry under a name of its own and renames it, so neither reads the other's half."""
+    from experiments.reproducible import compare_runs
+
+    env = {**os.environ, "BASIN_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    sets = [arg for key, value in {"num-clients": 4, "participation": 0.5, "num-rounds": 2, "device": "cpu"}.items()
+            for arg in ("--set", f"{key}={value}")]
+    launchers = [subprocess.Popen([sys.executable, "-m", "experiments.run", *sets, "--out", str(tmp_path / name)], cwd=REPO,
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for name in ("a", "b")]
+    for launcher in launchers:
+        _, err = launcher.communicate(timeout=300)
+        assert launcher.returncode == 0, err[-2000:]
+    assert compare_runs(tmp_path / "a", tmp_path / "b").identical  # the same config, the same bits
+    entries = [path for path in (tmp_path / "cache").rglob("*") if path.is_file()]
+    assert entries and not [path for path in entries if path.name.startswith(".")]  # no temporary file left
+    for path in entries:  # every entry reads back whole
+        loaded = np.load(path, allow_pickle=False)
+        if hasattr(loaded, "files"):
+            assert all(loaded[name].size >= 0 for name in loaded.files)

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import processes_in_scope
 
 from clients.atomic_files import write_atomically
 from clients.state_store import atomic_save
@@ -27,7 +28,6 @@ from experiments.reproducible import compare_runs
 from experiments.run_config import APP_DIR
 from partitions import cache
 from strategies.results import write_json_atomic
-from tests.conftest import processes_in_scope
 
 NO_SPACE = os.strerror(errno.ENOSPC)
 

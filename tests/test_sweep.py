@@ -295,3 +295,47 @@ def test_a_finished_sweep_run_again_has_nothing_pending_and_starts_no_ray(tmp_pa
     monkeypatch.setattr(sweep_runs.LocalRayCluster, "__exit__", lambda self, *exc: None)
     sweep_module.main([str(tmp_path / "sweep.toml"), "--out", str(out), "--no-progress"])
     assert started == [False]  # nothing to run: no Ray cluster for the job
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_parallel_sweep_stopped_by_its_scheduler_leaves_nothing_and_the_same_command_completes_it(tmp_path, scoped_env,
+                                                                                                   signum):
+    """A batch scheduler's stop (SIGTERM) or SIGKILL of `--parallel 2`: both runs' processes
+    gone within 8 s, and the same command completes the sweep, each round once."""
+    rounds = 40  # rounds of ~0.1 s: both runs are mid-way when the signal comes
+    small = SMALL.replace("num-rounds = 2", f"num-rounds = {rounds}\ncheckpoint-every = 2")
+    path = write_sweep(tmp_path, small.replace("local-epochs = 1", "local-epochs = 4\nbatch-size = 4") + """
+[grid]
+averaging = ["none", {averaging = "ima", window = 2, avg-start = 2}]
+""")
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "experiments.sweep", str(path), "--out", str(out), "--no-progress", "--parallel", "2"]
+    env, scope = scoped_env
+    sweep = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    runs = [out / "runs" / run.run_id for run in load_sweep(path).runs]
+    try:
+        deadline = time.monotonic() + 240
+        while not all((run / CHECKPOINT_FILE).is_file() for run in runs):
+            assert time.monotonic() < deadline and sweep.poll() is None, "the runs never reached their first checkpoint"
+            time.sleep(0.05)
+        sweep.send_signal(signum)
+        signalled = time.monotonic()
+        _, err = sweep.communicate(timeout=60)
+        while processes_in_scope(scope) and time.monotonic() - signalled < 8:
+            time.sleep(0.1)
+        assert processes_in_scope(scope) == set(), f"left {time.monotonic() - signalled:.1f} s after the signal"
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            sweep.wait()
+    assert sweep.returncode == (130 if signum == signal.SIGTERM else -signal.SIGKILL), err[-2000:]
+    for run in runs:
+        assert json.loads((run / "summary.json").read_text())["status"] in ("interrupted", "killed")
+
+    resumed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    table = pd.read_parquet(out / "results.parquet")
+    assert table["status"].eq("completed").all() and table["rounds"].eq(rounds).all()
+    for run in runs:
+        assert pd.read_csv(run / "results.csv")["round"].tolist() == list(range(1, rounds + 1))
+    assert processes_in_scope(scope) == set()
