@@ -7,6 +7,7 @@ process a test starts may outlive it.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 
@@ -123,3 +124,37 @@ def test_a_dead_supernode_is_one_failure_a_round_under_its_partition(tmp_path):
     later = rows[rows["round"] > killed_after + 1]  # the round under way when it died may still have its reply
     assert (later["clients-failed"] == 1).all() and (later["clients-ok"] == 3).all()
     assert all(failure.startswith(f"partition 2 (node {dead}): ") and ";" not in failure for failure in later["failures"])
+
+
+@pytest.mark.slow
+def test_a_frozen_supernode_fails_each_round_after_round_timeout_and_the_run_completes(tmp_path):
+    """One of 3 SuperNodes stopped (SIGSTOP, with its children: frozen, not dead) after
+    round 1: each later round waits for it `round-timeout` seconds at most, counts it as
+    one failure, and the run completes; the stopped processes are cleaned up with the rest."""
+    import signal
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from experiments.processes import process_table, process_tree
+
+    config = resolve_config({**SHORT, "num-clients": 3, "participation": 1.0, "min-replies": 2, "num-rounds": 3,
+                             "round-timeout": 10.0})
+    out = tmp_path / "run"
+    with LocalFederation(out) as federation, ThreadPoolExecutor(max_workers=1) as pool:
+        nodes = federation.start_supernodes(3)
+        frozen = nodes[1].node_id
+        running = pool.submit(federation.run, config, out, False)
+        deadline = time.monotonic() + 300
+        while not (out / "results.csv").is_file() or len((out / "results.csv").read_text().splitlines()) < 2:
+            assert time.monotonic() < deadline and not running.done(), "the run never reached round 1"
+            time.sleep(0.1)
+        for pid in process_tree([nodes[1].process.pid], process_table()):
+            os.kill(pid, signal.SIGSTOP)
+        frozen_after = len((out / "results.csv").read_text().splitlines()) - 1
+        summary = running.result(timeout=300)
+    assert summary["status"] == "completed"
+    rows = pd.read_csv(out / "results.csv")
+    later = rows[rows["round"] > frozen_after + 1]
+    assert len(later) >= 1 and (later["clients-failed"] == 1).all() and (later["clients-ok"] == 2).all()
+    assert all(failure.startswith(f"partition 1 (node {frozen}): ") for failure in later["failures"])
+    assert (later["round-seconds"] < config["round-timeout"] + 3).all()

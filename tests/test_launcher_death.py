@@ -240,3 +240,36 @@ def test_a_killed_launcher_does_not_take_down_the_script_that_started_it(tmp_pat
     assert marker.read_text().strip() == "survived"
     assert home is None or not processes_of_home(home), "the run's processes are left"
     assert json.loads((out / "summary.json").read_text())["status"] == "killed"
+
+
+def test_a_frozen_client_process_fails_its_round_after_round_timeout_and_the_run_completes(tmp_path):
+    """A ClientApp process stopped with SIGSTOP (hung, not dead) after round 2: the round
+    it held ends after `round-timeout`, counting it as one failure; the run completes on
+    the other client process and nothing of it is left."""
+    out = tmp_path / "run"
+    settings = {**SETTINGS, "num-rounds": 8, "round-timeout": 4}
+    sets = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+    launcher = subprocess.Popen([sys.executable, "-m", "experiments.run", *sets, "--out", str(out)], cwd=APP_DIR,
+                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": str(APP_DIR)})
+    try:
+        deadline = time.monotonic() + 180
+        while _rows(out / "results.csv") < 2:
+            assert time.monotonic() < deadline and launcher.poll() is None, "the run never reached round 2"
+            time.sleep(0.05)
+        home = (out / LOCK_FILE).read_text().splitlines()[1]
+        table = process_table()
+        clients = [pid for pid in processes_of_home(home) if table.get(pid, (0, 0, ""))[2].startswith("ray::ClientAppActor")]
+        os.kill(clients[0], signal.SIGSTOP)
+        _, err = launcher.communicate(timeout=240)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert launcher.returncode == 0, err[-2000:]
+    rows = pd.read_csv(out / "results.csv")
+    assert rows["clients-failed"].sum() >= 1 and (rows["round-status"] == "aggregated").all()
+    later = rows[rows["round"] > 2]  # round 1 also waits for the client processes to start (node-timeout)
+    assert (later["round-seconds"] < settings["round-timeout"] + 3).all()  # bounded by round-timeout
+    assert "no reply within round-timeout" in ";".join(rows["failures"].dropna().astype(str))
+    assert not processes_of_home(home)
