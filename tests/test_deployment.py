@@ -93,6 +93,28 @@ def test_tls_with_supernode_authentication_admits_registered_nodes_only(tmp_path
     assert "insecure" not in entry and entry["root-certificates"].endswith("ca.crt")
 
 
+def _run_and_break_a_node(tmp_path: Path, config: dict, nodes: int, index: int, after_round: int,
+                          break_node) -> tuple[dict, int, int, pd.DataFrame]:
+    """Run ``config`` on ``nodes`` SuperNodes and call ``break_node(process)`` on node
+    ``index``'s once round ``after_round`` is recorded; (summary, that node's id, the rounds
+    recorded when it broke, results.csv)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    out = tmp_path / "run"
+    with LocalFederation(out) as federation, ThreadPoolExecutor(max_workers=1) as pool:
+        started = federation.start_supernodes(nodes)
+        running = pool.submit(federation.run, config, out, False)
+        deadline = time.monotonic() + 300
+        while not (out / "results.csv").is_file() or len((out / "results.csv").read_text().splitlines()) <= after_round:
+            assert time.monotonic() < deadline and not running.done(), f"the run never reached round {after_round}"
+            time.sleep(0.1)
+        break_node(started[index].process)
+        broken_after = len((out / "results.csv").read_text().splitlines()) - 1
+        summary = running.result(timeout=600)
+    return summary, started[index].node_id, broken_after, pd.read_csv(out / "results.csv")
+
+
 @pytest.mark.slow
 def test_a_dead_supernode_is_one_failure_a_round_under_its_partition(tmp_path):
     """One of 4 SuperNodes killed (with its children) after round 2: every later round counts
@@ -100,27 +122,13 @@ def test_a_dead_supernode_is_one_failure_a_round_under_its_partition(tmp_path):
     answers "Node Unavailable" for it only after missing its heartbeats, which took longer
     than this test's rounds here; that reply's attribution is tested with Flower's own error
     message in tests/test_faults.py.)"""
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-
     from experiments.processes import stop_process_tree
 
     config = resolve_config({**SHORT, "num-clients": 4, "participation": 1.0, "min-replies": 2, "num-rounds": 5,
                              "round-timeout": 15.0})
-    out = tmp_path / "run"
-    with LocalFederation(out) as federation, ThreadPoolExecutor(max_workers=1) as pool:
-        nodes = federation.start_supernodes(4)
-        dead = nodes[2].node_id
-        running = pool.submit(federation.run, config, out, False)
-        deadline = time.monotonic() + 300
-        while not (out / "results.csv").is_file() or len((out / "results.csv").read_text().splitlines()) < 3:
-            assert time.monotonic() < deadline and not running.done(), "the run never reached round 2"
-            time.sleep(0.1)
-        stop_process_tree([nodes[2].process.pid])
-        killed_after = len((out / "results.csv").read_text().splitlines()) - 1
-        summary = running.result(timeout=600)
+    summary, dead, killed_after, rows = _run_and_break_a_node(
+        tmp_path, config, 4, 2, 2, lambda process: stop_process_tree([process.pid]))
     assert summary["status"] == "completed"
-    rows = pd.read_csv(out / "results.csv")
     later = rows[rows["round"] > killed_after + 1]  # the round under way when it died may still have its reply
     assert (later["clients-failed"] == 1).all() and (later["clients-ok"] == 3).all()
     assert all(failure.startswith(f"partition 2 (node {dead}): ") and ";" not in failure for failure in later["failures"])
@@ -132,28 +140,17 @@ def test_a_frozen_supernode_fails_each_round_after_round_timeout_and_the_run_com
     round 1: each later round waits for it `round-timeout` seconds at most, counts it as
     one failure, and the run completes; the stopped processes are cleaned up with the rest."""
     import signal
-    import time
-    from concurrent.futures import ThreadPoolExecutor
 
     from experiments.processes import process_table, process_tree
 
+    def freeze(process) -> None:
+        for pid in process_tree([process.pid], process_table()):
+            os.kill(pid, signal.SIGSTOP)
+
     config = resolve_config({**SHORT, "num-clients": 3, "participation": 1.0, "min-replies": 2, "num-rounds": 3,
                              "round-timeout": 10.0})
-    out = tmp_path / "run"
-    with LocalFederation(out) as federation, ThreadPoolExecutor(max_workers=1) as pool:
-        nodes = federation.start_supernodes(3)
-        frozen = nodes[1].node_id
-        running = pool.submit(federation.run, config, out, False)
-        deadline = time.monotonic() + 300
-        while not (out / "results.csv").is_file() or len((out / "results.csv").read_text().splitlines()) < 2:
-            assert time.monotonic() < deadline and not running.done(), "the run never reached round 1"
-            time.sleep(0.1)
-        for pid in process_tree([nodes[1].process.pid], process_table()):
-            os.kill(pid, signal.SIGSTOP)
-        frozen_after = len((out / "results.csv").read_text().splitlines()) - 1
-        summary = running.result(timeout=300)
+    summary, frozen, frozen_after, rows = _run_and_break_a_node(tmp_path, config, 3, 1, 1, freeze)
     assert summary["status"] == "completed"
-    rows = pd.read_csv(out / "results.csv")
     later = rows[rows["round"] > frozen_after + 1]
     assert len(later) >= 1 and (later["clients-failed"] == 1).all() and (later["clients-ok"] == 2).all()
     assert all(failure.startswith(f"partition 1 (node {frozen}): ") for failure in later["failures"])
