@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from conftest import processes_in_scope
 
 from experiments.launch import launch
 from experiments.output_dir import LOCK_FILE
@@ -221,25 +222,31 @@ marker.write_text("survived")
 """
 
 
-@pytest.mark.parametrize("caller", ["bash-script", "python-popen"])
-def test_a_killed_launcher_does_not_take_down_the_script_that_started_it(tmp_path, caller):
-    out, marker = tmp_path / "run", tmp_path / "marker"
-    env = {**os.environ, "PYTHONPATH": str(APP_DIR), "OUT": str(out), "MARKER": str(marker)}
-    interpreter = ["bash", "-c", _BATCH_SCRIPT, "batch"] if caller == "bash-script" else [sys.executable, "-c", _PYTHON_CALLER]
-    # The caller gets a session of its own, so that the test runner is safe whatever happens to it.
-    script = subprocess.Popen([*interpreter, *_command(out)], cwd=APP_DIR, env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def test_a_killed_launcher_does_not_take_down_the_script_or_program_that_started_it(tmp_path, scoped_env):
+    """Both kinds of caller at once (each run is small; the 15 s wait is the callers' own)."""
+    env, scope = scoped_env
+    callers = {"bash-script": ["bash", "-c", _BATCH_SCRIPT, "batch"], "python-popen": [sys.executable, "-c", _PYTHON_CALLER]}
+    started = {}
+    for name, interpreter in callers.items():
+        out = tmp_path / name / "run"
+        caller_env = {**env, "PYTHONPATH": str(APP_DIR), "OUT": str(out), "MARKER": str(tmp_path / name / "marker")}
+        # Each caller gets a session of its own, so that the test runner is safe whatever happens to it.
+        started[name] = subprocess.Popen([*interpreter, *_command(out)], cwd=APP_DIR, env=caller_env,
+                                         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    errors = {}
     try:
-        _, err = script.communicate(timeout=240)
+        for name, caller in started.items():
+            _, errors[name] = caller.communicate(timeout=240)
     finally:
-        if script.poll() is None:
-            os.killpg(script.pid, signal.SIGKILL)
-            script.wait()
-    home = (out / LOCK_FILE).read_text().splitlines()[1] if (out / LOCK_FILE).is_file() else None
-    assert script.returncode == 0, f"the caller ended with {script.returncode} (-9: killed with the run): {err[-2000:]}"
-    assert marker.read_text().strip() == "survived"
-    assert home is None or not processes_of_home(home), "the run's processes are left"
-    assert json.loads((out / "summary.json").read_text())["status"] == "killed"
+        for caller in started.values():
+            if caller.poll() is None:
+                os.killpg(caller.pid, signal.SIGKILL)
+                caller.wait()
+    for name, caller in started.items():
+        assert caller.returncode == 0, f"{name} ended with {caller.returncode} (-9: killed with the run): {errors[name][-2000:]}"
+        assert (tmp_path / name / "marker").read_text().strip() == "survived"
+        assert json.loads((tmp_path / name / "run" / "summary.json").read_text())["status"] == "killed"
+    assert processes_in_scope(scope) == set(), "processes of the runs are left"
 
 
 def test_a_frozen_client_process_fails_its_round_after_round_timeout_and_the_run_completes(tmp_path):

@@ -301,7 +301,7 @@ def test_a_finished_sweep_run_again_has_nothing_pending_and_starts_no_ray(tmp_pa
 def test_a_parallel_sweep_stopped_by_its_scheduler_leaves_nothing_and_the_same_command_completes_it(tmp_path, scoped_env,
                                                                                                    signum):
     """A batch scheduler's stop (SIGTERM) or SIGKILL of `--parallel 2`: both runs' processes
-    gone within 8 s, and the same command completes the sweep, each round once."""
+    gone within 8 s; after SIGKILL the same command completes the sweep, each round once."""
     rounds = 40  # rounds of ~0.1 s: both runs are mid-way when the signal comes
     small = SMALL.replace("num-rounds = 2", f"num-rounds = {rounds}\ncheckpoint-every = 2")
     path = write_sweep(tmp_path, small.replace("local-epochs = 1", "local-epochs = 4\nbatch-size = 4") + """
@@ -331,6 +331,8 @@ averaging = ["none", {averaging = "ima", window = 2, avg-start = 2}]
     assert sweep.returncode == (130 if signum == signal.SIGTERM else -signal.SIGKILL), err[-2000:]
     for run in runs:
         assert json.loads((run / "summary.json").read_text())["status"] in ("interrupted", "killed")
+    if signum == signal.SIGTERM:
+        return  # resuming after either is the same: the harsher one is resumed below
 
     resumed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
