@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 SMALL_DIGITS = [
@@ -22,6 +24,7 @@ def parsed(pattern: str, text: str) -> float:
     return float(match.group(1))
 
 
+@pytest.mark.slow
 def test_benchmark_compares_a_flower_run_with_the_bare_loop(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "experiments.benchmark", *SMALL_DIGITS, "--out", str(tmp_path)],
@@ -60,6 +63,7 @@ def test_bad_config_fails_before_anything_starts(tmp_path):
     assert not (tmp_path / "flower").exists()
 
 
+@pytest.mark.slow
 def test_the_sweep_mode_runs_the_small_grid_one_at_a_time_then_in_parallel(tmp_path, monkeypatch, capsys):
     """The plumbing of ``--sweep`` (each pass stands in for a real sweep here: the real
     sweep machinery and its --parallel are tested in tests/test_sweep.py)."""

@@ -27,6 +27,7 @@ from strategies.model_store import load_round_models, saved_rounds
 TIMING_COLUMNS = ["round-seconds", "train-seconds", "eval-seconds", "client-seconds"]
 
 
+@pytest.mark.slow
 def test_faulty_clients_are_excluded_counted_and_never_hang_the_run(tmp_path):
     config = resolve_config({
         "num-clients": 4, "participation": 1.0, "num-rounds": 3, "local-epochs": 1, "device": "cpu",
@@ -76,6 +77,7 @@ RESUMED_METHODS = {
 }
 
 
+@pytest.mark.slow
 def test_a_client_out_of_gpu_memory_stops_the_run_with_its_checkpoint_saying_what_to_lower(tmp_path):
     """On the CPU, a client raising torch's CUDA out-of-memory error (fault-injection
     'oom'), as one of a cohort too large for its GPU does: the run stops after the last

@@ -124,6 +124,7 @@ def _nothing_left(scope: str) -> list[int]:
     return sorted(processes_in_scope(scope))
 
 
+@pytest.mark.slow
 def test_a_full_output_disk_stops_the_run_in_one_line_and_the_same_command_resumes_exactly(small_disk, tmp_path, scoped_env):
     env, scope = scoped_env
     out = small_disk / "run"
@@ -148,6 +149,7 @@ def test_a_full_output_disk_stops_the_run_in_one_line_and_the_same_command_resum
     assert _nothing_left(scope) == []
 
 
+@pytest.mark.slow
 def test_a_full_temporary_directory_is_named_and_leaves_no_process(small_disk, tmp_path, scoped_env):
     env, scope = scoped_env
     done = _run(tmp_path / "run", {**env, "TMPDIR": str(small_disk)})
@@ -160,6 +162,7 @@ def test_a_full_temporary_directory_is_named_and_leaves_no_process(small_disk, t
     assert list(small_disk.iterdir()) == []  # the staged app's partial copy is removed
 
 
+@pytest.mark.slow
 def test_a_sweep_on_a_full_disk_stops_in_one_line_and_the_same_command_completes_it(small_disk, tmp_path, scoped_env):
     env, scope = scoped_env
     spec = tmp_path / "sweep.toml"

@@ -19,6 +19,8 @@ from experiments.flower_log import startup_stage
 from experiments.launch import launch
 from experiments.run_config import load_preset, resolve_config
 
+pytestmark = pytest.mark.slow  # real `flwr run` jobs: the second tier (.ci/run)
+
 SMALL = {"num-clients": 4, "participation": 0.5, "num-rounds": 3, "local-epochs": 1, "device": "cpu"}
 
 # Every method of METHODS.md §1.4 and §2 as a real `flwr run`, most composed with an

@@ -21,6 +21,7 @@ def test_help_documents_the_one_command():
         assert words in done.stdout
 
 
+@pytest.mark.slow
 def test_the_dry_run_on_the_cpu_runs_every_step_and_writes_its_table(fashion_mnist_dir, tmp_path, capsys):
     assert gpu_check.main(["--data-dir", str(fashion_mnist_dir), "--device", "cpu", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "gpu-check.json").read_text())

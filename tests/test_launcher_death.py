@@ -21,6 +21,8 @@ from experiments.output_dir import LOCK_FILE
 from experiments.processes import process_table, processes_of_home, ray_sessions
 from experiments.run_config import APP_DIR, resolve_config
 
+pytestmark = pytest.mark.slow  # real launchers killed: the second tier (.ci/run)
+
 # 4 clients, 2 per round, 40 rounds of ~0.1 s (4 epochs of batches of 4), a checkpoint
 # every 2: killed after round 3 or so, the resumed run redoes the rounds after its last
 # checkpoint. Enough rounds that the run cannot finish while its launcher's death is

@@ -140,12 +140,14 @@ def _check_ima_arithmetic(log_dir: Path) -> None:
     assert not torch.equal(rounds[ROUNDS]["base"]["fc.weight"], rounds[ROUNDS - 1]["base"]["fc.weight"])
 
 
+@pytest.mark.slow
 def test_ima_around_flowers_fedavg_in_a_simulation(quickstart, tmp_path):
     log = run_app(quickstart, tmp_path / "flwr.log", num_supernodes=4, run_config=f"log-dir='{tmp_path}'")
     assert (tmp_path / f"round-{ROUNDS}.pt").exists(), log[-3000:]
     _check_ima_arithmetic(tmp_path)
 
 
+@pytest.mark.slow
 def test_ima_around_flowers_fedavg_on_the_deployment_engine(quickstart, tmp_path):
     with LocalFederation(tmp_path / "logs") as federation:
         federation.start_supernodes(4)
@@ -154,6 +156,7 @@ def test_ima_around_flowers_fedavg_on_the_deployment_engine(quickstart, tmp_path
     _check_ima_arithmetic(tmp_path)
 
 
+@pytest.mark.slow
 def test_the_example_app_runs_with_ima(tmp_path):
     app = Path(__file__).resolve().parents[1] / "examples" / "ima-quickstart"
     log = run_app(app, tmp_path / "flwr.log", num_supernodes=4, run_config="num-server-rounds=3 start-round=2 window=2")

@@ -176,6 +176,7 @@ def test_clients_run_on_every_node_of_a_ray_cluster(ray_cluster, tmp_path):
     assert comparison.identical and comparison.tensors > 0, comparison.report(tmp_path, tmp_path / "alone")
 
 
+@pytest.mark.slow
 def test_a_job_of_runs_one_after_another_shares_one_ray_cluster(tmp_path, tiny_sweep, monkeypatch):
     """experiments.run with several runs and a sweep without --parallel start one Ray
     cluster for all their runs (fake launches here; the real one below); a single run,
@@ -205,6 +206,7 @@ def test_a_job_of_runs_one_after_another_shares_one_ray_cluster(tmp_path, tiny_s
     assert addresses == [None, None, None]
 
 
+@pytest.mark.slow
 def test_runs_on_the_jobs_ray_cluster_equal_runs_with_their_own_ray(tmp_path):
     """Bit for bit on CPU: a run of a job sharing one Ray cluster, and the same config
     launched alone (its simulation starting its own Ray)."""

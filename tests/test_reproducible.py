@@ -25,6 +25,8 @@ from experiments.reproducible import compare_runs
 from experiments.run_config import resolve_config
 from strategies.config import cohort_size
 
+pytestmark = pytest.mark.slow  # real runs compared bit for bit: the second tier (.ci/run)
+
 # The digits job, small: 8 clients, 4 a round, 3 rounds of 2 local epochs.
 CONFIG = {"num-clients": 8, "participation": 0.5, "num-rounds": 3, "local-epochs": 2, "device": "cpu"}
 

@@ -185,6 +185,7 @@ def _command_line(pid: int) -> str:
         return ""
 
 
+@pytest.mark.slow
 def test_a_real_sweep_interrupted_and_resumed_loses_and_repeats_nothing(tmp_path, scoped_env):
     """2 methods (FedAvg, FedAvg+IMA) × 2 α on digits, killed after the third run's first
     checkpoint, resumed: the finished runs are kept, the third continues from its checkpoint."""
@@ -297,6 +298,7 @@ def test_a_finished_sweep_run_again_has_nothing_pending_and_starts_no_ray(tmp_pa
     assert started == [False]  # nothing to run: no Ray cluster for the job
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_parallel_sweep_stopped_by_its_scheduler_leaves_nothing_and_the_same_command_completes_it(tmp_path, scoped_env,
                                                                                                    signum):

@@ -39,6 +39,7 @@ def _results(out: Path) -> pd.DataFrame:
     return pd.read_csv(out / "results.csv")
 
 
+@pytest.mark.slow
 def test_tensorboard_holds_every_round_the_config_and_the_figures(tracked_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -53,6 +54,7 @@ def test_tensorboard_holds_every_round_the_config_and_the_figures(tracked_run):
         json.loads((tracked_run / "summary.json").read_text())["final-accuracy"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_mlflow_holds_the_config_every_round_and_the_figures(tracked_run, monkeypatch):
     from mlflow.tracking import MlflowClient
 
@@ -69,6 +71,7 @@ def test_mlflow_holds_the_config_every_round_and_the_figures(tracked_run, monkey
     assert [a.path for a in client.list_artifacts(run.info.run_id, "figures")] == ["figures/partition.png"]
 
 
+@pytest.mark.slow
 def test_wandb_keeps_an_offline_run_with_every_round(tracked_run):
     (folder,) = (tracked_run / "wandb").glob("offline-run-*")
     (log,) = folder.glob("run-*.wandb")
