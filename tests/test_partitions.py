@@ -216,6 +216,19 @@ def test_client_dirichlet_refill_reuses_samples_as_fedswas_code(labels):
     assert all(set(labels[p].tolist()) == {k} for k, p in enumerate(one_class))  # a class of 600 served 900 times
 
 
+def test_client_dirichlet_refill_reshuffles_a_class_before_drawing_it_again(labels):
+    """Clients k and k + 10 share class k (α = 0) and take 400 of its 600 samples each:
+    the second takes the 200 its pool has left, then 200 of the reshuffled pool. Drawn
+    again in the same order they would be the first 200 of the first client's 400; a
+    reshuffled pool puts about a third of them outside it (the FedSWA authors' code)."""
+    from partitions.client_dirichlet import ClientDirichletPartitioner
+
+    parts = ClientDirichletPartitioner(20, alpha=0.0, samples_per_client=400, exhaustion="refill").assign(labels)
+    for k in range(10):
+        first, second = parts[k], parts[k + 10]
+        assert len(np.unique(first)) == 400 and np.isin(second, first).sum() < 200, k
+
+
 def test_client_dirichlet_bad_arguments_are_refused():
     from partitions.client_dirichlet import ClientDirichletPartitioner
 
