@@ -33,8 +33,8 @@ TIMING_COLUMNS = ["round-seconds", "train-seconds", "eval-seconds", "client-seco
 WAYS = ("sigkill", "sighup-group", "ctrl-c-twice", "guardian-then-sigkill")
 
 
-def _command(out: Path) -> list[str]:
-    sets = [arg for key, value in SETTINGS.items() for arg in ("--set", f"{key}={value}")]
+def _command(out: Path, settings: dict = SETTINGS) -> list[str]:
+    sets = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
     return [sys.executable, "-m", "experiments.run", *sets, "--out", str(out)]
 
 
@@ -51,6 +51,19 @@ def _guardian_of(home: str) -> int | None:
     """The PID of the guardian of the run whose FLWR_HOME is ``home`` (None while there is none)."""
     return next((pid for pid, (_, _, command) in process_table().items()
                  if "experiments.guardian" in command and f" {home} " in command), None)
+
+
+def _client_processes_after(out: Path, launcher: subprocess.Popen, rounds: int) -> list[int]:
+    """The ClientApp processes of the run in ``out`` once it has recorded ``rounds`` rounds."""
+    deadline = time.monotonic() + 180
+    while _rows(out / "results.csv") < rounds:
+        assert time.monotonic() < deadline and launcher.poll() is None, f"the run never reached round {rounds}"
+        time.sleep(0.05)
+    home = (out / LOCK_FILE).read_text().splitlines()[1]  # the run's FLWR_HOME, as the lock records it
+    table = process_table()
+    clients = [pid for pid in processes_of_home(home) if table.get(pid, (0, 0, ""))[2].startswith("ray::ClientAppActor")]
+    assert clients, "the run's client processes are found"
+    return clients
 
 
 def _rows(path: Path) -> int:
@@ -147,15 +160,7 @@ def test_client_processes_killed_mid_run_stop_it_without_a_skipped_round_and_it_
     launcher = subprocess.Popen(_command(out), cwd=APP_DIR, start_new_session=True, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, env=env)
     try:
-        deadline = time.monotonic() + 180
-        while _rows(out / "results.csv") < 3:
-            assert time.monotonic() < deadline and launcher.poll() is None, "the run never reached round 3"
-            time.sleep(0.05)
-        home = (out / LOCK_FILE).read_text().splitlines()[1]
-        table = process_table()
-        clients = [pid for pid in processes_of_home(home) if table.get(pid, (0, 0, ""))[2].startswith("ray::ClientAppActor")]
-        assert clients, "the run's client processes are found"
-        for pid in clients:  # the client processes die, not the launcher
+        for pid in _client_processes_after(out, launcher, 3):  # the client processes die, not the launcher
             os.kill(pid, signal.SIGKILL)
         _, err = launcher.communicate(timeout=120)
     finally:
@@ -251,25 +256,17 @@ def test_a_killed_launcher_does_not_take_down_the_script_or_program_that_started
     assert processes_in_scope(scope) == set(), "processes of the runs are left"
 
 
-def test_a_frozen_client_process_fails_its_round_after_round_timeout_and_the_run_completes(tmp_path):
+def test_a_frozen_client_process_fails_its_round_after_round_timeout_and_the_run_completes(tmp_path, scoped_env):
     """A ClientApp process stopped with SIGSTOP (hung, not dead) after round 2: the round
     it held ends after `round-timeout`, counting it as one failure; the run completes on
     the other client process and nothing of it is left."""
     out = tmp_path / "run"
     settings = {**SETTINGS, "num-rounds": 8, "round-timeout": 4}
-    sets = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
-    launcher = subprocess.Popen([sys.executable, "-m", "experiments.run", *sets, "--out", str(out)], cwd=APP_DIR,
-                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "PYTHONPATH": str(APP_DIR)})
+    env, scope = scoped_env
+    launcher = subprocess.Popen(_command(out, settings), cwd=APP_DIR, start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, env={**env, "PYTHONPATH": str(APP_DIR)})
     try:
-        deadline = time.monotonic() + 180
-        while _rows(out / "results.csv") < 2:
-            assert time.monotonic() < deadline and launcher.poll() is None, "the run never reached round 2"
-            time.sleep(0.05)
-        home = (out / LOCK_FILE).read_text().splitlines()[1]
-        table = process_table()
-        clients = [pid for pid in processes_of_home(home) if table.get(pid, (0, 0, ""))[2].startswith("ray::ClientAppActor")]
-        os.kill(clients[0], signal.SIGSTOP)
+        os.kill(_client_processes_after(out, launcher, 2)[0], signal.SIGSTOP)
         _, err = launcher.communicate(timeout=240)
     finally:
         if launcher.poll() is None:
@@ -281,4 +278,4 @@ def test_a_frozen_client_process_fails_its_round_after_round_timeout_and_the_run
     later = rows[rows["round"] > 2]  # round 1 also waits for the client processes to start (node-timeout)
     assert (later["round-seconds"] < settings["round-timeout"] + 3).all()  # bounded by round-timeout
     assert "no reply within round-timeout" in ";".join(rows["failures"].dropna().astype(str))
-    assert not processes_of_home(home)
+    assert processes_in_scope(scope) == set()
