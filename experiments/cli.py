@@ -40,7 +40,6 @@ class DiskFull(Exception):
     def __init__(self, folder: Path | str, cause: str, what_to_do: str = "free space") -> None:
         super().__init__(f"the disk holding {folder} is full ({cause}): {what_to_do} and run the same "
                          "command to resume")
-        self.folder = folder
 
 
 def is_disk_full(error: BaseException | None) -> bool:
@@ -126,17 +125,14 @@ def guarded(body: Callable[[], int]) -> int:
     except DiskFull as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_DISK_FULL
-    except user_errors() as error:
-        if is_disk_full(error):  # FileNotFoundError is a user error, and an OSError
+    except Exception as error:
+        if is_disk_full(error):  # before the user errors: an OSError may be both
             print(f"error: {disk_full_error(error)}", file=sys.stderr)
             return EXIT_DISK_FULL
+        if not isinstance(error, user_errors()):
+            raise
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except Exception as error:
-        if not is_disk_full(error):
-            raise
-        print(f"error: {disk_full_error(error)}", file=sys.stderr)
-        return EXIT_DISK_FULL
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)

@@ -123,7 +123,7 @@ def check(args) -> int:
                 print(f"[gpu-check] {'passed' if row['ok'] else 'FAILED'}: {row['check']}: {row['result']}", flush=True)
             rows.extend(new)
             # Written after every step: a check stopped later (a time limit) keeps the steps it finished.
-            report = write_report(out, args.device, started, bench_rounds, pair_rounds, processes, rows, complete=False)
+            write_report(out, args.device, started, bench_rounds, pair_rounds, processes, rows, complete=False)
         report = write_report(out, args.device, started, bench_rounds, pair_rounds, processes, rows, complete=True)
     print_table(rows)
     print(f"{report['seconds']:.0f} s in all; table: {out / 'gpu-check.json'}")
