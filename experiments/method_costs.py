@@ -218,8 +218,9 @@ def _synchronize(device: torch.device) -> None:
 
 
 def measure(method: str, config: Mapping[str, Any], model_name: str, input_shape: tuple[int, ...], num_classes: int,
-            batch_size: int, steps: int, device: torch.device) -> MethodCost:
-    """Cost of ``steps`` local steps of ``method`` on the real client path."""
+            batch_size: int, steps: int, device: torch.device, count_flops: bool = True) -> MethodCost:
+    """Cost of ``steps`` local steps of ``method`` on the real client path (without
+    ``count_flops``, the FLOP columns are 0: only the time and parameters are measured)."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -253,6 +254,8 @@ def measure(method: str, config: Mapping[str, Any], model_name: str, input_shape
         durations.append(time.perf_counter() - started)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
+    if not count_flops:
+        return MethodCost(method, 0.0, 0.0, model_elements, held, peak, statistics.median(durations))
     round_config[protocol.LOCAL_STEPS] = steps
     counter = SplitFlopCounter()
     with counter:

@@ -355,47 +355,61 @@ def run_command(args: argparse.Namespace) -> int:
     out_dir = (args.out or Path("runs") / sweep.name).resolve()
     note = f" ({sweep.duplicates} grid points repeat another's config and run once)" if sweep.duplicates else ""
     print(f"sweep {sweep.name}: {len(sweep.runs)} runs{note} → {out_dir}")
-    # Runs whose data cannot be loaded here: marked by --list, refused before anything starts.
-    data = {run.run_id: data_problem_of(run.config) for run in sweep.runs}
     if args.list:
+        # Runs whose data cannot be loaded here are marked (a real run refuses them before anything starts).
+        data = {run.run_id: data_problem_of(run.config) for run in sweep.runs}
         table, _ = collect(sweep, out_dir)
         table["data"] = ["ok" if data[run] is None else "unavailable" for run in table["run"]]
         print(table[["run", "status", "data", "acc-last-k", "error"]].to_string(index=False))
         for problem in dict.fromkeys(p for p in data.values() if p):
             print(f"data unavailable: {problem}", file=sys.stderr)
         return 0
+    code, table = execute_sweep(sweep, out_dir, retry_failed=args.retry_failed, progress=not args.no_progress,
+                                ray_address=args.ray_address, parallel=args.parallel, mps=args.mps)
+    if table is not None:
+        _print_outcome(table, out_dir)
+    return code
+
+
+def execute_sweep(
+    sweep: Sweep, out_dir: Path, *, retry_failed: bool = False, progress: bool = True, ray_address: str | None = None,
+    parallel: int | None = 1, mps: bool = False,
+) -> tuple[int, pd.DataFrame | None]:
+    """Check everything the runs need (data, machine, trackers, MPS) before any Flower or
+    Ray process starts, then run the sweep's unfinished runs into ``out_dir``. Returns the
+    exit code and the results table (None when refused or interrupted). ``parallel``
+    None: ``--parallel auto``."""
+    data = {run.run_id: data_problem_of(run.config) for run in sweep.runs}
     missing = [run for run, problem in data.items() if problem]
     if missing:
         print(f"error: {len(missing)} of {len(sweep.runs)} runs cannot load their data, e.g. run {missing[0]}: "
               f"{data[missing[0]]}", file=sys.stderr)
-        return EXIT_USAGE
-    parallel = args.parallel or auto_parallel(sweep)
+        return EXIT_USAGE, None
+    parallel = parallel or auto_parallel(sweep)
     if sweep.gpus_auto:
         sweep = dataclasses.replace(sweep, resources=client_resources(
-            [run.config for run in sweep.runs], sweep.resources.num_cpus, None, parallel, args.ray_address))
-    check_machine((run.config for run in sweep.runs), sweep.resources, args.ray_address)
+            [run.config for run in sweep.runs], sweep.resources.num_cpus, None, parallel, ray_address))
+    check_machine((run.config for run in sweep.runs), sweep.resources, ray_address)
     check_trackers(run.config for run in sweep.runs)
-    check_mps(args.mps)
+    check_mps(mps)
 
     # Runs one after another share one Ray cluster (started inside MPS, if asked); a sweep
     # with nothing left to run starts none.
-    shared_ray = args.ray_address is None and parallel == 1 and bool(pending_runs(sweep, out_dir, args.retry_failed))
-    with OutputLock(create_output_dir(out_dir)), MpsDaemon(args.mps) as mps, \
+    shared_ray = ray_address is None and parallel == 1 and bool(pending_runs(sweep, out_dir, retry_failed))
+    with OutputLock(create_output_dir(out_dir)), MpsDaemon(mps) as mps_daemon, \
             LocalRayCluster(shared_ray, machine_cpus()) as job_ray:
-        if mps.message:
-            print(f"[basin] {mps.message}", file=sys.stderr)
+        if mps_daemon.message:
+            print(f"[basin] {mps_daemon.message}", file=sys.stderr)
         try:
-            table = run_sweep(sweep, out_dir, args.retry_failed, not args.no_progress, args.ray_address or job_ray,
-                              parallel)
+            table = run_sweep(sweep, out_dir, retry_failed, progress, ray_address or job_ray, parallel)
         except KeyboardInterrupt:
             table = write_tables(sweep, out_dir)
             completed, failed = int(table["status"].eq("completed").sum()), int(table["status"].eq("failed").sum())
             print(f"interrupted: {completed} of {len(table)} runs completed, {failed} failed, "
                   f"{len(table) - completed - failed} not finished; run the same command again to resume",
                   file=sys.stderr)
-            return EXIT_INTERRUPTED
-    _print_outcome(table, out_dir)
-    return 1 if table["status"].eq("failed").any() else 0
+            return EXIT_INTERRUPTED, None
+    return (1 if table["status"].eq("failed").any() else 0), table
 
 
 def _print_outcome(table: pd.DataFrame, out_dir: Path) -> None:

@@ -3,9 +3,12 @@ a server identity."""
 
 from __future__ import annotations
 
+import atexit
 import gzip
 import os
+import shutil
 import struct
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -14,6 +17,14 @@ import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
 REPO = Path(__file__).resolve().parents[1]
+
+# The suite's own Hugging Face datasets cache. Loading the miniature hub sets caches them
+# under their folder names (digit-five, cifar100, femnist, …), and in a user's cache those
+# entries would pass for the real sets afterwards. Set here, before any test module
+# imports `datasets` (it reads the variable at import); Flower and Ray runs inherit it.
+_HF_DATASETS_CACHE = tempfile.mkdtemp(prefix="basin-test-hf-datasets-")
+os.environ["HF_DATASETS_CACHE"] = _HF_DATASETS_CACHE
+atexit.register(shutil.rmtree, _HF_DATASETS_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
