@@ -385,7 +385,9 @@ def measure_cell(cell: Cell, results: pd.DataFrame, runs_of: Mapping[str, list[s
         note = f"failed: {failed['error'].iloc[0]}" if not failed.empty else "not run yet"
         return Measured(note=note)
     if cell.metric == "acc-last-k":
-        values = done["acc-last-k"].astype(float) * 100
+        values = done["acc-last-k"].astype(float).dropna() * 100
+        if values.empty:
+            return Measured(note="its runs' summaries hold no accuracy")
         return Measured(float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0, len(values))
     rounds = done["rounds-to-target"].astype(float)
     reached = rounds.dropna()
@@ -426,7 +428,7 @@ def _format(value: float | None, censored: bool = False, digits: int = 2) -> str
 def compare(table: PaperTable, results: pd.DataFrame, runs_of: Mapping[str, list[str]],
             costs: Mapping[str, float] | None = None, tolerances: Tolerances = TOLERANCES) -> pd.DataFrame:
     """One row per cell: the paper's value, Basin's, the difference, the verdict, and for
-    pairs the gains; cells not run say why."""
+    the accuracy cells of a without/with pair the gains; cells not run say why."""
     costs = costs or {}
     measured: dict[str, Measured] = {}
     for cell in table.cells:
@@ -459,8 +461,8 @@ def compare(table: PaperTable, results: pd.DataFrame, runs_of: Mapping[str, list
         if not outcome:
             outcome = (f"not reported: {cell.paper.missing}" if cell.paper.missing else
                        f"unsupported: {cell.reason}" if cell.reason else
-                       f"needs data: {data_problem_of(cell.config)}" if cell_status(cell) == "needs data" and
-                       basin.note == "not run yet" else f"not run: {basin.note}")
+                       f"needs data: {cell.config['dataset']} is not on this machine"
+                       if cell_status(cell) == "needs data" and basin.note == "not run yet" else f"not run: {basin.note}")
         row = {
             "row": cell.row, "column": cell.column, "variant": cell.variant, "metric": cell.metric,
             "paper": cell.paper.text, "paper value": cell.paper.value, "paper ±": cell.paper.spread,
@@ -479,7 +481,7 @@ def compare(table: PaperTable, results: pd.DataFrame, runs_of: Mapping[str, list
 
 def _add_gains(frame: pd.DataFrame, variants: Sequence[str], tolerances: Tolerances) -> None:
     without, with_ = variants
-    for index, row in frame[frame["variant"] == with_].iterrows():
+    for index, row in frame[(frame["variant"] == with_) & (frame["metric"] == "acc-last-k")].iterrows():
         base = frame[(frame["row"] == row["row"]) & (frame["column"] == row["column"]) & (frame["variant"] == without)]
         if base.empty:
             continue
@@ -511,10 +513,11 @@ def headline(report: pd.DataFrame) -> str:
 
 # ---- costs (MFLOPs, parameters) ---------------------------------------------------------------
 
-def measure_costs(table: PaperTable, out_dir: Path, steps: int = 10, progress: bool = True) -> dict[str, float]:
+def measure_costs(table: PaperTable, out_dir: Path, steps: int = 10, progress: bool = True,
+                  cached_only: bool = False) -> dict[str, float]:
     """MFLOPs (forward multiply-adds per sample, millions) and parameters held (millions)
     of every cost cell, measured by experiments.method_costs on this machine's CPU and kept
-    in ``costs.json`` (a later call reads them back)."""
+    in ``costs.json`` (a later call reads them back; ``cached_only``: only those)."""
     cells = [c for c in table.cells if c.metric in COST_METRICS and c.config is not None]
     if not cells:
         return {}
@@ -527,6 +530,8 @@ def measure_costs(table: PaperTable, out_dir: Path, steps: int = 10, progress: b
     for cell in cells:
         fingerprint = json.dumps({**cell.config, "steps": steps}, sort_keys=True)
         if fingerprint not in cache:
+            if cached_only:
+                continue
             cache[fingerprint] = _cost_of(cell.config, steps, progress)
             write_atomically(cache_path, json.dumps(cache, indent=1).encode())
         measured = cache[fingerprint]
@@ -568,6 +573,10 @@ def report_markdown(table: PaperTable, report: pd.DataFrame) -> str:
         lines.append(
             f"| {r['row']} | {r['column']} | {r['variant']} | {r['paper']} | {basin} | {_format(r['difference'])} | "
             f"{r['verdict']} | {_format(r['paper gain'])} | {_format(r['basin gain'])} | {r['gain verdict']} |")
+    problems = sorted({data_problem_of(c.config) for c in table.cells if c.config is not None and c.metric in RUN_METRICS}
+                      - {None})
+    if problems:
+        lines += ["", "Data not on this machine:", "", *(f"- {problem}" for problem in problems)]
     return "\n".join(lines) + "\n"
 
 
@@ -702,12 +711,12 @@ def results_of(table: PaperTable, out_dir: Path, seeds: int) -> tuple[pd.DataFra
 
 # ---- command line -------------------------------------------------------------------------
 
-def list_tables() -> pd.DataFrame:
+def list_tables(overrides: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """One row per table: its cells and how many are runnable here, advised for a GPU, need
     data this machine lacks, are cost cells (computed here), unsupported or not reported."""
     rows = []
     for name in table_names():
-        table = load_table(name)
+        table = load_table(name, overrides)
         counts = table_counts(table)
         reasons = sorted({c.reason for c in table.cells if c.reason and not c.paper.missing})
         rows.append({"table": name, "paper": table.title, "cells": counts["cells"],
@@ -723,8 +732,9 @@ def run_command(args) -> int:
     from experiments.run_config import parse_overrides
     from experiments.sweep_runs import execute_sweep
 
+    overrides = parse_overrides(args.set)
     if args.list:
-        listing = list_tables()
+        listing = list_tables(overrides)
         with pd.option_context("display.max_colwidth", 90, "display.width", 250):
             print(listing.drop(columns="why unsupported").to_string(index=False))
         print()
@@ -734,9 +744,8 @@ def run_command(args) -> int:
               f"{GPU_ADVISED_STEPS:,} client steps per seed (hours on 2 CPU cores); needs data: its data set is not on "
               "this machine (CIFAR downloads where the hub is reachable); cost: MFLOPs/parameters measured here on the CPU")
         return 0
-    table = load_table(args.table, parse_overrides(args.set))
-    if args.only:
-        table = select(table, args.only)
+    whole = load_table(args.table, overrides)
+    table = select(whole, args.only) if args.only else whole
     seeds = args.seeds or table.seeds
     out_dir = (args.out or Path("runs") / "reproduce" / table.name).resolve()
     if args.dry_run:
@@ -759,11 +768,13 @@ def run_command(args) -> int:
     if here.runs and not args.report_only:
         code, _ = execute_sweep(here, out_dir, retry_failed=args.retry_failed, progress=not args.no_progress,
                                 ray_address=args.ray_address, parallel=args.parallel, mps=args.mps)
+    # The report covers the whole table: cells outside --only show what earlier calls ran.
     out_dir.mkdir(parents=True, exist_ok=True)
     costs = measure_costs(table, out_dir, progress=not args.no_progress)
-    results, runs_of = results_of(table, out_dir, seeds)
-    report = compare(table, results, runs_of, costs)
-    files = write_report(table, report, out_dir)
+    costs = {**measure_costs(whole, out_dir, progress=False, cached_only=True), **costs}
+    results, runs_of = results_of(whole, out_dir, seeds)
+    report = compare(whole, results, runs_of, costs)
+    files = write_report(whole, report, out_dir)
     with pd.option_context("display.max_colwidth", 80, "display.width", 250):
         print(printed_table(report))
     print(f"\n{headline(report)}")

@@ -1,0 +1,373 @@
+"""Reproduction reports (experiments/reproduction.py, python -m experiments.reproduce): the
+papers' tables as data, every cell's run, the comparison and its verdicts, the report's
+files, and a real run of a small table on the digits (slow tier)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments.machine import ClientResources, check_machine
+from experiments.reproduction import (
+    PaperValue,
+    TableError,
+    Tolerances,
+    build_sweep,
+    cell_status,
+    compare,
+    gain_verdict,
+    headline,
+    load_table,
+    select,
+    table_names,
+    write_report,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Cells per table, counted in the papers: rows × columns × values per column.
+PAPER_CELLS = {
+    "ima-table1": 8 * 12 * 2, "ima-table2": 6 * 5 * 2, "ima-table3": 8 * 5,
+    "wima-table2": 11 * 7 * 2, "wima-table3": 2 * 2, "wima-table4": 5 * 2, "wima-table5": 4 * 3,
+    "fedalign-table1": 6 * 5, "fedalign-table2": 6 * 4, "fedalign-table3": 6 * 3, "fedalign-table4": 6 * 5,
+    "fedalign-table5": 10 * 4, "fedalign-table6": 1 * 9, "fedalign-table7": 8 * 8,
+    "fedswa-table3": 10 * 6 * 2,
+}
+
+
+def cell(table, key: str):
+    return next(c for c in table.cells if c.key == key)
+
+
+# ---- the papers' tables as data ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tables():
+    return {name: load_table(name) for name in table_names()}
+
+
+def test_every_table_the_papers_have_is_there_with_every_cell(tables):
+    assert {name: len(table.cells) for name, table in tables.items()} == PAPER_CELLS
+
+
+def test_cells_hold_the_papers_numbers(tables):
+    ima = tables["ima-table1"]
+    assert cell(ima, "FedAvg | FMNIST (CNN), #C = 2").paper.value == 81.17
+    assert cell(ima, "FedAvg | FMNIST (CNN), #C = 2 | + IMA").paper.value == 84.68
+    assert cell(ima, "FedGMA | PACS (AlexNet), α = 0.1 (+FS) | + IMA").paper.value == 47.46
+    wima = tables["wima-table2"]
+    assert cell(wima, "SCAFFOLD | CIFAR100, α = 0").paper.value == 45.65
+    assert cell(wima, "FedDyn | CIFAR10, α = 0 | w/ WIMA").paper.missing
+    swa = tables["fedswa-table3"]
+    rounds = cell(swa, "FedAvg | CIFAR100, Dirichlet-0.1 | Rounds").paper
+    assert (rounds.value, rounds.censored) == (1000, True)
+    assert cell(swa, "FedMoSWA | CIFAR100, Dirichlet-0.1 | Rounds").paper.value == 577
+    accuracy = cell(swa, "FedMoSWA | CIFAR100, Dirichlet-0.1 | Acc.(%)").paper
+    assert (accuracy.value, accuracy.spread) == (61.9, 0.5)
+    assert cell(tables["fedalign-table5"], "FedAlign | MFLOPs").paper.value == 89.1
+    assert cell(tables["ima-table2"], "FedProx | t_s = 150 | speed-up").paper.value == 1.96
+
+
+def test_each_cell_runs_the_papers_setting(tables):
+    ima = tables["ima-table1"]
+    with_ima = cell(ima, "FedProx | FMNIST (CNN), α = 0.1 | + IMA").config
+    assert (with_ima["strategy"], with_ima["averaging"], with_ima["alpha"], with_ima["prox-mu"]) == ("fedprox", "ima", 0.1, 0.01)
+    assert cell(ima, "FedProx | FMNIST (CNN), α = 0.1").config["averaging"] == "none"
+    assert cell(ima, "FedAvg | CIFAR-10 (ResNet), #C = 2").config["model"] == "resnet18-gn"
+    ts = cell(tables["ima-table2"], "FedAdam | t_s = 150 | rounds").config
+    assert (ts["avg-start"], ts["target-accuracy"], ts["dataset"]) == (150, 0.6161, "cifar10")
+    window = cell(tables["wima-table4"], "W = 50 | CIFAR100").config
+    assert (window["window"], window["dataset"], window["alpha"]) == (50, "cifar100", 0.0)
+    assert cell(tables["wima-table5"], "CIFAR10, α = 0.05 | WIMA clf").config["avg-subset"] == "classifier"
+    pam = cell(tables["wima-table2"], "FedAvg | CIFAR100, PAM").config
+    assert (pam["strategy"], pam["server-momentum"]) == ("fedavgm", 0.9)
+    sampled = cell(tables["fedalign-table4"], "MOON | C = 64 × 0.25 (100)").config
+    assert (sampled["num-clients"], sampled["participation"], sampled["num-rounds"]) == (64, 0.25, 100)
+    assert cell(tables["fedalign-table5"], "GradAug (n = 3) | MFLOPs").config["gradaug-subnets"] == 3
+
+
+def test_every_mapped_cell_passes_the_launchers_checks(tables):
+    """load_table resolved and validated every config (partitions included); the machine
+    check is the launcher's last one before Flower starts."""
+    configs = [c.config for table in tables.values() for c in table.cells if c.config is not None]
+    assert len(configs) == 659  # 901 cells, less 224 unsupported and 18 the papers do not report
+    check_machine(configs, ClientResources(1, 0.0))
+
+
+def test_cells_that_cannot_run_say_why(tables):
+    for table in tables.values():
+        for c in table.cells:
+            assert (c.config is None) == bool(c.reason), c.key
+    assert "GLDv2" in cell(tables["wima-table3"], "FedAvg | GLDV2 | w/ WIMA").reason
+    assert "RTX-2080Ti" in cell(tables["fedalign-table5"], "MOON | Time (s)").reason
+    assert cell_status(cell(tables["fedalign-table2"], "FedAvg | α = 0.1")) == "not reported"
+    assert cell_status(cell(tables["fedalign-table5"], "MOON | MFLOPs")) == "cost"
+
+
+# ---- values, filters, verdicts -------------------------------------------------------------
+
+@pytest.mark.parametrize("text, value, spread, censored", [
+    ("81.17", 81.17, None, False), ("52.9±0.1", 52.9, 0.1, False), ("45.8 ± 0.3", 45.8, 0.3, False),
+    ("1000+", 1000, None, True), ("1", 1, None, False),
+])
+def test_paper_values_parse(text, value, spread, censored):
+    parsed = PaperValue.parse(text)
+    assert (parsed.value, parsed.spread, parsed.censored, parsed.missing) == (value, spread, censored, "")
+
+
+def test_missing_and_malformed_values():
+    assert "N/A" in PaperValue.parse("N/A").missing
+    assert "lost" in PaperValue.parse("lost").missing
+    with pytest.raises(TableError, match="allowed: a number"):
+        PaperValue.parse("81.17(84.68)")
+
+
+def test_only_keeps_the_named_rows_and_columns(tables):
+    kept = select(tables["ima-table1"], ["FMNIST", "FedAvg,FedProx"])
+    assert len(kept.cells) == 2 * 2 * 2  # 2 rows × 2 FMNIST columns × without/with IMA
+    assert {c.row for c in kept.cells} == {"FedAvg", "FedProx"}
+    with pytest.raises(TableError, match="matches no cell"):
+        select(tables["ima-table1"], ["ImageNet"])
+
+
+def test_accuracy_tolerance():
+    tolerances = Tolerances()
+    assert tolerances.accuracy(None, 5.0) == 3.0  # no ± in the paper: 3 points
+    assert tolerances.accuracy(0.1, 0.0) == 1.0  # never tighter than 1 point
+    assert tolerances.accuracy(0.6, 0.8) == pytest.approx(2.0)  # 2·√(0.36 + 0.64)
+
+
+def test_gain_verdicts():
+    assert gain_verdict(3.5, 4.5) == "gain match"
+    assert gain_verdict(3.5, 5.5) == "same sign"
+    assert gain_verdict(3.5, -0.2) == "opposite sign"
+
+
+FAKE_TABLE = """
+paper = "A fake paper"
+table = "Table 9"
+caption = "accuracy without / with IMA, and rounds"
+seeds = 2
+variants = ["", "+ IMA"]
+pair = true
+[set]
+dataset = "digits"
+model = "mlp"
+num-clients = 4
+participation = 0.5
+num-rounds = 3
+local-epochs = 1
+batch-size = 16
+[variant-set]
+"" = {averaging = "none"}
+"+ IMA" = {averaging = "ima", avg-start = 2, window = 2}
+[columns."Dir(0.5)"]
+set = {alpha = 0.5}
+[columns."Dir(5)"]
+set = {alpha = 5.0}
+[columns."Rounds"]
+metric = "rounds-to-target"
+set = {alpha = 0.5, target-accuracy = 0.5}
+[columns."Far away"]
+unsupported = "needs a data set nobody has"
+[rows]
+FedAvg = {strategy = "fedavg"}
+FedProx = {strategy = "fedprox"}
+[values]
+FedAvg = ["80.0", "84.0", "70.0±0.5", "71.0±0.5", "300+", "2", "1", "2"]
+FedProx = ["80.0", "N/A", "70.0", "71.0", "3", "2", "1", "2"]
+"""
+
+
+@pytest.fixture
+def fake_table(tmp_path):
+    path = tmp_path / "fake-table.toml"
+    path.write_text(FAKE_TABLE)
+    return load_table(str(path))
+
+
+def fake_results(table, values: dict[str, list[float]], rounds: dict[str, list[float | None]] | None = None):
+    """The sweep table the runs would give: acc-last-k (fraction) per seed for each cell."""
+    sweep, runs_of = build_sweep(table, 2)
+    rows = []
+    for key, run_ids in runs_of.items():
+        for seed, run_id in enumerate(run_ids):
+            row = {"run": run_id, "status": "completed", "error": "", "rounds": 3, "acc-last-k": float("nan"),
+                   "rounds-to-target": float("nan")}
+            if key in values:
+                row["acc-last-k"] = values[key][seed] / 100
+            if rounds and key in rounds:
+                row["rounds-to-target"] = rounds[key][seed]
+            rows.append(row)
+    return pd.DataFrame(rows), runs_of
+
+
+def test_the_comparison_gives_values_differences_gains_and_verdicts(fake_table, tmp_path):
+    values = {
+        "FedAvg | Dir(0.5)": [80.5, 81.5],  # mean 81: +1, match (3 points)
+        "FedAvg | Dir(0.5) | + IMA": [88.0, 88.0],  # 88: +4, differs; gain 7 vs 4: same sign
+        "FedAvg | Dir(5)": [70.8, 71.2],  # 71 ± 0.28: +1 within max(1, 2·√(0.25 + 0.08)) = 1.15
+        "FedAvg | Dir(5) | + IMA": [70.0, 70.0],  # gain −1 against +1: opposite sign
+        "FedProx | Dir(0.5)": [80.0, 80.0],
+        "FedProx | Dir(5)": [70.0, 70.0],
+        "FedProx | Dir(5) | + IMA": [71.5, 71.5],  # gain +1.5 against +1: gain match
+    }
+    rounds = {"FedAvg | Rounds": [None, None], "FedProx | Rounds": [3, 3], "FedProx | Rounds | + IMA": [2, 2],
+              "FedAvg | Rounds | + IMA": [2, 3]}
+    results, runs_of = fake_results(fake_table, values, rounds)
+    report = compare(fake_table, results, runs_of).set_index(["row", "column", "variant"])
+
+    first = report.loc[("FedAvg", "Dir(0.5)", "")]
+    assert (first["basin"], first["difference"], first["verdict"], first["seeds"]) == (pytest.approx(81.0), pytest.approx(1.0), "match", 2)
+    assert first["basin std"] == pytest.approx(math.sqrt(0.5))
+    with_ima = report.loc[("FedAvg", "Dir(0.5)", "+ IMA")]
+    assert (with_ima["verdict"], with_ima["paper gain"], with_ima["basin gain"]) == ("differs", 4.0, pytest.approx(7.0))
+    assert with_ima["gain verdict"] == "same sign"
+    spread = report.loc[("FedAvg", "Dir(5)", "")]
+    assert (spread["verdict"], spread["tolerance"]) == ("match", pytest.approx(2 * math.hypot(0.5, math.sqrt(0.08))))
+    assert report.loc[("FedAvg", "Dir(5)", "+ IMA")]["gain verdict"] == "opposite sign"
+    assert report.loc[("FedProx", "Dir(5)", "+ IMA")]["gain verdict"] == "gain match"
+    # Rounds: both never reaching the target match; a reached cell is compared within 15 %.
+    never = report.loc[("FedAvg", "Rounds", "")]
+    assert (never["basin censored"], never["verdict"]) == (True, "match")
+    assert report.loc[("FedProx", "Rounds", "")]["verdict"] == "match"
+    assert report.loc[("FedAvg", "Rounds", "+ IMA")]["basin"] == pytest.approx(2.5)
+    assert report.loc[("FedAvg", "Rounds", "+ IMA")]["verdict"] == "differs"  # 2.5 against 2: 25 %
+    # Cells that are not run say why.
+    assert report.loc[("FedProx", "Dir(0.5)", "+ IMA")]["verdict"].startswith("not reported")
+    assert report.loc[("FedAvg", "Far away", "")]["verdict"] == "unsupported: needs a data set nobody has"
+
+    text = headline(report.reset_index())
+    assert text == ("9 of 11 cells run match the paper (16 cells in the table; 0 not run, 4 unsupported, 1 not reported); "
+                    "gains: 1 of 3 within 1.5 points, 2 of the same sign")  # gains of accuracy cells only
+
+    files = write_report(fake_table, report.reset_index(), tmp_path / "out")
+    assert [f.name for f in files] == ["report.md", "report.csv", "report.png"]
+    markdown = files[0].read_text()
+    assert "9 of 11 cells run match the paper" in markdown
+    assert "| FedAvg | Dir(0.5) | + IMA | 84.0 | 88.00 ± 0.00 | 4.00 | differs | 4.00 | 7.00 | same sign |" in markdown
+    assert len(pd.read_csv(files[1])) == 16
+
+
+def test_a_half_done_table_reports_what_finished(fake_table):
+    results, runs_of = fake_results(fake_table, {"FedAvg | Dir(0.5)": [80.0, 82.0]})
+    half = results[results["run"].isin(runs_of["FedAvg | Dir(0.5)"][:1]) | ~results["run"].isin(runs_of["FedAvg | Dir(0.5)"])]
+    half.loc[half["run"].isin(runs_of["FedProx | Dir(0.5)"]), "status"] = "pending"
+    failed = runs_of["FedProx | Dir(5)"]
+    half.loc[half["run"].isin(failed), ["status", "error"]] = ["failed", "RunFailed: boom"]
+    report = compare(fake_table, half, runs_of).set_index(["row", "column", "variant"])
+    assert (report.loc[("FedAvg", "Dir(0.5)", "")]["basin"], report.loc[("FedAvg", "Dir(0.5)", "")]["seeds"]) == (80.0, 1)
+    assert report.loc[("FedProx", "Dir(0.5)", "")]["verdict"] == "not run: not run yet"
+    assert report.loc[("FedProx", "Dir(5)", "")]["verdict"] == "not run: failed: RunFailed: boom"
+
+
+def test_cells_with_one_config_share_their_runs(tmp_path):
+    table = load_table("ima-table2")
+    sweep, runs_of = build_sweep(table, 3)
+    # Rounds and speed-up cells of a column are one run per seed; 6 rows × 5 columns × 3 seeds.
+    assert len(sweep.runs) == 6 * 5 * 3
+    assert "FedAvg | t_s = 150 | speed-up" not in runs_of
+
+
+# ---- the command line ----------------------------------------------------------------------
+
+def reproduce(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "experiments.reproduce", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_list_names_every_table_with_its_counts(capsys, monkeypatch):
+    from experiments.reproduce import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name, cells in PAPER_CELLS.items():
+        line = next(line for line in lines if line.split() and line.split()[0] == name)
+        assert line.split()[-7] == str(cells), line  # the cells column, before the six counts
+
+
+def test_dry_run_prints_every_cell_with_the_papers_value(capsys):
+    from experiments.reproduce import main
+
+    assert main(["ima-table1", "--dry-run", "--no-timing"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" acc-last-k ") == 192
+    assert "FedFA | FMNIST (CNN), #C = 2 | + IMA 88.06" in " ".join(out.split())
+    assert "192 run cells × 3 seeds:" in out
+
+
+def test_usage_errors_are_named_before_anything_starts():
+    done = reproduce("ima-table9")
+    assert done.returncode == 2 and "not found (did you mean 'ima-table" in done.stderr
+    done = reproduce("ima-table1", "--only", "ImageNet", "--dry-run")
+    assert done.returncode == 2 and "matches no cell" in done.stderr
+    done = reproduce("ima-table1", "--set", "lr=-1", "--dry-run")
+    assert done.returncode == 2 and "'lr'" in done.stderr
+
+
+# ---- a real table, run (slow tier) ----------------------------------------------------------
+
+REAL_TABLE = """
+paper = "A tiny paper"
+table = "Table 1"
+caption = "FedAvg without / with IMA on the digits and on a FEMNIST-like miniature"
+seeds = 1
+variants = ["", "+ IMA"]
+pair = true
+[set]
+model = "mlp"
+num-rounds = 2
+local-epochs = 1
+batch-size = 16
+[variant-set]
+"" = {{averaging = "none"}}
+"+ IMA" = {{averaging = "ima", avg-start = 1, window = 2}}
+[columns.digits]
+set = {{dataset = "digits", num-clients = 4, participation = 0.5}}
+[columns.femnist]
+set = {{dataset = "hf:{femnist}", partition = "natural", num-clients = 6, participation = 0.5}}
+[rows]
+FedAvg = {{strategy = "fedavg"}}
+[values]
+FedAvg = ["80.0", "84.0", "60.0", "62.0"]
+"""
+
+
+@pytest.mark.slow
+def test_a_table_runs_resumes_and_reports_the_runs_numbers(tmp_path, miniature_hub):
+    path = tmp_path / "tiny.toml"
+    path.write_text(REAL_TABLE.format(femnist=miniature_hub["femnist"]))
+    out = tmp_path / "out"
+    # Half of the table first: the digits column.
+    done = reproduce(str(path), "--only", "digits", "--out", str(out), "--no-progress", timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    first = {run.name: (run / "outcome.json").stat().st_mtime_ns for run in (out / "runs").iterdir()}
+    assert sorted(first) == ["fedavg_digits_ima_seed=0", "fedavg_digits_seed=0"]
+    assert "of 2 cells run match the paper (4 cells in the table; 2 not run" in done.stdout
+
+    # The whole table: the digits runs are reused, the miniature's run.
+    done = reproduce(str(path), "--out", str(out), "--no-progress", timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = {run.name: (run / "outcome.json").stat().st_mtime_ns for run in (out / "runs").iterdir()}
+    assert len(runs) == 4 and all(runs[name] == first[name] for name in first)
+    report = pd.read_csv(out / "report.csv", keep_default_na=False, na_values={"basin": [""]})
+    report = report.set_index(["column", "variant"])
+    for (column, variant), run_name in {("digits", ""): "fedavg_digits_seed=0",
+                                        ("femnist", "+ IMA"): "fedavg_femnist_ima_seed=0"}.items():
+        summary = json.loads((out / "runs" / run_name / "summary.json").read_text())
+        expected = summary[f"last-{summary['last-k']}-accuracy"] * 100
+        assert report.loc[(column, variant), "basin"] == pytest.approx(expected)
+    assert report["seeds"].eq(1).all() and report["verdict"].isin(["match", "differs"]).all()
+    assert (out / "report.md").is_file() and (out / "report.png").is_file()
+
+    # A third call only reports.
+    done = reproduce(str(path), "--out", str(out), "--no-progress", timeout=300)
+    assert done.returncode == 0 and {r.name: (r / "outcome.json").stat().st_mtime_ns for r in (out / "runs").iterdir()} == runs
