@@ -1,6 +1,7 @@
 """Progress bars that a log file can hold.
 
-On a terminal every command draws tqdm's bars. When stderr is not a terminal (``nohup``,
+On a terminal every command draws tqdm's bars; in a Jupyter notebook (the Python API in a
+kernel) tqdm's widget where ipywidgets is installed, else the same bars. When stderr is not a terminal (``nohup``,
 a cluster job, CI, ``2> run.log``) a redrawn bar would write a partial line for every
 redraw (a 2-minute run gave ~600 of them); :func:`progress_bar` then writes whole lines
 instead, with the same figures the bar shows: one when it starts, one per change of what
@@ -53,12 +54,27 @@ def _line_bar_class():
     return LineProgress
 
 
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel writing to its notebook (ipykernel's streams)."""
+    return "ipykernel" in sys.modules and type(sys.stderr).__name__ == "OutStream"
+
+
 def progress_bar(iterable: Any = None, **kwargs: Any):
-    """A tqdm bar on a terminal; whole lines (see the module docstring) otherwise."""
+    """A tqdm bar on a terminal, a widget in a notebook; whole lines (see the module docstring) otherwise."""
     from tqdm import tqdm
 
     stream = kwargs.get("file") or sys.stderr
     if kwargs.get("disable") or (hasattr(stream, "isatty") and stream.isatty()):
+        return tqdm(iterable, **kwargs)
+    if in_notebook() and "file" not in kwargs:
+        # A widget where ipywidgets is installed; else the terminal's bar (a notebook's
+        # output keeps one line per bar: it honours carriage returns).
+        import importlib.util
+
+        if importlib.util.find_spec("ipywidgets") is not None:
+            from tqdm.notebook import tqdm as notebook_tqdm
+
+            return notebook_tqdm(iterable, **kwargs)
         return tqdm(iterable, **kwargs)
     kwargs.update(mininterval=LINE_INTERVAL_S, miniters=1, dynamic_ncols=False, bar_format=LINE_FORMAT,
                   file=_WholeLines(stream))

@@ -729,6 +729,7 @@ def list_tables(overrides: Mapping[str, Any] | None = None) -> pd.DataFrame:
 
 def run_command(args) -> int:
     """List, dry-run, or run and report a table (see experiments/reproduce.py)."""
+    from experiments.cli import EXIT_INTERRUPTED
     from experiments.run_config import parse_overrides
     from experiments.sweep_runs import execute_sweep
 
@@ -766,8 +767,11 @@ def run_command(args) -> int:
               f"(their cells say so in the report): {reasons[0]}", file=sys.stderr, flush=True)
     code = 0
     if here.runs and not args.report_only:
-        code, _ = execute_sweep(here, out_dir, retry_failed=args.retry_failed, progress=not args.no_progress,
-                                ray_address=args.ray_address, parallel=args.parallel, mps=args.mps)
+        try:
+            code, _ = execute_sweep(here, out_dir, retry_failed=args.retry_failed, progress=not args.no_progress,
+                                    ray_address=args.ray_address, parallel=args.parallel, mps=args.mps)
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
     # The report covers the whole table: cells outside --only show what earlier calls ran.
     out_dir.mkdir(parents=True, exist_ok=True)
     costs = measure_costs(table, out_dir, progress=not args.no_progress)

@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from experiments.api import callable_tool
 from experiments.cli import guarded, nonempty_path, parallel_runs
 
 
@@ -78,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
 
     return guarded(lambda: run_command(args))
 
+
+callable_tool(sys.modules[__name__], "sweep")  # `from experiments import sweep`: sweep(...) runs experiments.api.sweep
 
 if __name__ == "__main__":
     sys.exit(main())

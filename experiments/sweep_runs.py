@@ -24,11 +24,12 @@ from typing import Any
 import pandas as pd
 
 from clients.atomic_files import write_atomically
-from experiments.cli import EXIT_INTERRUPTED, EXIT_USAGE, DiskFull
+from experiments.cli import EXIT_INTERRUPTED, DiskFull
 from experiments.launch import RunFailed, launch
 from experiments.machine import (
     CLIENT_PROCESS_GPU_BYTES,
     ClientResources,
+    DataUnavailable,
     check_machine,
     check_trackers,
     client_resources,
@@ -364,27 +365,29 @@ def run_command(args: argparse.Namespace) -> int:
         for problem in dict.fromkeys(p for p in data.values() if p):
             print(f"data unavailable: {problem}", file=sys.stderr)
         return 0
-    code, table = execute_sweep(sweep, out_dir, retry_failed=args.retry_failed, progress=not args.no_progress,
-                                ray_address=args.ray_address, parallel=args.parallel, mps=args.mps)
-    if table is not None:
-        _print_outcome(table, out_dir)
+    try:
+        code, table = execute_sweep(sweep, out_dir, retry_failed=args.retry_failed, progress=not args.no_progress,
+                                    ray_address=args.ray_address, parallel=args.parallel, mps=args.mps)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    _print_outcome(table, out_dir)
     return code
 
 
 def execute_sweep(
     sweep: Sweep, out_dir: Path, *, retry_failed: bool = False, progress: bool = True, ray_address: str | None = None,
     parallel: int | None = 1, mps: bool = False,
-) -> tuple[int, pd.DataFrame | None]:
+) -> tuple[int, pd.DataFrame]:
     """Check everything the runs need (data, machine, trackers, MPS) before any Flower or
-    Ray process starts, then run the sweep's unfinished runs into ``out_dir``. Returns the
-    exit code and the results table (None when refused or interrupted). ``parallel``
-    None: ``--parallel auto``."""
+    Ray process starts (DataUnavailable, ConfigError …), then run the sweep's unfinished
+    runs into ``out_dir``. Returns the exit code (1: a run failed) and the results table.
+    Interrupted: the tables are written, the message says how to resume, and the
+    KeyboardInterrupt propagates. ``parallel`` None: ``--parallel auto``."""
     data = {run.run_id: data_problem_of(run.config) for run in sweep.runs}
     missing = [run for run, problem in data.items() if problem]
     if missing:
-        print(f"error: {len(missing)} of {len(sweep.runs)} runs cannot load their data, e.g. run {missing[0]}: "
-              f"{data[missing[0]]}", file=sys.stderr)
-        return EXIT_USAGE, None
+        raise DataUnavailable(f"{len(missing)} of {len(sweep.runs)} runs cannot load their data, e.g. run "
+                              f"{missing[0]}: {data[missing[0]]}")
     parallel = parallel or auto_parallel(sweep)
     if sweep.gpus_auto:
         sweep = dataclasses.replace(sweep, resources=client_resources(
@@ -408,7 +411,7 @@ def execute_sweep(
             print(f"interrupted: {completed} of {len(table)} runs completed, {failed} failed, "
                   f"{len(table) - completed - failed} not finished; run the same command again to resume",
                   file=sys.stderr)
-            return EXIT_INTERRUPTED, None
+            raise
     return (1 if table["status"].eq("failed").any() else 0), table
 
 

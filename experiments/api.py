@@ -1,0 +1,429 @@
+"""Basin from Python: run, compare and sweep from a script or a notebook cell, with pandas
+data frames back. The command lines (``experiments.run``, ``experiments.sweep``) are thin
+wrappers over these functions.
+
+    from experiments import run, sweep, load_run
+
+    job = run(preset="ima-fmnist-dir0.1", set={"num-rounds": 50},
+              compare={"averaging": ["none", "ima"]}, out="runs/nb")
+    job.rounds      # one row per (run, round): every results.csv column
+    job.summary     # one row per run: acc-last-k, best, final, rounds-to-target, seconds …
+    job.figure      # accuracy.png; job.runs: {label: run folder}
+    s = sweep("ima-fmnist-alpha", set={"num-rounds": 20}, parallel=2)
+    s.table, s.curves, s.report()
+    load_run("runs/nb")   # a finished job or run folder, back as the same object
+
+``run()`` with no ``preset``, ``set`` and ``compare`` is the README's main job (FedAvg,
+FedAvg + IMA, FedAvg + WIMA on the embedded digits).
+
+Errors are exceptions with the command lines' one-line messages, raised before Flower or
+Ray start (never ``SystemExit``):
+
+- ``ValueError`` for bad input, and its subclasses: ``ConfigError`` (a run-config key or
+  value; ``strategies.config``), ``UsageError`` (an argument; ``experiments.cli``),
+  ``SweepError`` (a sweep file), ``OutputDirError`` (an output folder), ``DataUnavailable``
+  (a data set that cannot be loaded here);
+- ``FileNotFoundError``: an unknown preset, sweep or run folder;
+- ``CheckpointError``: a folder whose checkpoint belongs to another config;
+- ``RayClusterUnreachable``: ``ray_address`` answers no Ray cluster;
+- ``DiskFull``: the disk filled; what was written is kept, whole;
+- ``RunFailed``: a run ended without completing (after the job's other runs); the folders
+  stay, ``error.job`` holds what finished;
+- ``KeyboardInterrupt`` (a notebook's interrupt, Ctrl-C): the run's processes are stopped
+  as on the command line and the folder stays resumable: the same call with the same
+  ``out`` continues it.
+
+Progress: bars in a terminal, a widget in a Jupyter notebook, whole lines in a log file.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# The main job's comparison: FedAvg without and with each averaging rule.
+MAIN_JOB_COMPARE = {"averaging": ["none", "ima", "wima"]}
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job's output folder and its runs; the tables are read from the files each time."""
+
+    out: Path
+    runs: dict[str, Path]  # run label ("FedAvg+IMA") → its folder
+
+    @property
+    def rounds(self) -> pd.DataFrame:
+        """One row per (run, round): ``run`` and every column of the runs' results.csv."""
+        import pandas as pd
+
+        frames = [pd.read_csv(folder / "results.csv").assign(run=label) for label, folder in self.runs.items()
+                  if (folder / "results.csv").is_file()]
+        if not frames:
+            return pd.DataFrame(columns=["run", "round"])
+        table = pd.concat(frames, ignore_index=True)
+        return table[["run", *[c for c in table.columns if c != "run"]]]
+
+    @property
+    def summary(self) -> pd.DataFrame:
+        """One row per run (index ``run``): status, acc-last-k, k, best and final accuracy,
+        round reaching the target, rounds, seconds, as the command line's table."""
+        from experiments.report import summary_table
+
+        summaries = {label: _read_json(folder / "summary.json") for label, folder in self.runs.items()}
+        table = summary_table(summaries)
+        table.insert(0, "status", [s.get("status", "not started") for s in summaries.values()])
+        return table
+
+    @property
+    def configs(self) -> dict[str, dict[str, Any]]:
+        """Each run's resolved run config (its config.json)."""
+        return {label: _read_json(folder / "config.json") for label, folder in self.runs.items()}
+
+    @property
+    def figure(self) -> Path | None:
+        """The job's accuracy figure (accuracy.png), when written."""
+        path = self.out / "accuracy.png"
+        return path if path.is_file() else None
+
+    def _repr_html_(self) -> str:  # a notebook shows the summary table
+        return f"<p>Basin job <code>{self.out}</code></p>" + self.summary._repr_html_()
+
+    def __repr__(self) -> str:
+        return f"Job(out={str(self.out)!r}, runs={list(self.runs)})"
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """A sweep's folder: its results table, per-round curves and report."""
+
+    out: Path
+    name: str
+    runs: dict[str, Path] = field(default_factory=dict)  # run id → folder
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """One row per run: status, error, every run-config key, acc-last-k, … (results.parquet)."""
+        import pandas as pd
+
+        return pd.read_parquet(self.out / "results.parquet")
+
+    @property
+    def curves(self) -> pd.DataFrame:
+        """Every round of every run: ``run`` and the columns of results.csv (curves.parquet)."""
+        import pandas as pd
+
+        return pd.read_parquet(self.out / "curves.parquet")
+
+    def report(self) -> list[Path]:
+        """Write the paper-style tables and figures into ``out/report`` (experiments.sweep_report)."""
+        from experiments.sweep_report import write_report
+
+        return write_report(self.out)
+
+    def _repr_html_(self) -> str:
+        columns = [c for c in ("run", "status", "acc-last-k", "rounds-to-target", "error") if c in self.table]
+        return f"<p>Basin sweep <code>{self.name}</code> in <code>{self.out}</code></p>" + \
+            self.table[columns]._repr_html_()
+
+    def __repr__(self) -> str:
+        return f"SweepResult(name={self.name!r}, out={str(self.out)!r}, runs={len(self.runs)})"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def grid(compare: Mapping[str, Sequence[Any]] | None) -> list[dict[str, Any]]:
+    """Every combination of the compared values, as run-config overrides."""
+    import itertools
+
+    from experiments.cli import UsageError
+
+    axes = []
+    for key, values in (compare or {}).items():
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+            raise UsageError(f"compare[{key!r}] = {values!r} is not allowed; allowed: a non-empty list of values")
+        axes.append([(key, value) for value in values])
+    return [dict(point) for point in itertools.product(*axes)]
+
+
+def run(
+    preset: str | None = None,
+    *,
+    set: Mapping[str, Any] | None = None,  # noqa: A002 - the command line's --set
+    compare: Mapping[str, Sequence[Any]] | None = None,
+    out: str | Path | None = None,
+    track: str | None = None,
+    overwrite: bool = False,
+    cpus_per_client: float = 1.0,
+    gpus_per_client: float | None = None,
+    mps: bool = False,
+    ray_address: str | None = None,
+    progress: bool = True,
+) -> Job:
+    """Run a job of real Flower simulations and return it: ``python -m experiments.run``.
+
+    Args:
+        preset: a preset name (``python -m experiments.run --list-presets``) or a TOML file.
+        set: run-config overrides for every run, e.g. ``{"num-rounds": 50}`` (``--set``).
+        compare: run once per value, every combination of the keys, e.g.
+            ``{"strategy": ["fedavg", "fedprox"], "averaging": ["none", "ima"]}`` (``--compare``).
+        out: the job's folder (``--out``; default a new ``runs/<name>-<time>``). Give it to
+            resume an interrupted job by the same call.
+        track: trackers, a comma-separated list of tensorboard, mlflow, wandb (``--track``).
+        overwrite: replace results of another config in ``out`` (``--overwrite``).
+        cpus_per_client, gpus_per_client: Ray resources per virtual client (None: auto).
+        mps: run the client processes under CUDA MPS (``--mps``).
+        ray_address: run the clients on this existing Ray cluster (``--ray-address``).
+        progress: draw progress (a widget in a notebook).
+
+    Returns:
+        The :class:`Job`: ``rounds``, ``summary``, ``figure``, ``runs``, ``configs``.
+
+    Raises:
+        See the module docstring; ``RunFailed`` after the other runs when a run failed.
+    """
+    return run_job(preset, set or {}, compare, out, track=track, overwrite=overwrite,
+                   cpus_per_client=cpus_per_client, gpus_per_client=gpus_per_client, mps=mps,
+                   ray_address=ray_address, progress=progress)
+
+
+def run_job(
+    preset: str | None, overrides: Mapping[str, Any], compare: Mapping[str, Sequence[Any]] | None,
+    out: str | Path | None, *, track: str | None = None, overwrite: bool = False, cpus_per_client: float = 1.0,
+    gpus_per_client: float | None = None, mps: bool = False, ray_address: str | None = None, progress: bool = True,
+    resume_hint: Callable[[Path], str] | None = None,
+) -> Job:
+    """:func:`run`'s implementation (the command line gives ``resume_hint``: the command
+    that resumes an interrupted job in a folder)."""
+    import sys
+
+    from experiments.flower_log import count_rounds
+    from experiments.launch import RunFailed, check_folder_reuse, launch
+    from experiments.machine import check_data, check_machine, check_trackers, client_resources, machine_cpus
+    from experiments.mps import MpsDaemon, check_mps
+    from experiments.output_dir import OutputLock
+    from experiments.ray_cluster import LocalRayCluster, check_ray_address
+    from experiments.report import averaging_start, method_label, plot_accuracy, setup_title, summary_table
+    from experiments.run_config import load_preset, resolve_config, tracked_in
+    from strategies.checkpoint import read_checkpoint
+
+    main_job = compare is None and not (preset or overrides)
+    if main_job:
+        compare = MAIN_JOB_COMPARE
+    points = grid(compare)
+    # Everything that can be known before Flower starts is checked here, in this order.
+    base = load_preset(preset) if preset else {}
+    overrides = {**overrides, **({"track": track} if track is not None else {})}
+    runs = {label_of(point): resolve_config(base, overrides, point) for point in points}
+    check_data(runs.values())
+    check_trackers(runs.values())
+    resources = client_resources(runs.values(), cpus_per_client, gpus_per_client, ray_address=ray_address)
+    check_machine(runs.values(), resources, ray_address)
+    check_mps(mps)
+    if ray_address is not None:
+        check_ray_address(ray_address)
+
+    compared = list(compare or {}) if len(runs) > 1 else []
+    name = output_name(preset, main_job, next(iter(runs.values())), compared)
+    out_dir = _output_dir(Path(out) if out is not None else None, list(runs.values()), name)
+    run_dirs = {label: out_dir / label if len(runs) > 1 else out_dir for label in runs}
+    runs = {label: tracked_in(config, out_dir, name) for label, config in runs.items()}  # a job's runs: one group
+    # Runs are named by what ran ("FedAvg+IMA"), plus any other compared key, in the
+    # progress bars, the figure and the table; their folders by the compared values.
+    extra = [key for key in compare or {} if key not in ("strategy", "averaging")]
+    names = {label: method_label(config, extra) for label, config in runs.items()}
+    job = Job(out_dir, {names[label]: run_dirs[label] for label in runs})
+    finished, failed = [], []
+    # Several runs one after another share one Ray cluster (started inside MPS, if asked).
+    shared_ray = ray_address is None and len(runs) > 1
+    with OutputLock(out_dir), MpsDaemon(mps) as mps_daemon, LocalRayCluster(shared_ray, machine_cpus()) as job_ray:
+        if mps_daemon.message:
+            print(f"[basin] {mps_daemon.message}", file=sys.stderr)
+        for label, config in runs.items():  # another config's results or checkpoint stop the job before any run
+            check_folder_reuse(run_dirs[label], config, overwrite)  # with overwrite: removed
+            read_checkpoint(run_dirs[label], {**config, "output-dir": str(run_dirs[label])})
+        for label, config in runs.items():
+            try:
+                launch(config, run_dirs[label], resources, progress=progress, ray_address=ray_address or job_ray,
+                       overwrite=overwrite, label=f"{names[label]} ({len(finished) + len(failed) + 1}/{len(runs)})")
+                finished.append(label)
+            except RunFailed as error:
+                print(f"error: {error}", file=sys.stderr)
+                failed.append(label)
+            except KeyboardInterrupt:
+                hint = resume_hint(out_dir) if resume_hint else f"the same call with out={str(out_dir)!r}"
+                print(f"interrupted {names[label]} after round {count_rounds(run_dirs[label])}; resume with: {hint}",
+                      file=sys.stderr)
+                raise
+
+    if finished:
+        import pandas as pd
+
+        plot_accuracy(
+            {names[label]: pd.read_csv(run_dirs[label] / "results.csv") for label in finished}, out_dir / "accuracy.png",
+            title=f"{name}: {setup_title(next(iter(runs.values())))}",
+            starts={names[label]: averaging_start(runs[label]) for label in finished},
+        )
+        summary_table({names[label]: _read_json(run_dirs[label] / "summary.json") for label in finished}).to_csv(
+            out_dir / "summary.csv")
+    if failed:
+        error = RunFailed(f"{len(failed)} of {len(runs)} runs failed: {', '.join(names[label] for label in failed)} "
+                          f"(their folders, with flwr.log, are kept in {out_dir})")
+        error.job = job
+        raise error
+    return job
+
+
+def label_of(point: Mapping[str, Any]) -> str:
+    """A run's folder name within its job: the compared values ("none", "fedprox-ima")."""
+    return "-".join(f"{value}" for value in point.values()) or "run"
+
+
+def output_name(preset: str | None, main_job: bool, config: Mapping[str, Any], compared: Sequence[str] = ()) -> str:
+    """The output folder's name: the preset, "main" for the main job, the compared keys
+    ("compare-strategy"; ``compared`` holds keys or ``KEY=V1,V2`` specs) for a comparison
+    without a preset, else what ran."""
+    import re
+
+    if preset:  # a name ("ima-fmnist-dir0.1", whose ".1" is not a suffix) or a TOML path
+        return Path(preset).stem if preset.endswith(".toml") else Path(preset).name
+    if main_job:
+        return "main"
+    if compared:  # not the first run's method: the comparison's
+        return "compare-" + "-".join(dict.fromkeys(spec.partition("=")[0] for spec in compared))
+    from experiments.report import method_label
+
+    return re.sub(r"[^A-Za-z0-9.+=-]+", "-", method_label(config).lower()).strip("-")
+
+
+def _output_dir(out: Path | None, configs: list[Mapping[str, Any]], name: str) -> Path:
+    """The job's output folder, created: ``out``, else the configs' ``output-dir``, else a
+    new ``runs/<name>-<time>``; ``out`` and an ``output-dir`` naming another folder are refused."""
+    from experiments.cli import UsageError
+    from experiments.output_dir import create_output_dir, unique_output_dir
+
+    requested = sorted({config["output-dir"] for config in configs} - {""})
+    if len(requested) > 1:
+        raise UsageError(f"run config key 'output-dir' takes {len(requested)} values {requested}; allowed: one folder")
+    if requested and out is not None and Path(requested[0]).expanduser().resolve() != out.expanduser().resolve():
+        raise UsageError(
+            f"run config key 'output-dir' = {requested[0]!r} and --out {out} name different folders; "
+            f"allowed: one of them (or both naming the same folder)"
+        )
+    if out is None and requested:
+        return create_output_dir(Path(requested[0]), "run config key 'output-dir' =")
+    return create_output_dir(out) if out is not None else unique_output_dir(Path("runs"), name)
+
+
+def sweep(
+    name_or_path: str,
+    *,
+    set: Mapping[str, Any] | None = None,  # noqa: A002 - the command line's --set
+    out: str | Path | None = None,
+    parallel: int | None = 1,
+    retry_failed: bool = False,
+    track: str | None = None,
+    mps: bool = False,
+    ray_address: str | None = None,
+    progress: bool = True,
+) -> SweepResult:
+    """Run a sweep's unfinished runs (resumable) and return it: ``python -m experiments.sweep``.
+
+    Args:
+        name_or_path: a sweep from experiments/sweeps/ or a TOML file.
+        set: run-config overrides for every run (``--set``).
+        out: the sweep's folder (default ``runs/<sweep name>``).
+        parallel: runs at once (``--parallel``; None: auto).
+        retry_failed: run failed runs again. track, mps, ray_address: as :func:`run`.
+
+    Raises:
+        See the module docstring; ``RunFailed`` when a run failed (the others ran).
+    """
+    from experiments.cli import UsageError
+    from experiments.launch import RunFailed
+    from experiments.sweep_runs import execute_sweep, load_sweep, sweep_path
+
+    if parallel is not None and (isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1):
+        raise UsageError(f"parallel = {parallel!r} is not allowed; allowed: an integer >= 1 or None (auto)")
+    loaded = load_sweep(sweep_path(name_or_path), {**(set or {}), **({"track": track} if track is not None else {})})
+    out_dir = (Path(out) if out is not None else Path("runs") / loaded.name).resolve()
+    result = SweepResult(out_dir, loaded.name, {r.run_id: out_dir / "runs" / r.run_id for r in loaded.runs})
+    code, table = execute_sweep(loaded, out_dir, retry_failed=retry_failed, progress=progress,
+                                ray_address=ray_address, parallel=parallel, mps=mps)
+    if code:
+        failed = table[table["status"] == "failed"]
+        error = RunFailed(f"{len(failed)} of {len(table)} runs of sweep {loaded.name} failed, e.g. "
+                          f"{failed['run'].iloc[0]}: {failed['error'].iloc[0]}")
+        error.job = result
+        raise error
+    return result
+
+
+def load_run(path: str | Path) -> Job | SweepResult:
+    """A finished (or interrupted) folder back as the object that wrote it: a sweep's folder
+    (results.parquet) as a :class:`SweepResult`, a job's or a single run's as a :class:`Job`."""
+    from experiments.report import method_label
+
+    folder = Path(path).expanduser().resolve()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"run folder {str(path)!r} not found")
+    if (folder / "results.parquet").is_file():
+        runs = {d.name: d for d in sorted((folder / "runs").iterdir())} if (folder / "runs").is_dir() else {}
+        return SweepResult(folder, folder.name, runs)
+    if (folder / "config.json").is_file():
+        run_dirs = [folder]
+    else:
+        run_dirs = sorted(d for d in folder.iterdir() if (d / "config.json").is_file())
+    if not run_dirs:
+        raise FileNotFoundError(f"{folder} holds no Basin run (no config.json in it or its subfolders)")
+    configs = {d: _read_json(d / "config.json") for d in run_dirs}
+    varied = sorted({k for c in configs.values() for k, v in c.items() if any(o.get(k) != v for o in configs.values())}
+                    - {"output-dir", "track-dir", "track-group", "strategy", "averaging"})
+    labels = {d: method_label(c, varied) if c else d.name for d, c in configs.items()}
+    if len(set(labels.values())) < len(labels):  # runs that differ in no shown key: their folders name them
+        labels = {d: d.name for d in run_dirs}
+    # In the job's order (its summary.csv lists the runs as they ran), else by folder name.
+    import pandas as pd
+
+    try:
+        order = list(pd.read_csv(folder / "summary.csv")["run"])
+    except (OSError, KeyError, ValueError):
+        order = []
+    run_dirs.sort(key=lambda d: order.index(labels[d]) if labels[d] in order else len(order))
+    return Job(folder, {labels[d]: d for d in run_dirs})
+
+
+
+class _CallableToolModule(types.ModuleType):
+    """A command-line module that is also its API function (see :func:`callable_tool`)."""
+
+    _api_function = ""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return globals()[self._api_function](*args, **kwargs)
+
+
+def callable_tool(module: types.ModuleType, function: str) -> None:
+    """Make the tool module ``experiments.<function>`` callable as ``experiments.api.<function>``.
+
+    The package's names ``run`` and ``sweep`` are its command-line modules (Python binds a
+    submodule to its name when it is imported, so a function of that name would not stay),
+    and ``from experiments import run`` gives the module: calling it runs the function,
+    with the function's signature for ``help`` and a notebook's completion."""
+    import inspect
+
+    module.__class__ = _CallableToolModule
+    module._api_function = function
+    module.__signature__ = inspect.signature(globals()[function])
