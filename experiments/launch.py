@@ -136,11 +136,13 @@ def launch(
         return _launch_locked(config, out_dir, resources, progress, label, leave, ray_address, stop)
 
 
-def run_app(app: Path, log_path: Path, num_supernodes: int, run_config: str = "", timeout: float = 600.0) -> str:
+def run_app(app: Path, log_path: Path, num_supernodes: int, run_config: str = "", timeout: float = 600.0,
+            echo: bool = False) -> str:
     """Run any Flower app (a folder with its pyproject.toml) in a local simulation of
     ``num_supernodes`` nodes, with ``flwr run --stream`` and its own FLWR_HOME; return its
-    log (also written to ``log_path``). Every process it started is stopped when it ends,
-    however it ends. ``run_config``: Flower's ``--run-config`` overrides (``"k=v k2='s'"``)."""
+    log (also written to ``log_path``; with ``echo``, also to stdout as it comes). Every
+    process it started is stopped when it ends, however it ends. ``run_config``: Flower's
+    ``--run-config`` overrides (``"k=v k2='s'"``)."""
     command = [str(Path(sys.executable).parent / "flwr"), "run", str(app), "--stream",
                "--federation-config", f"num-supernodes={num_supernodes}"]
     command += ["--run-config", run_config] if run_config else []
@@ -148,7 +150,15 @@ def run_app(app: Path, log_path: Path, num_supernodes: int, run_config: str = ""
         env = flower_environment(Path(sys.executable).parent, flwr_home, free_port(), free_port(), None)
         try:
             with open(log_path, "w") as log:
-                subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=app, timeout=timeout)
+                if not echo:
+                    subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=app, timeout=timeout)
+                else:
+                    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=app,
+                                          text=True) as flwr:
+                        for line in flwr.stdout:
+                            log.write(line)
+                            sys.stdout.write(line)
+                            sys.stdout.flush()
         finally:
             with deferred_interrupts():
                 stop_home(flwr_home)
