@@ -78,3 +78,84 @@ def test_every_help_and_listing_the_docs_show_runs(command):
                             cwd=REPO)
     assert result.returncode == 0, f"{command}: {result.stderr[-2000:]}"
     assert result.stdout.strip()
+
+
+# ---- every command block the docs show, run (slow tier) ---------------------------------------
+#
+# Each ```bash block in README.md and docs/ carries a marker on the line before it:
+#   <!-- docs-test: run [ARGS] -->   its Basin commands (python -m experiments.…, python
+#                                     examples/…) run in order, in one scratch folder per page,
+#                                     each with ARGS appended (tiny overrides: the digits, few
+#                                     rounds) unless it only asks for --help or a listing;
+#   <!-- docs-test: skip: WHY -->    an example only (a GPU, a cluster, hours of data), with why.
+MARKER = re.compile(r"<!-- docs-test: (run|skip)(?::\s*|\s*)(.*?) -->")
+BASIN_COMMAND = re.compile(r"(?:\.venv/bin/)?python (-m experiments\.|examples/)")
+
+
+def _bash_blocks(page: Path) -> list[tuple[int, str | None, list[str]]]:
+    """(line, marker, commands) of each ```bash block: continuation lines joined."""
+    lines = page.read_text().splitlines()
+    blocks = []
+    for number, line in enumerate(lines):
+        if line.strip() != "```bash":
+            continue
+        marker = lines[number - 1].strip() if number else ""
+        body = []
+        for text in lines[number + 1:]:
+            if text.strip() == "```":
+                break
+            body.append(text)
+        joined = re.sub(r"\\\n\s*", " ", "\n".join(body)).splitlines()
+        blocks.append((number + 1, marker if MARKER.fullmatch(marker) else None, joined))
+    return blocks
+
+
+def test_every_command_block_says_whether_the_docs_test_runs_it():
+    unmarked = [f"{page.name}:{line}" for page in PAGES for line, marker, _ in _bash_blocks(page) if marker is None]
+    assert not unmarked, f"```bash blocks without a <!-- docs-test: run|skip: why --> line before them: {unmarked}"
+    reasonless = [f"{page.name}:{line}" for page in PAGES for line, marker, _ in _bash_blocks(page)
+                  if marker and MARKER.fullmatch(marker).group(1) == "skip" and not MARKER.fullmatch(marker).group(2)]
+    assert not reasonless, f"skipped blocks must say why: {reasonless}"
+
+
+def _basin_commands(command_line: str, extra: str) -> list[list[str]]:
+    """The Basin commands of one shell line (parts joined by &&), as argument lists for
+    this Python: comments, ``[optional]`` arguments and other programs dropped."""
+    commands = []
+    for part in command_line.split("&&"):
+        if not BASIN_COMMAND.search(part):
+            continue
+        words = shlex.split(part[BASIN_COMMAND.search(part).start():], comments=True)
+        kept, optional = [], 0
+        for word in words[1:]:
+            optional += word.count("[") - word.count("]") if word.startswith("[") or optional else 0
+            if optional or word.startswith("[") or word.endswith("]"):
+                continue
+            kept.append(str(REPO / word) if word.startswith("examples/") else word)
+        listing = any(re.fullmatch(r"--(help|list[a-z-]*)", w) for w in kept)
+        commands.append([sys.executable, *kept, *([] if listing else shlex.split(extra))])
+    return commands
+
+
+RUNNABLE_PAGES = [page for page in PAGES if any(
+    marker and MARKER.fullmatch(marker).group(1) == "run" for _, marker, _ in _bash_blocks(page))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", RUNNABLE_PAGES, ids=lambda p: p.name)
+def test_every_runnable_command_block_runs(page, tmp_path):
+    import os
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
+    ran = 0
+    for line, marker, lines in _bash_blocks(page):
+        kind, extra = MARKER.fullmatch(marker).groups()
+        if kind != "run":
+            continue
+        for command_line in lines:
+            for command in _basin_commands(command_line, extra):
+                result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+                shown = " ".join(command[1:])
+                assert result.returncode == 0, f"{page.name}:{line}: {shown}\n{result.stdout[-1500:]}\n{result.stderr[-3000:]}"
+                ran += 1
+    assert ran
