@@ -1,4 +1,6 @@
-"""Basin's ClientApp: reports its partition, and trains the received model locally.
+"""Basin's client: reports its partition, and trains the received model locally. The
+handlers of the ClientApp (strategies/client_app.py, which hands every method's client
+half over first).
 
 Data settings (dataset, partition scheme, seed) come from the run config; the
 partition id and count from the node config (simulation: one per SuperNode;
@@ -13,31 +15,22 @@ Ray and the client processes, so a light import starts them sooner.
 from __future__ import annotations
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp import ClientApp
 
 from clients import protocol
 from clients.simulation_engine import install_engine_wakeup
 
-app = ClientApp()
 # In the simulation engine's process (which loads this module before it starts handing
 # out messages), messages then reach the actors when stored, not after a 0.1 s sleep.
 install_engine_wakeup()
 
 
-def partition_of(context: Context) -> tuple[int, int]:
-    """(partition id, number of partitions) of this node (its node config)."""
-    return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
-
-
-@app.query()
 def query(msg: Message, context: Context) -> Message:
     """Tell the server which partition this node holds."""
-    partition_id, num_partitions = partition_of(context)
+    partition_id, num_partitions = protocol.partition_of(context)
     info = ConfigRecord({"partition-id": partition_id, "num-partitions": num_partitions})
     return Message(content=RecordDict({"partition": info}), reply_to=msg)
 
 
-@app.query(protocol.FULL_GRADIENT_ACTION)
 def full_gradient_query(msg: Message, context: Context) -> Message:
     """MIME's extra exchange: this client's mean gradient over all of its examples at the
     received model, with no update (clients/mime.py)."""
@@ -46,7 +39,6 @@ def full_gradient_query(msg: Message, context: Context) -> Message:
     return full_gradient_reply(msg, context)
 
 
-@app.train()
 def train(msg: Message, context: Context) -> Message:
     """Load the global model, run local SGD with the round's config, reply with the result."""
     from clients.client_work import train_reply

@@ -16,12 +16,12 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from clients import protocol
 from clients.arithmetic import fix_arithmetic
-from clients.client_app import partition_of
 from clients.data import client_tensors
 from clients.faults import inject_faults
 from clients.local_round import LocalRound, round_randomness
 from clients.mime import full_gradient
 from clients.models import build_model, resolve_model_name, uses_projection_head
+from clients.protocol import partition_of
 from clients.state_store import ClientStateStore, last_checkpoint_round
 from clients.training import select_device
 from partitions.datasets import load_dataset

@@ -17,8 +17,8 @@ from torch import nn
 
 from clients import protocol
 from clients.augmentation import crop_flip
+from clients.halves import installed
 from clients.training import LocalObjective, LocalTrainingConfig, LocalTrainingResult, momentum_a_norm, train_local
-from strategies.methods import client_components, objective_builders
 
 
 def training_config(round_config: Mapping[str, Any]) -> LocalTrainingConfig:
@@ -64,7 +64,7 @@ def build_objective(name: str, content: RecordDict, model: nn.Module, state: Rec
     cross-entropy when it names none."""
     if name in ("", "cross-entropy"):
         return LocalObjective()
-    builders = objective_builders()
+    builders = installed().objectives
     if name not in builders:
         raise ValueError(f"unknown local objective {name!r}; allowed: {', '.join(builders)}")
     return builders[name](content["config"], model, state, rng, content)
@@ -79,7 +79,7 @@ class LocalRound:
     def __init__(self, model: nn.Module, content: RecordDict, state: RecordDict, rng: np.random.Generator):
         self.round_config = content["config"]
         self.objective = build_objective(str(self.round_config.get(protocol.OBJECTIVE, "")), content, model, state, rng)
-        self.components = [component for build in client_components() if (component := build(model, content, state))]
+        self.components = [component for build in installed().components if (component := build(model, content, state))]
 
     def train(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator) -> LocalTrainingResult:
         config = training_config(self.round_config)

@@ -2,8 +2,16 @@
 
 Server strategies add their client-side settings to the round's ``config`` record (the
 way Flower's FedProx sends ``proximal-mu``); methods that exchange tensors besides the
-model add named ArrayRecords to the message. Both sides import these names from here.
+model add named ArrayRecords to the message. Both sides import these names from here, and
+the client side which partition its node holds (:func:`partition_of`).
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flwr.app import Context
 
 # Round config entries (ConfigRecord "config").
 OBJECTIVE = "objective"  # name of the local objective (clients/objectives.py); absent = cross-entropy
@@ -64,3 +72,8 @@ MIME_STATE = "mime-state"  # server → client: m, the server optimizer's moment
 MIME_CORRECTION = "mime-correction"  # server → client: c, the cohort's mean full-batch gradient at θ (MIME)
 FEDLESAM_UPDATE = "fedlesam-update"  # server → client: u, the last global update (official-code variant)
 FEDCM_DIRECTION = "fedcm-direction"  # server → client: D, the cohort's mean θ − y_i of the last round
+
+
+def partition_of(context: Context) -> tuple[int, int]:
+    """(partition id, number of partitions) of this node (its node config)."""
+    return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])

@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "start-up, rounds and memory grow with K (default 100,1000,10000)")
     parser.add_argument("--cohort", type=int, default=10, help="with --clients: clients per round (default 10)")
     parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/benchmark-<time>)")
+    # The implementation (experiments/benchmarking.py) reads these from the arguments: it does not import this module.
+    parser.set_defaults(default_preset=DEFAULT_PRESET, no_preset=NO_PRESET)
     return parser
 
 

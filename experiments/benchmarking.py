@@ -25,7 +25,6 @@ from clients.data import client_tensors
 from clients.local_round import LocalRound, round_randomness
 from clients.models import build_run_model, resolve_model_name
 from clients.training import evaluate, select_device
-from experiments.benchmark import DEFAULT_PRESET, NO_PRESET
 from experiments.cli import UsageError
 from experiments.launch import RunFailed, launch
 from experiments.machine import check_machine, client_resources, machine_cpus
@@ -50,10 +49,10 @@ class BareRun:
     peak_gpu_mb: float | None
 
 
-def benchmark_config(preset: str, overrides: dict[str, Any], rounds: int) -> dict[str, Any]:
-    """The validated run config: preset, IMA from 75 % of the rounds, --set, then --rounds
-    (IMA's window capped at --rounds)."""
-    layers = [{} if preset == NO_PRESET else load_preset(preset),
+def benchmark_config(preset: str, overrides: dict[str, Any], rounds: int, no_preset: str) -> dict[str, Any]:
+    """The validated run config: preset (``no_preset``: none), IMA from 75 % of the rounds,
+    --set, then --rounds (IMA's window capped at --rounds)."""
+    layers = [{} if preset == no_preset else load_preset(preset),
               {"averaging": "ima", "avg-start": max(1, round(0.75 * rounds))}, overrides]
     window = next((layer["window"] for layer in reversed(layers) if "window" in layer), default_run_config()["window"])
     config = resolve_config(*layers, {"num-rounds": rounds, "window": min(window, rounds)})
@@ -69,7 +68,7 @@ def config_of(args) -> dict[str, Any]:
     if args.rounds < 1:
         raise UsageError(f"--rounds: {args.rounds} is not allowed; allowed: an integer >= 1")
     overrides = parse_overrides(args.set + ([f"device={args.device}"] if args.device else []))
-    return benchmark_config(args.preset or DEFAULT_PRESET, overrides, args.rounds)
+    return benchmark_config(args.preset or args.default_preset, overrides, args.rounds, args.no_preset)
 
 
 def synchronize(device: torch.device) -> None:
@@ -235,7 +234,7 @@ def clients_config(args, num_clients: int) -> dict[str, Any]:
     if args.rounds < 1 or not 1 <= args.cohort <= num_clients:
         raise UsageError(f"--rounds {args.rounds} --cohort {args.cohort} with {num_clients} clients is not allowed; "
                          f"allowed: rounds >= 1, 1 <= cohort <= every --clients count")
-    base = CLIENTS_SETUP if args.preset is None else {} if args.preset == NO_PRESET else load_preset(args.preset)
+    base = CLIENTS_SETUP if args.preset is None else {} if args.preset == args.no_preset else load_preset(args.preset)
     overrides = parse_overrides(args.set + ([f"device={args.device}"] if args.device else []))
     config = resolve_config(base, overrides, {"num-clients": num_clients, "participation": args.cohort / num_clients,
                                               "num-rounds": args.rounds})

@@ -77,13 +77,6 @@ import sys
 from experiments.cli import guarded, nonempty_path
 
 
-def default_methods() -> str:
-    """The methods' own cost-table entries (``MethodSpec.cost_table``), in declaration order."""
-    from strategies.methods import METHODS  # imports torch: not before --help has answered
-
-    return ",".join(entry for spec in METHODS.values() for entry in spec.cost_table)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.costs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

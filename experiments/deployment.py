@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clients.options import toml_value
 from experiments.certificates import KeyPair, TlsFiles, write_supernode_key_pair, write_tls_certificates
 from experiments.flower_log import follow_run, read_summary
 from experiments.launch import RunFailed, check_folder_reuse, end_summary, run_failure, stage_app
@@ -36,7 +37,6 @@ from experiments.processes import (
 from experiments.run_config import APP_DIR, load_preset, parse_overrides, resolve_config
 from strategies.checkpoint import read_checkpoint
 from strategies.config import validate_run_config
-from strategies.options import toml_value
 
 FEDERATION = "basin-local"
 HOST = "127.0.0.1"

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from clients.options import toml_value
 from experiments.cli import NO_SPACE, DiskFull, is_disk_full
 from experiments.flower_log import count_rounds, flower_failure_reason, follow_run, read_summary
 from experiments.machine import ClientResources, gpu_memory_advice
@@ -38,7 +39,6 @@ from experiments.ray_cluster import check_ray_address
 from experiments.run_config import APP_DIR
 from strategies.checkpoint import read_checkpoint, run_identity
 from strategies.config import summary_horizon, validate_run_config
-from strategies.options import toml_value
 from strategies.results import summarize, write_json_atomic
 
 # What `flwr run` packs: the ServerApp's and ClientApp's packages, the app's pyproject.toml and README.

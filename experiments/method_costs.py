@@ -29,7 +29,6 @@ from clients.local_round import LocalRound
 from clients.models import MODEL_NAMES, build_model, uses_projection_head
 from clients.training import select_device
 from experiments.cli import UsageError
-from experiments.costs import default_methods
 from experiments.output_dir import create_output_dir
 from experiments.run_config import parse_overrides, resolve_config
 from partitions.datasets import INPUT_SHAPES
@@ -45,6 +44,11 @@ SYNTHETIC_DATASET = "hf:synthetic"  # config placeholder when no built-in set ha
 
 
 # -- methods and their run configs ---------------------------------------------------------
+def default_methods() -> str:
+    """The methods' own cost-table entries (``MethodSpec.cost_table``), in declaration order."""
+    return ",".join(entry for spec in METHODS.values() for entry in spec.cost_table)
+
+
 def method_overrides(method: str) -> dict[str, Any]:
     """Run-config keys of a method name: a strategy name or a method's cost-table entry
     (``gradaug-n2``: GradAug with ``gradaug-subnets = 2``), optionally followed by

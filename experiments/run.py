@@ -21,7 +21,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from experiments.api import callable_tool, grid, label_of, output_name
+from experiments.api import callable_tool, grid
+from experiments.api import label_of as label_of  # the --compare grid's run labels and the job folder's name,
+from experiments.api import output_name as output_name  # as this command line names them
 from experiments.cli import EXIT_INTERRUPTED, UsageError, gpu_share, guarded, nonempty_path
 
 # Only the standard library above (experiments.cli and experiments.api import nothing else

@@ -21,15 +21,14 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import struct
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from partitions.cache import cached_arrays, digest, file_digest
+from partitions.tensor_dataset import TensorDataset, raw_arrays, scaled_dataset
 
 FASHION_MNIST_DEFAULT_DIR = Path("/usr/share/datasets/fashion-mnist")
 HUB_ALIASES = {"cifar10": "uoft-cs/cifar10", "cifar100": "uoft-cs/cifar100"}
@@ -38,35 +37,6 @@ IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-
 BUILTIN_DATASETS = ("digits", "fashion-mnist", *HUB_ALIASES)
 # Input shape (C, H, W) of the built-in sets, known without loading them (config checks).
 INPUT_SHAPES = {"digits": (1, 8, 8), "fashion-mnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
-
-
-@dataclass(frozen=True)
-class TensorDataset:
-    """Train and test splits: images (N, C, H, W) float32, labels (N,) int64; ``black`` is
-    the value a black pixel has in each channel (0 for images scaled to [0, 1], −mean/std
-    once standardised), what crop augmentation pads with."""
-
-    name: str
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-    num_classes: int
-    black: tuple[float, ...] = ()
-    fingerprint: str = ""  # what its content depends on (partitions/cache.py); "" when unknown
-    # Per training sample: "coarse" labels, "domain" ids, "natural-id" codes (when the set has them).
-    columns: Mapping[str, np.ndarray] = field(default_factory=dict)
-    test_domains: np.ndarray | None = None  # the test split's domain ids
-    domain_names: tuple[str, ...] = ()  # name of domain id d at position d
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x_train.shape[1:])
-
-    @property
-    def is_text(self) -> bool:
-        """Token sequences (a next-character task), not images."""
-        return not self.x_train.is_floating_point()
 
 
 def is_known_dataset(name: str) -> bool:
@@ -99,41 +69,13 @@ def _load_scaled(name: str, data_dir: str) -> TensorDataset:
         return scaled_dataset(name, *_load_digits())
     if name == "fashion-mnist":
         return scaled_dataset(name, *_load_fashion_mnist(data_dir))
-    from partitions.hub import load_hub_dataset  # imports datasets.py's TensorDataset: here, not at import time
+    from partitions.hub import load_hub_dataset  # imports flwr-datasets: only for a hub set
 
     if name in HUB_ALIASES:
         return load_hub_dataset(HUB_ALIASES[name])
     if name.startswith("hf:"):
         return load_hub_dataset(name[3:])
     raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(BUILTIN_DATASETS)} or hf:<hub id>")
-
-
-def scaled_dataset(name: str, raw: dict[str, np.ndarray], fingerprint: str) -> TensorDataset:
-    """Decoded arrays (partitions/cache.py's entry: uint8 images (N, C, H, W) with their
-    largest value ``max-value``, int64 labels) as images scaled to [0, 1]."""
-    scale = float(raw["max-value"])
-
-    def inputs(split: str) -> torch.Tensor:
-        if raw[f"x-{split}"].dtype != np.uint8:  # token ids
-            return torch.from_numpy(raw[f"x-{split}"])
-        # Torch's conversion (a copy: the decoded bytes may be read-only) and in-place division:
-        # the values numpy's astype and / give, bit for bit, in a tenth of the time
-        # (Fashion-MNIST: 0.1 s instead of 1.2 s per process).
-        return torch.tensor(raw[f"x-{split}"], dtype=torch.float32).div_(scale)
-
-    columns = {name: raw[f"{name}-train"] for name in ("coarse", "domain", "natural-id") if f"{name}-train" in raw}
-    return TensorDataset(
-        name, inputs("train"), torch.from_numpy(raw["y-train"]), inputs("test"), torch.from_numpy(raw["y-test"]),
-        int(raw["num-classes"]), fingerprint=fingerprint, columns=columns,
-        test_domains=raw.get("domain-test"), domain_names=tuple(str(n) for n in raw.get("domain-names", ())),
-    )
-
-
-def raw_arrays(x_train, y_train, x_test, y_test, num_classes: int, max_value: int) -> dict[str, np.ndarray]:
-    """Decoded splits as partitions/cache.py stores them (uint8 images, int64 labels, the class count and largest pixel value)."""
-    return {"x-train": np.ascontiguousarray(x_train, dtype=np.uint8), "y-train": np.asarray(y_train, dtype=np.int64),
-            "x-test": np.ascontiguousarray(x_test, dtype=np.uint8), "y-test": np.asarray(y_test, dtype=np.int64),
-            "num-classes": np.array(num_classes), "max-value": np.array(max_value)}
 
 
 def local_fingerprint(name: str, data_dir: str = "") -> str | None:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from partitions.cache import cached_arrays, digest
-from partitions.datasets import TensorDataset, raw_arrays, scaled_dataset
+from partitions.tensor_dataset import TensorDataset, raw_arrays, scaled_dataset
 from partitions.text import VOCABULARY, encode_text
 
 # Per data set, the label column to prefer when a hub set has several ClassLabels.

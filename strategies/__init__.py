@@ -9,10 +9,24 @@ included, in a user's own ServerApp::
     result = IMA(FedAvg(), window=5, start_round=150).start(grid=grid, initial_arrays=arrays, num_rounds=200)
 """
 
+from typing import TYPE_CHECKING
+
 from clients.simulation_engine import install_engine_wakeup
-from strategies.averaging import IMA, WIMA, ModelAveraging, ServerSWA
+
+if TYPE_CHECKING:
+    from strategies.averaging import IMA, WIMA, ModelAveraging, ServerSWA
 
 __all__ = ["IMA", "WIMA", "ModelAveraging", "ServerSWA"]
+
+
+def __getattr__(name: str):
+    """``from strategies import IMA`` imports the averaging module (and torch) when asked:
+    the ClientApp's entry (strategies/client_app.py) loads this package without them."""
+    if name in __all__:
+        from strategies import averaging
+
+        return getattr(averaging, name)
+    raise AttributeError(f"module 'strategies' has no attribute {name!r}")
 
 # In Flower's simulation process this package is the ServerApp thread's first import,
 # made while the engine registers the simulated nodes: installing the engine changes now

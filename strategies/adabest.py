@@ -25,10 +25,11 @@ from __future__ import annotations
 import numpy as np
 
 from clients.adabest import adabest_component
+from clients.declarations import MethodSpec
+from clients.options import Option, one_of
 from clients.protocol import ADABEST_MEAN_EXAMPLES_PER_STEP, ADABEST_MU, ADABEST_OFFICIAL_CODE
 from strategies.arrays import counter_mean, is_float, to_numpy
-from strategies.method import COHORT, MethodSpec
-from strategies.options import Option, one_of
+from strategies.method import COHORT
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -47,9 +47,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from clients.options import ConfigError
 from strategies.arrays import to_arrays, to_numpy
 from strategies.method import AveragingSpec, averaging_start_round
-from strategies.options import ConfigError
 from strategies.round_interface import RoundStrategy, attribute_state
 
 if TYPE_CHECKING:
@@ -284,7 +284,7 @@ def _checked_base(strategy: Strategy, basin_clients: bool, name: str) -> Strateg
     if client_half and not basin_clients:
         raise ValueError(
             f"{name}({type(strategy).__name__}(...)): {type(strategy).__name__} needs Basin's ClientApp "
-            f"(clients.client_app:app) for {client_half}; a stock Flower ClientApp trains plain local SGD and "
+            f"(strategies.client_app:app) for {client_half}; a stock Flower ClientApp trains plain local SGD and "
             f"ignores it. Pass basin_clients=True when your app's clients are Basin's, or wrap a server-only "
             f"strategy (Flower's FedAvg, FedAdam, …)"
         )

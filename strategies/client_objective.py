@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from clients.declarations import MethodSpec
 from clients.protocol import OBJECTIVE
-from strategies.method import COHORT, MethodSpec
+from strategies.method import COHORT
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 
@@ -38,18 +39,16 @@ class ClientObjectiveFedAvg(CohortSampling, InPlaceFedAvg):
         return super().configure_train(server_round, arrays, config, grid)
 
 
-def objective_method(
-    name: str, display_name: str, objective: Callable[..., Any], objective_keys: tuple[str, ...] = (),
-    settings: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
-    grad_clip: Callable[[Mapping[str, Any]], float] | None = None, **declaration: Any,
-) -> MethodSpec:
-    """The declaration of a method that only changes the clients' objective: the server is
-    :class:`ClientObjectiveFedAvg` sending ``objective_keys`` (``settings`` resolves their
-    values from the run config when they need more than a copy, ``grad_clip`` a clip of the
-    method's own); ``declaration`` holds the other :class:`MethodSpec` fields."""
+def objective_server(spec: MethodSpec) -> Callable[[Mapping[str, Any]], ClientObjectiveFedAvg]:
+    """The server half of a method that only changes the clients' objective (declared with
+    :func:`clients.declarations.objective_method`): :class:`ClientObjectiveFedAvg` sending
+    the objective's name and its keys' values (``spec.objective_settings`` resolves them when
+    they need more than a copy), with the method's own gradient-norm clip if it has one."""
 
     def build(config: Mapping[str, Any]) -> ClientObjectiveFedAvg:
-        values = settings(config) if settings else {key: config[key] for key in objective_keys}
-        return ClientObjectiveFedAvg(name, values, grad_clip=grad_clip(config) if grad_clip else None, **COHORT)
+        values = spec.objective_settings(config) if spec.objective_settings else {
+            key: config[key] for key in spec.objective_keys}
+        clip = spec.objective_grad_clip(config) if spec.objective_grad_clip else None
+        return ClientObjectiveFedAvg(spec.name, values, grad_clip=clip, **COHORT)
 
-    return MethodSpec(name, display_name, build, objective=objective, objective_keys=objective_keys, **declaration)
+    return build

@@ -15,6 +15,9 @@ from typing import Any
 
 from clients.faults import FAULT_FORMAT, parse_faults
 from clients.models import MODEL_NAMES, REQUIRED_INPUT, SEQUENCE_MODELS, SLIMMABLE_MODELS, resolve_model_name
+from clients.options import ConfigError as ConfigError
+from clients.options import Option
+from clients.options import one_of as _one_of
 from partitions.client_dirichlet import CONCENTRATIONS as CLIENT_CONCENTRATIONS
 from partitions.client_dirichlet import EXHAUSTIONS as CLIENT_EXHAUSTIONS
 from partitions.datasets import BUILTIN_DATASETS, INPUT_SHAPES, is_known_dataset
@@ -22,9 +25,6 @@ from partitions.stats import LABEL_SCHEMES, PARTITION_SCHEMES
 from strategies.averaging import AVERAGING_SUBSETS
 from strategies.method import averaging_start_round as averaging_start_round
 from strategies.methods import AVERAGINGS, METHODS, method, method_options
-from strategies.options import ConfigError as ConfigError
-from strategies.options import Option
-from strategies.options import one_of as _one_of
 from strategies.schedules import EXPLORATIONS, LR_SCHEDULES
 from strategies.tracking import TRACKERS, tracker_names
 

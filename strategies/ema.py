@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 from flwr.serverapp.strategy import Strategy
 
+from clients.options import Option
 from strategies.averaging import ModelAveraging
 from strategies.method import AveragingSpec, averaging_start_round
-from strategies.options import Option
 
 
 def ema_update(average: dict[str, np.ndarray], model: dict[str, np.ndarray], decay: float) -> dict[str, np.ndarray]:

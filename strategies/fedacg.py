@@ -28,9 +28,10 @@ from __future__ import annotations
 import numpy as np
 
 from clients.components import proximal
+from clients.declarations import MethodSpec
+from clients.options import Option, one_of
 from strategies.arrays import counter_mean, is_float, to_arrays, to_numpy
-from strategies.method import COHORT, MethodSpec
-from strategies.options import Option, one_of
+from strategies.method import COHORT
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

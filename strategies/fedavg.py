@@ -4,7 +4,8 @@ Flower's FedAvg (its weighted mean read in place: strategies/weighted_mean.py), 
 seeded cohort sampling and partition-ordered aggregation.
 """
 
-from strategies.method import COHORT, MethodSpec
+from clients.declarations import MethodSpec
+from strategies.method import COHORT
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -19,9 +19,10 @@ import math
 
 import numpy as np
 
+from clients.declarations import MethodSpec
+from clients.options import Option
 from strategies.arrays import is_float
-from strategies.method import COHORT, MethodSpec
-from strategies.options import Option
+from strategies.method import COHORT
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

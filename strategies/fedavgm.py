@@ -11,8 +11,9 @@ the copy is refreshed from the arrays sent each round.
 
 from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
 
-from strategies.method import COHORT, MethodSpec
-from strategies.options import Option
+from clients.declarations import MethodSpec
+from clients.options import Option
+from strategies.method import COHORT
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from clients.declarations import MethodSpec
 from clients.fedcm import momentum_direction
+from clients.options import Option, one_of
 from clients.protocol import FEDCM_ALPHA, FEDCM_DIRECTION, FEDCM_SCALE
 from strategies.arrays import counter_mean, is_float, to_numpy, with_record
-from strategies.method import COHORT, MethodSpec
-from strategies.options import Option, one_of
+from strategies.method import COHORT
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

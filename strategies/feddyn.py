@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from clients.declarations import MethodSpec
 from clients.feddyn import feddyn_component
+from clients.options import Option
 from clients.protocol import FEDDYN_ALPHA
 from strategies.arrays import to_numpy
-from strategies.method import COHORT, MethodSpec
-from strategies.options import Option
+from strategies.method import COHORT
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

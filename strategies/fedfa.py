@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from clients.declarations import MethodSpec
 from clients.objectives.fedfa import fedfa_objective
+from clients.options import Option, one_of
 from clients.protocol import FEDFA_ANCHOR_LOSS, FEDFA_ANCHORS, FEDFA_CALIBRATE, OBJECTIVE_RECORD
 from strategies.arrays import with_record
 from strategies.client_objective import ClientObjectiveFedAvg
-from strategies.method import COHORT, MethodSpec
-from strategies.options import Option, one_of
+from strategies.method import COHORT
 
 FEDFA_VARIANTS = ("paper", "fedfa-ima")
 CLASSIFIER_WEIGHT = "classifier.weight"  # (C, d): every Basin model's linear head

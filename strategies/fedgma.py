@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.method import COHORT, MethodSpec
-from strategies.options import Option
+from clients.declarations import MethodSpec
+from clients.options import Option
+from strategies.method import COHORT
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from clients.declarations import MethodSpec
 from clients.objectives.fedlesam import fedlesam_objective
 from clients.objectives.sam import SAM_RHO
+from clients.options import one_of
 from clients.protocol import FEDLESAM_UPDATE
 from strategies.arrays import counter_mean, is_float, to_arrays, to_numpy, with_record
 from strategies.client_objective import ClientObjectiveFedAvg
-from strategies.method import COHORT, MethodSpec
-from strategies.options import one_of
+from strategies.method import COHORT
 
 FEDLESAM_DEFAULT_RHO = 0.1
 FEDLESAM_VARIANTS = ("paper", "official-code")

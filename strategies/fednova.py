@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from clients.declarations import MethodSpec
+from clients.options import ConfigError
 from clients.protocol import SOLVER_A_NORM
-from strategies.method import COHORT, MethodSpec
-from strategies.options import ConfigError
+from strategies.method import COHORT
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

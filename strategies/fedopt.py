@@ -32,10 +32,11 @@ from flwr.serverapp.strategy import FedAdagrad as FlowerFedAdagrad
 from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 
+from clients.declarations import MethodSpec
+from clients.options import Option
 from strategies.arrays import to_arrays, to_numpy
 from strategies.fedavgm import SERVER_MOMENTUM
-from strategies.method import COHORT, MethodSpec
-from strategies.options import Option
+from strategies.method import COHORT
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

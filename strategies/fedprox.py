@@ -7,8 +7,9 @@ proximal term is added by the client's training loop (clients/training.py).
 from flwr.serverapp.strategy import FedProx as FlowerFedProx
 
 from clients.components import proximal
-from strategies.method import COHORT, MethodSpec
-from strategies.options import Option
+from clients.declarations import MethodSpec
+from clients.options import Option
+from strategies.method import COHORT
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

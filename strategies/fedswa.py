@@ -43,6 +43,8 @@ from __future__ import annotations
 import numpy as np
 
 from clients.control_variates import control_variate
+from clients.declarations import MethodSpec
+from clients.options import Option, one_of
 from clients.protocol import (
     CONTROL_AFTER_CLIP,
     CONTROL_STEP_COUNT,
@@ -54,8 +56,7 @@ from clients.protocol import (
     STEP_LR_START,
 )
 from strategies.arrays import to_arrays, to_numpy, with_record
-from strategies.method import COHORT, MethodSpec
-from strategies.options import Option, one_of
+from strategies.method import COHORT
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

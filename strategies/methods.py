@@ -11,18 +11,22 @@ only change the clients' local objective.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import re
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from strategies.method import AveragingSpec, MethodSpec
-from strategies.options import Option, toml_value
+from clients.declarations import MethodSpec
+from clients.halves import ClientHalves, provide
+from clients.options import Option, toml_value
+from strategies.client_objective import objective_server
+from strategies.method import AveragingSpec
 
 if TYPE_CHECKING:
     from clients.components import Builder
-    from strategies.method import ObjectiveBuilder
+    from clients.declarations import ObjectiveBuilder
 
 METHOD_MODULES = (
     "strategies.fedavg", "strategies.fedavgm", "strategies.fedopt", "strategies.fedprox", "strategies.scaffold",
@@ -40,12 +44,15 @@ BLOCK_END = "# -- end of method keys"
 
 
 def _load() -> dict[str, MethodSpec]:
+    """Every declaration, a method that only changes the clients' objective given its
+    server here (clients/ declares its half without importing strategies/)."""
     methods: dict[str, MethodSpec] = {}
     for module_name in METHOD_MODULES:
         for spec in importlib.import_module(module_name).METHODS:
             if spec.name in methods:
                 raise ValueError(f"method {spec.name!r} is declared twice ({module_name})")
-            methods[spec.name] = spec
+            methods[spec.name] = spec if spec.build is not None else dataclasses.replace(
+                spec, build=objective_server(spec))
     return methods
 
 
@@ -89,6 +96,15 @@ def objective_builders() -> dict[str, ObjectiveBuilder]:
     return {spec.name: spec.objective for spec in METHODS.values() if spec.objective is not None}
 
 
+
+
+def client_halves() -> ClientHalves:
+    """What the client side needs of every method: objectives, components, who wants a projection head."""
+    return ClientHalves(objective_builders(), client_components(),
+                        frozenset(name for name, spec in METHODS.items() if spec.projection_head))
+
+
+provide(client_halves)  # the client side reads them from clients/halves.py (clients/ does not import strategies/)
 
 
 def pyproject_block() -> str:

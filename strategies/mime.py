@@ -28,7 +28,9 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
+from clients.declarations import MethodSpec
 from clients.mime import mime_objective, server_momentum
+from clients.options import Option, one_of
 from clients.protocol import (
     FULL_GRADIENT_ACTION,
     MIME_CORRECTION,
@@ -39,8 +41,7 @@ from clients.protocol import (
 )
 from strategies.arrays import counter_mean, is_float, to_numpy, with_record
 from strategies.exchange import send_and_receive
-from strategies.method import COHORT, MethodSpec
-from strategies.options import Option, one_of
+from strategies.method import COHORT
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

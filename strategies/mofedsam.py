@@ -19,11 +19,12 @@ means it), α = 0.1 (``fedcm-alpha``), η_g = 1. FedSWA's code hard-codes ρ = 0
 
 from __future__ import annotations
 
+from clients.declarations import MethodSpec
 from clients.fedcm import momentum_direction
 from clients.objectives.sam import SAM_RHO, esam_objective
 from clients.protocol import OBJECTIVE
 from strategies.fedcm import FEDCM_OPTIONS, FedCm
-from strategies.method import COHORT, MethodSpec
+from strategies.method import COHORT
 
 MOFEDSAM_DEFAULT_RHO = 0.1
 

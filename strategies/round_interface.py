@@ -51,7 +51,7 @@ class RoundStrategy:
     averaged_arrays: ArrayRecord | None = None
     # What the method's clients must do besides local SGD on cross-entropy ("" for a
     # server-only method): a stock Flower ClientApp does not, so the method needs Basin's
-    # ClientApp (clients.client_app:app).
+    # ClientApp (strategies.client_app:app).
     client_half: str = ""
 
     # What every Basin strategy also is, for the type checker only (at run time these come

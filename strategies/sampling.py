@@ -213,7 +213,7 @@ class CohortSampling(RoundStrategy):
         nodes = sorted(grid.get_node_ids())
         fraction, minimum = self.fraction_train, self.min_train_nodes  # type: ignore[attr-defined]
         if self.client_half:
-            print(f"[basin] {type(self).__name__} needs Basin's ClientApp (clients.client_app:app) for "
+            print(f"[basin] {type(self).__name__} needs Basin's ClientApp (strategies.client_app:app) for "
                   f"{self.client_half}; a stock Flower ClientApp does not do it", flush=True)
         self.bind_partitions({node: index for index, node in enumerate(nodes)},
                              min(len(nodes), max(int(len(nodes) * fraction), minimum, 1)), seed)

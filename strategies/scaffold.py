@@ -12,9 +12,10 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from clients.control_variates import control_variate
+from clients.declarations import MethodSpec
 from clients.protocol import SCAFFOLD_DELTA_CONTROL, SCAFFOLD_SERVER_CONTROL
 from strategies.arrays import to_numpy, with_record
-from strategies.method import COHORT, MethodSpec
+from strategies.method import COHORT
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
+import strategies.methods  # noqa: F401  hands every method's client half to clients/, as the ClientApp's entry does
+
 REPO = Path(__file__).resolve().parents[1]
 
 # The suite's own Hugging Face datasets cache. Loading the miniature hub sets caches them

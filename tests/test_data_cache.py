@@ -139,7 +139,7 @@ def test_a_client_process_starts_without_the_heavy_libraries(cache):
     load_dataset.__wrapped__("digits")
     code = (
         "import sys\n"
-        "from clients.client_app import app\n"
+        "from strategies.client_app import app\n"
         "assert 'torch' not in sys.modules, 'the ClientApp module imported torch'\n"
         "import clients.client_work\n"
         "from clients.data import client_tensors\n"

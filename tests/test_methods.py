@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from clients.declarations import MethodSpec
 from strategies.config import SCHEMA, validate_run_config
-from strategies.method import MethodSpec
 from strategies.methods import METHOD_MODULES, METHODS, PYPROJECT, method_options, pyproject_block
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def test_every_declared_method_and_averaging_rule_runs_in_a_real_flower_run():
 
 def test_every_table_is_derived_from_the_declarations():
     from clients.components import ClientComponent
-    from experiments.costs import default_methods
+    from experiments.method_costs import default_methods
     from strategies.config import STRATEGY_NAMES
     from strategies.methods import client_components, objective_builders
 

@@ -95,7 +95,8 @@ def test_an_interrupted_cell_stops_its_run_and_the_same_call_resumes_it(tmp_path
 
     executed = execute(notebook, tmp_path, scope, timeout_of)
     run_cell, alive, after = executed.cells[1], executed.cells[2], executed.cells[3]
-    assert [o.get("ename") for o in run_cell.outputs if o.output_type == "error"] == ["KeyboardInterrupt"], (run_cell.metadata, run_cell.outputs)
+    errors = [o.get("ename") for o in run_cell.outputs if o.output_type == "error"]
+    assert errors == ["KeyboardInterrupt"], run_cell.outputs
     assert any("resume with: the same call with out=" in o.get("text", "") for o in run_cell.outputs)
     assert alive.outputs and "pid" in alive.outputs[0]["text"]  # the kernel survived the interrupt
     checkpoint = tmp_path / "runs" / "interrupted" / "results.csv"

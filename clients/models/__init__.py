@@ -54,9 +54,9 @@ def is_slimmable(model: nn.Module) -> bool:
 def uses_projection_head(model: str, strategy: str) -> bool:
     """MOON on FedAlign's ResNet-56 trains it with a two-layer projection head (the other
     models' MLP heads already play that role)."""
-    from strategies.methods import METHODS  # the declarations import the models: not at import time
+    from clients.halves import installed
 
-    return model in PROJECTION_HEAD_MODELS and strategy in METHODS and METHODS[strategy].projection_head
+    return model in PROJECTION_HEAD_MODELS and strategy in installed().projection_head
 
 
 def build_run_model(run_config: Mapping[str, Any], input_shape: tuple[int, ...], num_classes: int) -> nn.Module:

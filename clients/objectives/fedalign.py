@@ -28,10 +28,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from clients.declarations import objective_method
 from clients.models.slimmable import StagedNet, sliced_channels, slimmable_width
+from clients.options import Option
 from clients.training import LocalObjective
-from strategies.client_objective import objective_method
-from strategies.options import Option
 
 POWER_ITERATIONS = 10
 TINY = 1e-12

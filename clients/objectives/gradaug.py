@@ -23,10 +23,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from clients.declarations import objective_method
 from clients.models.slimmable import StagedNet, slimmable_width
+from clients.options import Option
 from clients.training import LocalObjective
-from strategies.client_objective import objective_method
-from strategies.options import Option
 
 RESOLUTION_SCALES = (1.0, 0.875, 0.75, 0.625)  # 32, 28, 24, 20 of a 32-pixel image
 CHANNEL_DIVISOR = 8  # the authors' make_divisible

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from clients.declarations import objective_method
+from clients.options import Option
 from clients.training import LocalObjective
-from strategies.client_objective import objective_method
-from strategies.options import Option
 
 
 class Mixup(LocalObjective):

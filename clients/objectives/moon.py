@@ -21,10 +21,10 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
+from clients.declarations import objective_method
+from clients.options import Option
 from clients.protocol import MOON_PREVIOUS_MODEL
 from clients.training import LocalObjective
-from strategies.client_objective import objective_method
-from strategies.options import Option
 
 
 def contrastive_loss(z: torch.Tensor, z_global: torch.Tensor, z_previous: torch.Tensor, temperature: float) -> torch.Tensor:

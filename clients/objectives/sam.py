@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from clients.declarations import objective_method
 from clients.models import resolve_model_name
+from clients.options import Option
 from clients.training import LocalObjective
-from strategies.client_objective import objective_method
-from strategies.options import Option
 
 
 class SharpnessAware(LocalObjective):

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from torch import nn
 
+from clients.declarations import objective_method
 from clients.models.slimmable import StagedNet
+from clients.options import Option
 from clients.training import LocalObjective
-from strategies.client_objective import objective_method
-from strategies.options import Option
 
 
 def drop_rates(num_blocks: int, final_survival: float) -> list[float]:

@@ -32,8 +32,9 @@ from clients.models import build_run_model
 from clients.training import select_device
 from experiments.progress import progress_bar
 from experiments.run_config import default_run_config
-from partitions.datasets import TensorDataset, load_dataset
+from partitions.datasets import load_dataset
 from partitions.feasibility import partition_settings
+from partitions.tensor_dataset import TensorDataset
 from partitions.text import IGNORE_INDEX
 from strategies.indicators import trainable_names
 from strategies.model_store import load_round_models, saved_rounds

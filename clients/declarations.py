@@ -1,0 +1,115 @@
+"""What a method declares, in the words both its halves share: the declaration types that
+the server half (strategies/) and the client half (clients/) of a method both use.
+
+Each method's own module ends with ``METHODS = (MethodSpec(...), ...)``; strategies/methods.py,
+the registry above both halves, lists those modules, and every table that used to name
+methods — config validation and ``--list-keys``, the checkpoint, reports, the cost table,
+the clients' objectives and components — iterates over the declarations instead. A method
+whose only change is the clients' objective (clients/objectives/) declares it with
+:func:`objective_method`; the registry gives it its server (FedAvg sending the objective,
+strategies/client_objective.py), so clients/ never imports strategies/.
+
+A declaration says:
+
+- ``name`` (the ``strategy`` value) and ``display_name`` (as its paper writes it);
+- ``build``: the validated run config → the server strategy (Flower's Message API); the
+  strategies use ``strategies.method.COHORT`` for the arguments every Basin strategy shares;
+- ``options``: the run-config keys it adds, each an :class:`~clients.options.Option`
+  with its default (``pyproject.toml``'s table of method keys is generated from these:
+  ``python -m strategies.methods --write-pyproject``); a key two methods share is the same
+  ``Option`` object, declared by one and imported by the other;
+- ``check``: constraints on other keys, raising :class:`~clients.options.ConfigError`;
+- its client half: ``objective`` (what each client minimises, sent by name with the values
+  of ``objective_keys``) and ``client_components`` (builders of
+  :class:`~clients.components.ClientComponent`); ``client_state`` when clients keep
+  state across rounds (checkpoints then snapshot it);
+- what it needs: ``plain_sgd`` (its paper steps with plain SGD: no client momentum),
+  ``model_needs`` ("image": one label per image; "slimmable-residual"), and
+  ``default_server_lr`` (``server-lr = 0``);
+- ``projection_head``: on the models that have one to add (FedAlign's ResNet-56), train
+  with a two-layer projection head (MOON);
+- ``cost_table``: its rows in ``python -m experiments.costs``'s default table, each a name
+  and the run-config keys it sets besides ``strategy`` (GradAug's n = 1 and n = 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from clients.options import Option
+
+if TYPE_CHECKING:
+    import numpy as np
+    from flwr.app import RecordDict
+    from torch import nn
+
+    from clients.components import Builder
+    from clients.training import LocalObjective
+
+    # The server strategy a declaration builds (strategies.round_interface.RoundStrategy);
+    # named here only as a type, so clients/ need not import strategies/.
+    RoundStrategy = Any
+
+    # (the objective's settings from the round config, model, client state, rng, the message's content)
+    ObjectiveBuilder = Callable[[Mapping[str, Any], nn.Module, RecordDict, np.random.Generator, Mapping[str, Any]],
+                                LocalObjective]
+
+MODEL_NEEDS = ("any", "image", "slimmable-residual")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method's declaration (see the module docstring)."""
+
+    name: str
+    display_name: str
+    # None for a method that only changes the clients' objective: the registry
+    # (strategies/methods.py) gives it its server, FedAvg sending the objective.
+    build: Callable[[Mapping[str, Any]], RoundStrategy] | None
+    options: Mapping[str, Option] = field(default_factory=dict)
+    check: Callable[[Mapping[str, Any]], None] | None = None
+    objective: ObjectiveBuilder | None = None
+    objective_keys: tuple[str, ...] = ()
+    # An objective-only method's values sent beside its keys (None: the keys' run-config
+    # values), and a gradient-norm clip of its own (FedAlign's 10) sent for the run's.
+    objective_settings: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+    objective_grad_clip: Callable[[Mapping[str, Any]], float] | None = None
+    client_components: tuple[Builder, ...] = ()
+    client_state: bool = False
+    plain_sgd: bool | Callable[[Mapping[str, Any]], bool] = False
+    model_needs: str = "any"
+    default_server_lr: float = 1.0
+    projection_head: bool = False
+    cost_table: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.build is None and self.objective is None:
+            raise ValueError(f"{self.name}: declares neither a server (build) nor a client objective")
+        if self.model_needs not in MODEL_NEEDS:
+            raise ValueError(f"{self.name}: model_needs = {self.model_needs!r}; allowed: {', '.join(MODEL_NEEDS)}")
+        missing = [key for key, option in self.options.items() if option.default is None]
+        if missing:
+            raise ValueError(f"{self.name}: option(s) {', '.join(missing)} declare no default")
+
+    def steps_plain_sgd(self, config: Mapping[str, Any]) -> bool:
+        """Whether this run of the method steps with plain SGD (client momentum must be 0)."""
+        return self.plain_sgd(config) if callable(self.plain_sgd) else self.plain_sgd
+
+    def server_lr(self, config: Mapping[str, Any]) -> float:
+        """``server-lr``, or the method's default when it is 0."""
+        return config["server-lr"] or self.default_server_lr
+
+
+def objective_method(
+    name: str, display_name: str, objective: ObjectiveBuilder, objective_keys: tuple[str, ...] = (),
+    settings: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
+    grad_clip: Callable[[Mapping[str, Any]], float] | None = None, **declaration: Any,
+) -> MethodSpec:
+    """The declaration of a method that only changes the clients' objective: its server is
+    FedAvg sending ``objective_keys`` each round (``settings`` resolves their values from
+    the run config when they need more than a copy, ``grad_clip`` a clip of the method's
+    own), given by the registry; ``declaration`` holds the other :class:`MethodSpec` fields."""
+    return MethodSpec(name, display_name, None, objective=objective, objective_keys=objective_keys,
+                      objective_settings=settings, objective_grad_clip=grad_clip, **declaration)

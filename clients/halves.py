@@ -1,0 +1,47 @@
+"""Every method's client half, handed to the client side at start-up.
+
+clients/ never imports strategies/ (the layers: partitions → clients → strategies →
+experiments). The registry that joins a method's two halves, strategies/methods.py, sits
+above both: it :func:`provide`\\ s the client halves of every declared method here when it is
+imported, and the ClientApp that Flower loads (strategies/client_app.py) provides a loader
+of the registry without importing it, so a client process imports the methods (and torch)
+only with its first training message. The client code (clients/local_round.py,
+clients/models/) reads them with :func:`installed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from clients.components import Builder
+    from clients.declarations import ObjectiveBuilder
+
+
+@dataclass(frozen=True)
+class ClientHalves:
+    objectives: Mapping[str, ObjectiveBuilder]  # local objectives by the name a round config sends
+    components: tuple[Builder, ...]  # every client-component builder, each once
+    projection_head: frozenset[str]  # methods that train with a projection head where a model has one
+
+
+_loader: Callable[[], ClientHalves] | None = None
+_halves: ClientHalves | None = None
+
+
+def provide(loader: Callable[[], ClientHalves]) -> None:
+    """Hand over the client halves: ``loader`` is called once, when client code first asks."""
+    global _loader, _halves
+    _loader, _halves = loader, None
+
+
+def installed() -> ClientHalves:
+    global _halves
+    if _halves is None:
+        if _loader is None:
+            raise RuntimeError("the methods' client halves were not handed over: import strategies.methods (the "
+                               "registry above both halves) before running client code")
+        _halves = _loader()
+    return _halves

@@ -1,0 +1,45 @@
+"""The ClientApp of a Basin run (pyproject.toml's ``clientapp``): clients/client_app.py's
+handlers, with every method's client half handed over from the registry above both halves
+(clients/halves.py).
+
+The handlers are defined here, not only imported: Flower's simulation loads the ClientApp
+once and ships it to each client process (Ray), where its handlers are found by module and
+name, so each client process imports this module and so the hand-over runs there too. The
+registry, and with it torch, is imported only when a client first trains, so Flower's
+simulation process loads this module as quickly as before.
+"""
+
+from __future__ import annotations
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from clients import client_app as basin_client
+from clients import protocol
+from clients.halves import ClientHalves, provide
+
+app = ClientApp()
+
+
+def _client_halves() -> ClientHalves:
+    from strategies.methods import client_halves
+
+    return client_halves()
+
+
+provide(_client_halves)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    return basin_client.query(msg, context)
+
+
+@app.query(protocol.FULL_GRADIENT_ACTION)
+def full_gradient_query(msg: Message, context: Context) -> Message:
+    return basin_client.full_gradient_query(msg, context)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    return basin_client.train(msg, context)
