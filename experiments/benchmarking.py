@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import psutil
 import torch
 from flwr.app import RecordDict
 
@@ -273,14 +274,11 @@ class JobMemory:
 
 
 def proportional_set_mib(pid: int) -> float:
-    """A process's proportional set size in MiB (0 once it has ended)."""
+    """A process's proportional set size in MiB (0 once it has ended; psutil reads it on Linux)."""
     try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) / 1024
-    except (OSError, ValueError):
-        pass
-    return 0.0
+        return psutil.Process(pid).memory_full_info().pss / 2**20
+    except (psutil.Error, AttributeError):  # gone, not ours, or no PSS on this system
+        return 0.0
 
 
 def clients_command(args) -> int:

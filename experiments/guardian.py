@@ -17,7 +17,7 @@ from experiments.processes import GUARD_POLL_S, remove_finished_ray_sessions, sa
 
 
 def main(argv: list[str]) -> int:
-    launcher, started, home, out_dir = int(argv[0]), int(argv[1]), Path(argv[2]), Path(argv[3])
+    launcher, started, home, out_dir = int(argv[0]), float(argv[1]), Path(argv[2]), Path(argv[3])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)

@@ -34,6 +34,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parent.parent
 # How often the guardian checks its launcher.
 GUARD_POLL_S = 0.2
@@ -44,16 +46,12 @@ ProcessTable = dict[int, tuple[int, int, str]]
 def process_table() -> ProcessTable:
     """{pid: (parent pid, process group, command line)} of every process we can see."""
     table = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    for process in psutil.process_iter(["ppid", "cmdline"]):
         try:
-            stat = (proc / "stat").read_text()
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
+            group = os.getpgid(process.pid)
+        except OSError:  # gone since the listing
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-        table[int(proc.name)] = (int(fields[1]), int(fields[2]), cmdline)
+        table[process.pid] = (process.info["ppid"] or 0, group, " ".join(process.info["cmdline"] or ()))
     return table
 
 
@@ -111,29 +109,25 @@ def signal_all(pids: set[int], signum: int) -> None:
 
 
 def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie is dead, though listed until its parent reaps it)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.AccessDenied:
         return True
-    # A zombie is dead but still listed until its parent reaps it.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
-def start_time(pid: int) -> int:
-    """The process's start time (clock ticks after boot; 0 if it is gone): with the PID,
+def start_time(pid: int) -> float:
+    """The process's start time (seconds since the epoch; 0 if it is gone): with the PID,
     a name no later process can take."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return 0
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return 0.0
 
 
-def same_process_alive(pid: int, started: int) -> bool:
+def same_process_alive(pid: int, started: float) -> bool:
     """Whether process ``pid`` still runs and is the one that started at ``started``."""
     return alive(pid) and start_time(pid) == started
 
@@ -141,14 +135,13 @@ def same_process_alive(pid: int, started: int) -> bool:
 def flwr_homes() -> dict[int, str]:
     """{pid: FLWR_HOME} of every visible process that has the variable set."""
     homes = {}
-    for proc in Path("/proc").iterdir():
+    for process in psutil.process_iter():
         try:
-            environ = (proc / "environ").read_bytes() if proc.name.isdigit() else b""
-        except OSError:
+            home = process.environ().get("FLWR_HOME")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        for variable in environ.split(b"\0"):
-            if variable.startswith(b"FLWR_HOME="):
-                homes[int(proc.name)] = variable[len(b"FLWR_HOME="):].decode(errors="replace")
+        if home is not None:
+            homes[process.pid] = home
     return homes
 
 
@@ -163,18 +156,11 @@ def processes_of_home(home: Path | str) -> list[int]:
 
 
 def ancestry(pid: int) -> set[int]:
-    """``pid`` and every process it descends from (a few /proc reads, not a scan)."""
-    chain = {pid}
-    while True:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return chain
-        parent = int(stat[stat.rindex(")") + 2:].split()[1])  # after "pid (comm) state"
-        if parent <= 0 or parent in chain:
-            return chain
-        chain.add(parent)
-        pid = parent
+    """``pid`` and every process it descends from."""
+    try:
+        return {pid, *(parent.pid for parent in psutil.Process(pid).parents())}
+    except psutil.NoSuchProcess:
+        return {pid}
 
 
 # The process that hosts a run's ServerApp: the simulation process, or a deployment's.
@@ -242,7 +228,7 @@ class Guardian:
 
     def _start(self) -> subprocess.Popen:
         me = os.getpid()
-        command = [sys.executable, "-m", "experiments.guardian", str(me), str(start_time(me)), str(self.home),
+        command = [sys.executable, "-m", "experiments.guardian", str(me), repr(start_time(me)), str(self.home),
                    str(self.out_dir)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
         return subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
