@@ -20,7 +20,7 @@ Errors are exceptions with the command lines' one-line messages, raised before F
 Ray start (never ``SystemExit``):
 
 - ``ValueError`` for bad input, and its subclasses: ``ConfigError`` (a run-config key or
-  value; ``strategies.config``), ``UsageError`` (an argument; ``experiments.cli``),
+  value; ``strategies.config``), ``UsageError`` (an argument; ``experiments.runtime.cli``),
   ``SweepError`` (a sweep file), ``OutputDirError`` (an output folder), ``DataUnavailable``
   (a data set that cannot be loaded here);
 - ``FileNotFoundError``: an unknown preset, sweep or run folder;
@@ -75,7 +75,7 @@ class Job:
     def summary(self) -> pd.DataFrame:
         """One row per run (index ``run``): status, acc-last-k, k, best and final accuracy,
         round reaching the target, rounds, seconds, as the command line's table."""
-        from experiments.report import summary_table
+        from experiments.runtime.report import summary_table
 
         summaries = {label: _read_json(folder / "summary.json") for label, folder in self.runs.items()}
         table = summary_table(summaries)
@@ -148,7 +148,7 @@ def grid(compare: Mapping[str, Sequence[Any]] | None) -> list[dict[str, Any]]:
     """Every combination of the compared values, as run-config overrides."""
     import itertools
 
-    from experiments.cli import UsageError
+    from experiments.runtime.cli import UsageError
 
     axes = []
     for key, values in (compare or {}).items():
@@ -209,14 +209,14 @@ def run_job(
     that resumes an interrupted job in a folder)."""
     import sys
 
-    from experiments.flower_log import count_rounds
-    from experiments.launch import RunFailed, check_folder_reuse, launch
-    from experiments.machine import check_data, check_machine, check_trackers, client_resources, machine_cpus
-    from experiments.mps import MpsDaemon, check_mps
-    from experiments.output_dir import OutputLock
-    from experiments.ray_cluster import LocalRayCluster, check_ray_address
-    from experiments.report import averaging_start, method_label, plot_accuracy, setup_title, summary_table
-    from experiments.run_config import load_preset, resolve_config, tracked_in
+    from experiments.runtime.flower_log import count_rounds
+    from experiments.runtime.launch import RunFailed, check_folder_reuse, launch
+    from experiments.runtime.machine import check_data, check_machine, check_trackers, client_resources, machine_cpus
+    from experiments.runtime.mps import MpsDaemon, check_mps
+    from experiments.runtime.output_dir import OutputLock
+    from experiments.runtime.ray_cluster import LocalRayCluster, check_ray_address
+    from experiments.runtime.report import averaging_start, method_label, plot_accuracy, setup_title, summary_table
+    from experiments.runtime.run_config import load_preset, resolve_config, tracked_in
     from strategies.checkpoint import read_checkpoint
 
     main_job = compare is None and not (preset or overrides)
@@ -303,7 +303,7 @@ def output_name(preset: str | None, main_job: bool, config: Mapping[str, Any], c
         return "main"
     if compared:  # not the first run's method: the comparison's
         return "compare-" + "-".join(dict.fromkeys(spec.partition("=")[0] for spec in compared))
-    from experiments.report import method_label
+    from experiments.runtime.report import method_label
 
     return re.sub(r"[^A-Za-z0-9.+=-]+", "-", method_label(config).lower()).strip("-")
 
@@ -311,8 +311,8 @@ def output_name(preset: str | None, main_job: bool, config: Mapping[str, Any], c
 def _output_dir(out: Path | None, configs: list[Mapping[str, Any]], name: str) -> Path:
     """The job's output folder, created: ``out``, else the configs' ``output-dir``, else a
     new ``runs/<name>-<time>``; ``out`` and an ``output-dir`` naming another folder are refused."""
-    from experiments.cli import UsageError
-    from experiments.output_dir import create_output_dir, unique_output_dir
+    from experiments.runtime.cli import UsageError
+    from experiments.runtime.output_dir import create_output_dir, unique_output_dir
 
     requested = sorted({config["output-dir"] for config in configs} - {""})
     if len(requested) > 1:
@@ -351,9 +351,9 @@ def sweep(
     Raises:
         See the module docstring; ``RunFailed`` when a run failed (the others ran).
     """
-    from experiments.cli import UsageError
-    from experiments.launch import RunFailed
-    from experiments.sweep_runs import execute_sweep, load_sweep, sweep_path
+    from experiments.runtime.cli import UsageError
+    from experiments.runtime.launch import RunFailed
+    from experiments.runtime.sweep_runs import execute_sweep, load_sweep, sweep_path
 
     if parallel is not None and (isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1):
         raise UsageError(f"parallel = {parallel!r} is not allowed; allowed: an integer >= 1 or None (auto)")
@@ -374,7 +374,7 @@ def sweep(
 def load_run(path: str | Path) -> Job | SweepResult:
     """A finished (or interrupted) folder back as the object that wrote it: a sweep's folder
     (results.parquet) as a :class:`SweepResult`, a job's or a single run's as a :class:`Job`."""
-    from experiments.report import method_label
+    from experiments.runtime.report import method_label
 
     folder = Path(path).expanduser().resolve()
     if not folder.is_dir():

@@ -9,7 +9,7 @@ One invocation runs one setup (default: preset ``ima-fmnist-shards`` with ``aver
 "ima"``, ``avg-start`` at 75 % of the rounds; ``--preset none``: the pyproject defaults,
 the embedded digits) twice:
 
-1. as a real ``flwr run`` simulation (``experiments.launch.launch``), read back from its
+1. as a real ``flwr run`` simulation (``experiments.runtime.launch.launch``), read back from its
    ``results.csv``;
 2. sequentially in this process, without Flower's runtime or Ray, with eager steps (the
    baseline of every ratio) and, on CUDA, again with CUDA-graph steps: the same cohorts
@@ -54,7 +54,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments.cli import gpu_share, guarded, nonempty_path, parallel_runs
+from experiments.runtime.cli import gpu_share, guarded, nonempty_path, parallel_runs
 
 DEFAULT_PRESET = "ima-fmnist-shards"
 NO_PRESET = "none"
@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "start-up, rounds and memory grow with K (default 100,1000,10000)")
     parser.add_argument("--cohort", type=int, default=10, help="with --clients: clients per round (default 10)")
     parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/benchmark-<time>)")
-    # The implementation (experiments/benchmarking.py) reads these from the arguments: it does not import this module.
+    # The implementation (experiments/runtime/benchmarking.py) reads these from the arguments: it does not import this module.
     parser.set_defaults(default_preset=DEFAULT_PRESET, no_preset=NO_PRESET)
     return parser
 
@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # The implementation imports torch and Flower: only once the arguments parsed.
-    from experiments.benchmarking import clients_command, run_command, sweep_command
+    from experiments.runtime.benchmarking import clients_command, run_command, sweep_command
 
     if args.rounds is None:
         args.rounds = 5 if args.clients else 20

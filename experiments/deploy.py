@@ -42,7 +42,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments.cli import guarded, nonempty_path
+from experiments.runtime.cli import guarded, nonempty_path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # The implementation imports torch and Flower: only once the arguments parsed.
-    from experiments.deployment import run_command
+    from experiments.runtime.deployment import run_command
 
     return guarded(lambda: run_command(args))
 

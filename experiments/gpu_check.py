@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.cli import UsageError, guarded, nonempty_path
+from experiments.runtime.cli import UsageError, guarded, nonempty_path
 
 STEPS = ("tests", "benchmark", "determinism", "pair")
 # IMA (Zhou et al.), Table: Fashion-MNIST, #C = 2, test accuracy % of FedAvg and FedAvg + IMA.
@@ -82,8 +82,8 @@ def _process_counts(args) -> tuple[int, int]:
 
 def check(args) -> int:
     """Run the steps (see the module docstring); 0 when every step that ran passed."""
-    from experiments.output_dir import OutputLock, create_output_dir, unique_output_dir
-    from experiments.run_config import load_preset, resolve_config
+    from experiments.runtime.output_dir import OutputLock, create_output_dir, unique_output_dir
+    from experiments.runtime.run_config import load_preset, resolve_config
     from partitions.datasets import load_dataset
 
     dry = args.device == "cpu"
@@ -185,10 +185,10 @@ def check_benchmarks(base: dict[str, Any], rounds: int, out: Path, dry: bool) ->
 
 def check_determinism(base: dict[str, Any], processes: tuple[int, int], out: Path, dry: bool) -> dict[str, Any]:
     """The same short run with two numbers of client processes, compared bit for bit."""
-    from experiments.launch import RunFailed, launch
-    from experiments.machine import ClientResources
-    from experiments.reproducible import compare_runs
-    from experiments.run_config import resolve_config
+    from experiments.runtime.launch import RunFailed, launch
+    from experiments.runtime.machine import ClientResources
+    from experiments.runtime.reproducible import compare_runs
+    from experiments.runtime.run_config import resolve_config
 
     cohort = max(processes)
     config = resolve_config(base, {"num-rounds": 3, "cuda-deterministic": True, "num-clients": max(20, cohort),
@@ -214,9 +214,9 @@ def check_pair(base: dict[str, Any], rounds: int, out: Path) -> list[dict[str, A
     """FedAvg and FedAvg + IMA on the IMA paper's Fashion-MNIST #C=2, both at once."""
     import dataclasses
 
-    from experiments.machine import client_resources
-    from experiments.run_config import resolve_config
-    from experiments.sweep_runs import load_sweep, run_sweep
+    from experiments.runtime.machine import client_resources
+    from experiments.runtime.run_config import resolve_config
+    from experiments.runtime.sweep_runs import load_sweep, run_sweep
 
     out.mkdir(parents=True, exist_ok=True)
     spec = out / "pair.toml"

@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments.cli import guarded, nonempty_path, parallel_runs
+from experiments.runtime.cli import guarded, nonempty_path, parallel_runs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds is not None and args.seeds < 1:
         parser.error(f"--seeds: {args.seeds} is not allowed; allowed: an integer >= 1")
     # The implementation imports torch and Flower: only once the arguments parsed.
-    from experiments.reproduction import run_command
+    from experiments.runtime.reproduction import run_command
 
     return guarded(lambda: run_command(args))
 

@@ -24,15 +24,15 @@ from pathlib import Path
 from experiments.api import callable_tool, grid
 from experiments.api import label_of as label_of  # the --compare grid's run labels and the job folder's name,
 from experiments.api import output_name as output_name  # as this command line names them
-from experiments.cli import EXIT_INTERRUPTED, UsageError, gpu_share, guarded, nonempty_path
+from experiments.runtime.cli import EXIT_INTERRUPTED, UsageError, gpu_share, guarded, nonempty_path
 
-# Only the standard library above (experiments.cli and experiments.api import nothing else
+# Only the standard library above (experiments.runtime.cli and experiments.api import nothing else
 # at import time): `--help` answers without importing torch or Flower (the rest is imported
 # in main, once the arguments are parsed).
 
 def compare_of(specs: list[str]) -> dict[str, list]:
     """``--compare KEY=V1,V2`` flags as {key: [values]} (values in TOML syntax)."""
-    from experiments.run_config import parse_overrides
+    from experiments.runtime.run_config import parse_overrides
 
     compare: dict[str, list] = {}
     for spec in specs:
@@ -50,7 +50,7 @@ def variants(compare: list[str]) -> list[dict]:
 
 def list_presets() -> str:
     """Each preset's name and the first sentence of its description (its leading comment)."""
-    from experiments.run_config import PRESETS_DIR
+    from experiments.runtime.run_config import PRESETS_DIR
 
     lines = []
     for path in sorted(PRESETS_DIR.glob("*.toml")):
@@ -67,7 +67,7 @@ def list_presets() -> str:
 
 def list_keys() -> str:
     """Every run-config key with its default and what it allows."""
-    from experiments.run_config import default_run_config
+    from experiments.runtime.run_config import default_run_config
     from strategies.config import SCHEMA
 
     defaults = default_run_config()
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def check_reproducible(a: Path, b: Path) -> int:
     """Print whether two run folders hold the same results and final model (0) or not (1)."""
-    from experiments.reproducible import compare_runs
+    from experiments.runtime.reproducible import compare_runs
 
     try:
         comparison = compare_runs(a, b)
@@ -131,8 +131,8 @@ def run_job(args: argparse.Namespace, argv: list[str]) -> int:
     import pandas as pd
 
     from experiments.api import run_job as run_api_job
-    from experiments.launch import RunFailed
-    from experiments.run_config import parse_overrides
+    from experiments.runtime.launch import RunFailed
+    from experiments.runtime.run_config import parse_overrides
 
     out = args.out
     try:

@@ -24,7 +24,7 @@ An axis is a run-config key with a list of values, or any name with a list of ta
 of keys that change together. Grid points that resolve to the same config run once.
 Everything is validated before the first run starts.
 
-Each run is a real Flower run (``experiments.launch``) in ``<out>/runs/<run id>``. A run
+Each run is a real Flower run (``experiments.runtime.launch``) in ``<out>/runs/<run id>``. A run
 is finished when its ``outcome.json`` (status, error, config) is written, after Flower
 returns; re-running the command skips finished runs whose config is unchanged, continues
 an interrupted run from its last checkpoint (``checkpoint-every``), reruns changed ones
@@ -47,7 +47,7 @@ import argparse
 import sys
 
 from experiments.api import callable_tool
-from experiments.cli import guarded, nonempty_path, parallel_runs
+from experiments.runtime.cli import guarded, nonempty_path, parallel_runs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # The implementation imports torch and Flower: only once the arguments parsed.
-    from experiments.sweep_runs import run_command
+    from experiments.runtime.sweep_runs import run_command
 
     return guarded(lambda: run_command(args))
 

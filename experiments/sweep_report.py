@@ -35,8 +35,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.cli import guarded, nonempty_path
-from experiments.report import save_figure
+from experiments.runtime.cli import guarded, nonempty_path
+from experiments.runtime.report import save_figure
 
 AVERAGING_KEYS = ("averaging", "window", "avg-start", "avg-feedback", "avg-subset", "ima-exploration", "ima-decay",
                   "swa-cycle")
@@ -313,7 +313,7 @@ def write_report(directory: str | Path, out: str | Path | None = None) -> list[P
     results, curves = load_results(directory)
     if not (results["status"] == "completed").any():
         raise ValueError(f"no completed run among the {len(results)} runs of {directory}")
-    from experiments.output_dir import create_output_dir
+    from experiments.runtime.output_dir import create_output_dir
 
     out = create_output_dir(Path(out) if out is not None else Path(directory) / "report")
     table = accuracy_table(results)

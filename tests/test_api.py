@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from experiments import api
-from experiments.cli import UsageError
+from experiments.runtime.cli import UsageError
 from strategies.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def fake_run_folder(folder: Path, config: dict, accuracies: list[float]) -> None
 
 
 def test_load_run_reads_a_job_folder_in_its_order(tmp_path):
-    from experiments.run_config import resolve_config
+    from experiments.runtime.run_config import resolve_config
 
     job_dir = tmp_path / "job"
     base = resolve_config({"num-rounds": 3})

@@ -91,7 +91,7 @@ def test_swa_running_average_at_cycle_ends():
 def test_swa_official_code_samples_c_rounds_after_its_start_in_the_starts_phase():
     # fedsam's main.py with 0-based i, s = 2 (Basin round 3), c = 2: updates after i = 4, 6
     # (rounds 5, 7), the first with weight 1/(0 + 1) = 1: the SWA model is that round's model.
-    from experiments.run_config import resolve_config
+    from experiments.runtime.run_config import resolve_config
     from strategies.registry import build_strategy
 
     config = resolve_config({"averaging": "swa", "avg-start": 3, "swa-cycle": 2, "swa-variant": "official-code",
@@ -223,7 +223,7 @@ def test_ima_exploration_and_swa_schedules():
 
 # -- IMA on adaptive server optimisers: the IMA authors' ordering ------------------------
 def _ima_on(strategy: str, **keys):
-    from experiments.run_config import resolve_config
+    from experiments.runtime.run_config import resolve_config
     from strategies.registry import build_strategy
 
     config = resolve_config({"strategy": strategy, "averaging": "ima", "window": 2, "avg-start": 3, "num-rounds": 5,
@@ -311,7 +311,7 @@ def test_ima_on_fedadam_checkpoint_keeps_the_reset():
 
 def test_round_schedule_is_a_key_of_every_method():
     """lr-schedule = cosine: lr_t = lr₀(1 + cos(π(t−1)/R))/2 for any strategy (the FedSWA comparison)."""
-    from experiments.run_config import resolve_config
+    from experiments.runtime.run_config import resolve_config
     from strategies.registry import build_client_schedule
 
     for strategy in ("fedavg", "scaffold", "fedswa", "fedmoswa", "fedlesam"):
@@ -326,7 +326,7 @@ def test_round_schedule_is_a_key_of_every_method():
 
 
 def _built(keys):
-    from experiments.run_config import resolve_config
+    from experiments.runtime.run_config import resolve_config
     from strategies.registry import build_strategy
 
     return _bound(build_strategy(resolve_config(keys)))
@@ -356,7 +356,7 @@ def test_only_fedalign_clips_its_gradients_in_the_fedalign_study():
 
 @pytest.mark.parametrize("strategy", ["mime", "mimelite", "fedcm", "mofedsam", "fedacg", "adabest", "fedmoswa"])
 def test_plain_sgd_methods_refuse_client_momentum(strategy):
-    from experiments.run_config import resolve_config
+    from experiments.runtime.run_config import resolve_config
     from strategies.config import ConfigError
 
     with pytest.raises(ConfigError, match="'momentum' = 0.9.*allowed: momentum = 0"):

@@ -69,7 +69,7 @@ def test_the_sweep_mode_runs_the_small_grid_one_at_a_time_then_in_parallel(tmp_p
     sweep machinery and its --parallel are tested in tests/test_sweep.py)."""
     import pandas as pd
 
-    import experiments.sweep_runs
+    import experiments.runtime.sweep_runs
     from experiments import benchmark
 
     passes = []
@@ -78,7 +78,7 @@ def test_the_sweep_mode_runs_the_small_grid_one_at_a_time_then_in_parallel(tmp_p
         passes.append((out_dir.name, parallel, sweep, ray_address))
         return pd.DataFrame({"run": [r.run_id for r in sweep.runs], "status": ["completed"] * len(sweep.runs)})
 
-    monkeypatch.setattr(experiments.sweep_runs, "run_sweep", fake_run_sweep)
+    monkeypatch.setattr(experiments.runtime.sweep_runs, "run_sweep", fake_run_sweep)
     code = benchmark.main([*SMALL_DIGITS, "--sweep", "--out", str(tmp_path)])
     assert code == 0, capsys.readouterr().err
     assert [(name, parallel) for name, parallel, *_ in passes] == [("one-at-a-time", 1), ("parallel-2", 2)]
@@ -100,8 +100,9 @@ def test_the_clients_mode_holds_the_cohort_and_each_clients_work_fixed_across_k(
 
     import pytest
 
-    from experiments import benchmark, benchmarking
-    from experiments.cli import UsageError
+    from experiments import benchmark
+    from experiments.runtime import benchmarking
+    from experiments.runtime.cli import UsageError
 
     args = benchmark.build_parser().parse_args(["--clients", "100,10000", "--set", "data-dir=/nowhere"])
     assert args.clients == (100, 10000) and args.cohort == 10 and args.preset is None
@@ -119,7 +120,7 @@ def test_the_clients_mode_holds_the_cohort_and_each_clients_work_fixed_across_k(
 
 
 def test_the_clients_table_gives_each_figure_its_ratio_and_the_memory_growth(capsys):
-    from experiments.benchmarking import print_clients_table
+    from experiments.runtime.benchmarking import print_clients_table
 
     row = {"clients": 100, "wall-seconds": 30.0, "round-1-starts-seconds": 8.0, "round-1-seconds": 6.0,
            "overhead-rounds-2-on-seconds": 0.02, "wall-minus-rounds-seconds": 10.0, "peak-memory-mib": 3500.0}
@@ -133,7 +134,7 @@ def test_the_clients_table_gives_each_figure_its_ratio_and_the_memory_growth(cap
 def test_the_memory_sampler_reads_a_process_proportional_set_size():
     import os
 
-    from experiments.benchmarking import proportional_set_mib
+    from experiments.runtime.benchmarking import proportional_set_mib
 
     assert 1 < proportional_set_mib(os.getpid()) < 100_000
     assert proportional_set_mib(2**22 + 12345) == 0.0  # no such process

@@ -9,7 +9,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord
 
-from experiments.run_config import resolve_config
+from experiments.runtime.run_config import resolve_config
 from strategies.averaging import ModelAveraging
 from strategies.checkpoint import (
     CHECKPOINT_FILE,

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from clients.state_store import CLIENT_STATE_DIR
-from experiments.launch import RunFailed, launch
-from experiments.machine import ClientResources, gpu_memory_advice
-from experiments.processes import process_table, process_tree, stop_process_tree
-from experiments.run_config import APP_DIR, resolve_config
+from experiments.runtime.launch import RunFailed, launch
+from experiments.runtime.machine import ClientResources, gpu_memory_advice
+from experiments.runtime.processes import process_table, process_tree, stop_process_tree
+from experiments.runtime.run_config import APP_DIR, resolve_config
 from strategies.checkpoint import CHECKPOINT_FILE
 from strategies.model_store import load_round_models, saved_rounds
 
@@ -57,7 +57,7 @@ def test_faulty_clients_are_excluded_counted_and_never_hang_the_run(tmp_path):
 
 # The launcher to kill keeps its temporary files (Flower's home) in argv[3], inside the test's
 # tmp_path: killed, it cannot remove them itself.
-KILLABLE_LAUNCH = "import json, sys, tempfile; from pathlib import Path; from experiments.launch import launch; " \
+KILLABLE_LAUNCH = "import json, sys, tempfile; from pathlib import Path; from experiments.runtime.launch import launch; " \
     "tempfile.tempdir = sys.argv[3]; launch(json.loads(sys.argv[1]), Path(sys.argv[2]), progress=False)"
 
 

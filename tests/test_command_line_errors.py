@@ -17,8 +17,8 @@ import torch
 from conftest import write_idx, write_tiny_fashion_mnist
 from miniature import damaged_hub_sets
 
-from experiments.output_dir import LOCK_FILE, OutputLock, OutputLocked, unique_output_dir
-from experiments.run_config import APP_DIR
+from experiments.runtime.output_dir import LOCK_FILE, OutputLock, OutputLocked, unique_output_dir
+from experiments.runtime.run_config import APP_DIR
 from strategies.checkpoint import CHECKPOINT_ENTRIES, CHECKPOINT_FORMAT, save_checkpoint
 from strategies.faults import nothing_trained_reason
 
@@ -206,7 +206,7 @@ class FlowerStarted(BaseException):
 
 @pytest.fixture(scope="module")
 def hostile_files(tmp_path_factory) -> Path:
-    from experiments.run_config import default_run_config
+    from experiments.runtime.run_config import default_run_config
     from strategies.checkpoint import run_identity
 
     tmp = tmp_path_factory.mktemp("hostile")
@@ -243,7 +243,7 @@ def hostile_files(tmp_path_factory) -> Path:
     images.write_bytes(images.read_bytes()[:-40])
     (tmp / "locked").mkdir()
     holder = subprocess.Popen(  # another launcher holding a folder
-        [sys.executable, "-c", "import sys, time; from experiments.output_dir import OutputLock; "
+        [sys.executable, "-c", "import sys, time; from experiments.runtime.output_dir import OutputLock; "
          "lock = OutputLock(sys.argv[1]).__enter__(); print('held', flush=True); time.sleep(900)", str(tmp / "locked")],
         cwd=APP_DIR, stdout=subprocess.PIPE, text=True,
     )
@@ -332,7 +332,7 @@ def test_each_command_exits_2_without_a_traceback_as_a_module(tmp_path):
 
 def test_a_second_writer_is_refused_naming_the_holder_and_a_dead_holders_lock_is_taken_over(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from experiments.output_dir import OutputLock; "
+        [sys.executable, "-c", "import sys, time; from experiments.runtime.output_dir import OutputLock; "
          "lock = OutputLock(sys.argv[1]).__enter__(); print('held', flush=True); time.sleep(600)", str(tmp_path)],
         cwd=APP_DIR, stdout=subprocess.PIPE, text=True,
     )
@@ -375,8 +375,8 @@ def test_nothing_trained_names_the_first_failures_and_a_hint():
 def test_ctrl_c_ends_the_job_with_130_and_the_command_that_resumes_it(tmp_path, monkeypatch, capsys):
     """run.main's side; launch's (processes stopped, summary.json ``interrupted``): the real
     sweep interrupted in tests/test_sweep.py, whose SIGTERM takes the same path."""
-    from experiments import launch as launch_module
     from experiments import run
+    from experiments.runtime import launch as launch_module
 
     def interrupted_launch(config, out_dir, *args, **kwargs):
         (out_dir / "results.csv").write_text("round\n1\n2\n3\n")
@@ -393,8 +393,8 @@ def test_ctrl_c_ends_the_job_with_130_and_the_command_that_resumes_it(tmp_path, 
 
 
 def test_a_run_that_ended_without_a_word_is_killed_with_the_reason_from_flowers_log(tmp_path):
-    from experiments.launch import run_failure
-    from experiments.run_config import default_run_config
+    from experiments.runtime.launch import run_failure
+    from experiments.runtime.run_config import default_run_config
     from strategies.results import RunRecorder
 
     config = default_run_config()

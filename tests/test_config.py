@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from experiments.run_config import PRESETS_DIR, default_run_config, load_preset, parse_overrides, resolve_config
+from experiments.runtime.run_config import PRESETS_DIR, default_run_config, load_preset, parse_overrides, resolve_config
 from strategies.config import SCHEMA, ConfigError, validate_run_config
 
 BAD_VALUES = [
@@ -168,7 +168,7 @@ def test_compare_flags_make_a_grid():
 
 
 def test_the_progress_bar_names_the_start_up_stage_from_flowers_log():
-    from experiments.flower_log import startup_stage
+    from experiments.runtime.flower_log import startup_stage
 
     assert startup_stage("") == "starting Flower"
     log = "Starting local SuperLink on 127.0.0.1:1...\nSuccessfully started run 1\n"

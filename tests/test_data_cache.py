@@ -229,7 +229,7 @@ def test_a_cached_partition_is_one_mapped_file_of_read_only_views_and_a_damaged_
 def test_two_launchers_at_once_on_an_empty_cache_both_complete_and_leave_it_whole(tmp_path):
     """Both decode the data and build the partition at the same moment: each writes its
     entry under a name of its own and renames it, so neither reads the other's half."""
-    from experiments.reproducible import compare_runs
+    from experiments.runtime.reproducible import compare_runs
 
     env = {**os.environ, "BASIN_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
     sets = [arg for key, value in {"num-clients": 4, "participation": 0.5, "num-rounds": 2, "device": "cpu"}.items()

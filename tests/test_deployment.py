@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from experiments.certificates import write_supernode_key_pair
-from experiments.deployment import LocalFederation, Security, deploy
-from experiments.launch import launch
-from experiments.processes import alive, flwr_homes
-from experiments.run_config import resolve_config
+from experiments.runtime.deployment import LocalFederation, Security, deploy
+from experiments.runtime.launch import launch
+from experiments.runtime.processes import alive, flwr_homes
+from experiments.runtime.run_config import resolve_config
 
 SHORT = {"num-rounds": 2, "local-epochs": 1, "device": "cpu"}
 # 3 clients, 2 sampled per round (cohort_size: round(0.67 · 3) = 2); IMA averages the
@@ -122,7 +122,7 @@ def test_a_dead_supernode_is_one_failure_a_round_under_its_partition(tmp_path):
     answers "Node Unavailable" for it only after missing its heartbeats, which took longer
     than this test's rounds here; that reply's attribution is tested with Flower's own error
     message in tests/test_faults.py.)"""
-    from experiments.processes import stop_process_tree
+    from experiments.runtime.processes import stop_process_tree
 
     config = resolve_config({**SHORT, "num-clients": 4, "participation": 1.0, "min-replies": 2, "num-rounds": 5,
                              "round-timeout": 15.0})
@@ -141,7 +141,7 @@ def test_a_frozen_supernode_fails_each_round_after_round_timeout_and_the_run_com
     one failure, and the run completes; the stopped processes are cleaned up with the rest."""
     import signal
 
-    from experiments.processes import process_table, process_tree
+    from experiments.runtime.processes import process_table, process_tree
 
     def freeze(process) -> None:
         for pid in process_tree([process.pid], process_table()):

@@ -23,9 +23,9 @@ from conftest import processes_in_scope
 
 from clients.atomic_files import write_atomically
 from clients.state_store import atomic_save
-from experiments.cli import EXIT_DISK_FULL, guarded
-from experiments.reproducible import compare_runs
-from experiments.run_config import APP_DIR
+from experiments.runtime.cli import EXIT_DISK_FULL, guarded
+from experiments.runtime.reproducible import compare_runs
+from experiments.runtime.run_config import APP_DIR
 from partitions import cache
 from strategies.results import write_json_atomic
 
@@ -56,7 +56,7 @@ def test_a_writer_on_a_full_disk_keeps_the_old_file_leaves_no_temporary_one_and_
 
 
 def test_a_sweep_table_on_a_full_disk_leaves_no_temporary_file(tmp_path, monkeypatch):
-    from experiments import sweep_runs
+    from experiments.runtime import sweep_runs
 
     table = pd.DataFrame({"run": ["a"], "status": ["completed"]})
     monkeypatch.setattr(sweep_runs, "collect", lambda sweep, out_dir: (table, table))

@@ -18,7 +18,7 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 MODULE = re.compile(r"python -m ([a-z_][a-z0-9_.]*)")
 # Processes the launcher starts by itself: named in the docs, not commands to type.
-INTERNAL_MODULES = {"experiments.guardian"}
+INTERNAL_MODULES = {"experiments.runtime.guardian"}
 
 
 def _anchor(heading: str) -> str:

@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.flower_log import startup_stage
-from experiments.launch import launch
-from experiments.run_config import load_preset, resolve_config
+from experiments.runtime.flower_log import startup_stage
+from experiments.runtime.launch import launch
+from experiments.runtime.run_config import load_preset, resolve_config
 
 pytestmark = pytest.mark.slow  # real `flwr run` jobs: the second tier (.ci/run)
 

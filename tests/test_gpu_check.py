@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from experiments import gpu_check
-from experiments.run_config import APP_DIR
+from experiments.runtime.run_config import APP_DIR
 
 
 def test_help_documents_the_one_command():
@@ -43,7 +43,7 @@ def test_a_check_stopped_midway_keeps_the_steps_it_finished(fashion_mnist_dir, t
     monkeypatch.setattr(gpu_check, "check_tests", lambda: {"check": "gpu-marked tests", "ok": True, "result": "1 passed"})
 
     def stopped(*_):
-        raise KeyboardInterrupt  # what a time limit's SIGTERM becomes (experiments.cli.guarded)
+        raise KeyboardInterrupt  # what a time limit's SIGTERM becomes (experiments.runtime.cli.guarded)
 
     monkeypatch.setattr(gpu_check, "check_pair", stopped)
     arguments = ["--data-dir", str(fashion_mnist_dir), "--device", "cpu", "--out", str(tmp_path),

@@ -1,4 +1,4 @@
-"""Sharing one GPU (experiments/mps.py, machine.client_resources, sweep --parallel auto),
+"""Sharing one GPU (experiments/runtime/mps.py, machine.client_resources, sweep --parallel auto),
 tested without one: a fake ``nvidia-cuda-mps-control`` records what it was asked."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import stat
 import pytest
 import torch
 
-from experiments import machine, sweep_runs
-from experiments import mps as mps_module
-from experiments.cli import UsageError
-from experiments.machine import client_resources
-from experiments.mps import LOG_ENV, PIPE_ENV, MpsDaemon, probe_cuda
-from experiments.run_config import default_run_config
+from experiments.runtime import machine, sweep_runs
+from experiments.runtime import mps as mps_module
+from experiments.runtime.cli import UsageError
+from experiments.runtime.machine import client_resources
+from experiments.runtime.mps import LOG_ENV, PIPE_ENV, MpsDaemon, probe_cuda
+from experiments.runtime.run_config import default_run_config
 
 FAKE_CONTROL = """#!/bin/sh
 # Records each call: its arguments, its pipe and log directories, and stdin for 'quit'.

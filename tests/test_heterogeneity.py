@@ -11,7 +11,7 @@ import torch
 from clients.data import partition_labels_of
 from clients.models import build_model
 from clients.training import LocalTrainingConfig, evaluate, train_local
-from experiments.run_config import resolve_config
+from experiments.runtime.run_config import resolve_config
 from partitions.datasets import load_dataset
 from partitions.domains import DomainPartitioner
 from partitions.iid import IidPartitioner

@@ -16,10 +16,10 @@ import pytest
 import torch
 from conftest import processes_in_scope
 
-from experiments.launch import launch
-from experiments.output_dir import LOCK_FILE
-from experiments.processes import process_table, processes_of_home, ray_sessions
-from experiments.run_config import APP_DIR, resolve_config
+from experiments.runtime.launch import launch
+from experiments.runtime.output_dir import LOCK_FILE
+from experiments.runtime.processes import process_table, processes_of_home, ray_sessions
+from experiments.runtime.run_config import APP_DIR, resolve_config
 
 pytestmark = pytest.mark.slow  # real launchers killed: the second tier (.ci/run)
 
@@ -50,7 +50,7 @@ def _as_from_a_terminal() -> None:
 def _guardian_of(home: str) -> int | None:
     """The PID of the guardian of the run whose FLWR_HOME is ``home`` (None while there is none)."""
     return next((pid for pid, (_, _, command) in process_table().items()
-                 if "experiments.guardian" in command and f" {home} " in command), None)
+                 if "experiments.runtime.guardian" in command and f" {home} " in command), None)
 
 
 def _client_processes_after(out: Path, launcher: subprocess.Popen, rounds: int) -> list[int]:
@@ -189,7 +189,7 @@ def test_stopping_a_run_from_a_process_that_carries_its_flwr_home_does_not_stop_
     home = tmp_path / "home"
     home.mkdir()
     code = ("import subprocess, sys, time\n"
-            "from experiments.processes import processes_of_home, stop_home\n"
+            "from experiments.runtime.processes import processes_of_home, stop_home\n"
             "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
             "time.sleep(0.5)\n"
             f"stopped = stop_home({str(home)!r})\n"

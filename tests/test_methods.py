@@ -68,7 +68,7 @@ def test_every_declared_method_and_averaging_rule_runs_in_a_real_flower_run():
 
 def test_every_table_is_derived_from_the_declarations():
     from clients.components import ClientComponent
-    from experiments.method_costs import default_methods
+    from experiments.runtime.method_costs import default_methods
     from strategies.config import STRATEGY_NAMES
     from strategies.methods import client_components, objective_builders
 

@@ -75,7 +75,7 @@ settings = dict(set={"num-rounds": 150, "checkpoint-every": 1}, progress=False)
 RUN = 'job = run(out="runs/interrupted", **settings)'
 AFTER = """
 import json
-from experiments.reproducible import compare_runs
+from experiments.runtime.reproducible import compare_runs
 resumed = run(out="runs/interrupted", **settings)
 whole = run(out="runs/whole", **settings)
 comparison = compare_runs(Path("runs/interrupted"), Path("runs/whole"))

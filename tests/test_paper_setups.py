@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.run_config import PRESETS_DIR, load_preset, resolve_config
-from experiments.sweep_runs import SWEEPS_DIR, load_sweep
+from experiments.runtime.run_config import PRESETS_DIR, load_preset, resolve_config
+from experiments.runtime.sweep_runs import SWEEPS_DIR, load_sweep
 
 TABLE = Path(__file__).resolve().parent.parent / "docs" / "paper-setups.md"
 ROW = re.compile(r"^\| `([^`]+)` \|(.*)$")

@@ -1,4 +1,4 @@
-"""Progress written to a file (experiments/progress.py): whole lines, no redraws."""
+"""Progress written to a file (experiments/runtime/progress.py): whole lines, no redraws."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import io
 import subprocess
 import sys
 
-from experiments import progress
-from experiments.run_config import APP_DIR
+from experiments.runtime import progress
+from experiments.runtime.run_config import APP_DIR
 
 
 class NotATerminal(io.StringIO):

@@ -13,8 +13,8 @@ import pytest
 import torch
 from flwr.serverapp.strategy import FedAdam, FedAvg
 
-from experiments.deployment import LocalFederation
-from experiments.launch import run_app
+from experiments.runtime.deployment import LocalFederation
+from experiments.runtime.launch import run_app
 from strategies import IMA, WIMA, ServerSWA
 from strategies.method import COHORT
 from strategies.scaffold import Scaffold

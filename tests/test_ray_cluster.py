@@ -16,13 +16,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments import launch as launch_module
-from experiments import run, sweep, sweep_runs
-from experiments.launch import RunFailed, launch
-from experiments.processes import free_port, stop_process_tree
-from experiments.ray_cluster import LocalRayCluster, RayClusterUnreachable, check_ray_address
-from experiments.reproducible import compare_runs
-from experiments.run_config import resolve_config
+from experiments import run, sweep
+from experiments.runtime import sweep_runs
+from experiments.runtime import launch as launch_module
+from experiments.runtime.launch import RunFailed, launch
+from experiments.runtime.processes import free_port, stop_process_tree
+from experiments.runtime.ray_cluster import LocalRayCluster, RayClusterUnreachable, check_ray_address
+from experiments.runtime.reproducible import compare_runs
+from experiments.runtime.run_config import resolve_config
 
 RAY = Path(sys.executable).parent / "ray"
 SMALL = {"num-clients": 4, "participation": 0.5, "num-rounds": 2, "local-epochs": 1, "device": "cpu"}

@@ -1,4 +1,4 @@
-"""Reproduction reports (experiments/reproduction.py, python -m experiments.reproduce): the
+"""Reproduction reports (experiments/runtime/reproduction.py, python -m experiments.reproduce): the
 papers' tables as data, every cell's run, the comparison and its verdicts, the report's
 files, and a real run of a small table on the digits (slow tier)."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments.machine import ClientResources, check_machine
-from experiments.reproduction import (
+from experiments.runtime.machine import ClientResources, check_machine
+from experiments.runtime.reproduction import (
     PaperValue,
     TableError,
     Tolerances,

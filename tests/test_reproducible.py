@@ -3,7 +3,7 @@
 A reference run (two client processes of one CPU each) against the same config with one
 process of two CPUs, with as many processes as the cohort (a local Ray cluster of one
 node with that many CPUs), and as one run of a sweep running two at once. Compared by
-``experiments.reproducible.compare_runs``: every round of results.csv (timing columns
+``experiments.runtime.reproducible.compare_runs``: every round of results.csv (timing columns
 aside) and every tensor of final_model.pt. Elsewhere, the same promise: a two-node Ray
 cluster (tests/test_ray_cluster.py), the Deployment Engine (tests/test_deployment.py),
 a resume after SIGKILL (tests/test_launcher_death.py).
@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from experiments import run, sweep
-from experiments.launch import launch
-from experiments.machine import ClientResources, machine_cpus
-from experiments.ray_cluster import LocalRayCluster
-from experiments.reproducible import compare_runs
-from experiments.run_config import resolve_config
+from experiments.runtime.launch import launch
+from experiments.runtime.machine import ClientResources, machine_cpus
+from experiments.runtime.ray_cluster import LocalRayCluster
+from experiments.runtime.reproducible import compare_runs
+from experiments.runtime.run_config import resolve_config
 from strategies.config import cohort_size
 
 pytestmark = pytest.mark.slow  # real runs compared bit for bit: the second tier (.ci/run)

@@ -10,7 +10,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
 
-from experiments.run_config import resolve_config
+from experiments.runtime.run_config import resolve_config
 from strategies.averaging import ModelAveraging
 from strategies.fedavg import FedAvg
 from strategies.registry import build_strategy

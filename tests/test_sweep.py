@@ -16,9 +16,9 @@ import torch
 from conftest import processes_in_scope
 
 from experiments import sweep as sweep_module
-from experiments import sweep_runs
-from experiments.launch import RunFailed, launch
-from experiments.sweep_runs import SWEEPS_DIR, SweepError, collect, load_sweep, run_sweep
+from experiments.runtime import sweep_runs
+from experiments.runtime.launch import RunFailed, launch
+from experiments.runtime.sweep_runs import SWEEPS_DIR, SweepError, collect, load_sweep, run_sweep
 from strategies.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from strategies.config import ConfigError
 
@@ -279,7 +279,7 @@ def test_ima_methods_sweeps_cover_ima_table_1_with_the_papers_settings():
 
 
 def test_a_finished_sweep_run_again_has_nothing_pending_and_starts_no_ray(tmp_path, monkeypatch):
-    from experiments.sweep_runs import _comparable, pending_runs
+    from experiments.runtime.sweep_runs import _comparable, pending_runs
 
     sweep = load_sweep(write_sweep(tmp_path, SMALL + "[grid]\nseed = [0, 1]\n"))
     out = tmp_path / "out"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments.machine import check_trackers
-from experiments.run_config import resolve_config, tracked_in
+from experiments.runtime.machine import check_trackers
+from experiments.runtime.run_config import resolve_config, tracked_in
 from strategies.config import ConfigError
 from strategies.results import RunRecorder
 from strategies.tracking import TRACKER_CLASSES, Trackers

@@ -6,7 +6,7 @@ import torch
 
 from clients.models import build_model
 from clients.training import LocalTrainingConfig, add_proximal_gradient, evaluate, proximal_hook, train_local
-from experiments.run_config import resolve_config
+from experiments.runtime.run_config import resolve_config
 from partitions import load_dataset
 from strategies.registry import build_client_schedule
 from strategies.server_app import round_train_config

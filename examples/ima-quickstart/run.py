@@ -6,7 +6,7 @@ simulation) when it ends, Ctrl-C included:
 
 A plain `flwr run examples/ima-quickstart` needs the environment's `bin/` on PATH (flwr
 starts `flower-superlink` from there) and leaves that SuperLink running afterwards; this
-script does both for you (Basin's experiments.launch.run_app). The log is also kept in
+script does both for you (Basin's experiments.runtime.launch.run_app). The log is also kept in
 flwr.log next to this file.
 """
 
@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from experiments.launch import run_app
+from experiments.runtime.launch import run_app
 
 APP = Path(__file__).resolve().parent
 

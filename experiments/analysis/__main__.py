@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from experiments.cli import guarded
+from experiments.runtime.cli import guarded
 
 TOOLS = {
     "landscape": "experiments.analysis.landscape",

@@ -22,7 +22,7 @@ from clients.models import MODEL_NAMES, REQUIRED_INPUT, build_model
 from clients.training import evaluate, select_device
 from experiments.analysis.landscape import grid_axes, plane_through
 from experiments.analysis.runs import ThetaSpace
-from experiments.cli import guarded
+from experiments.runtime.cli import guarded
 
 
 def synchronize(device: torch.device) -> None:

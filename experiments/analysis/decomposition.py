@@ -47,7 +47,7 @@ from experiments.analysis.runs import (
     theta_space,
     tool_parser,
 )
-from experiments.progress import progress_bar
+from experiments.runtime.progress import progress_bar
 from strategies.indicators import CKA_SAMPLES, client_distances, mean_pairwise_cka
 
 

@@ -55,8 +55,8 @@ from experiments.analysis.runs import (
     theta_space,
     tool_parser,
 )
-from experiments.output_dir import create_output_dir
-from experiments.progress import progress_bar
+from experiments.runtime.output_dir import create_output_dir
+from experiments.runtime.progress import progress_bar
 
 Vectors = list[torch.Tensor]
 HVP = Callable[[Vectors], Vectors]

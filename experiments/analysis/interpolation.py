@@ -37,7 +37,7 @@ from experiments.analysis.runs import (
     theta_space,
     tool_parser,
 )
-from experiments.output_dir import create_output_dir
+from experiments.runtime.output_dir import create_output_dir
 
 
 def interpolation_thetas(theta_a: torch.Tensor, theta_b: torch.Tensor, alphas: Sequence[float]) -> torch.Tensor:

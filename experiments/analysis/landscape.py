@@ -40,7 +40,7 @@ from experiments.analysis.runs import (
     theta_space,
     tool_parser,
 )
-from experiments.progress import progress_bar
+from experiments.runtime.progress import progress_bar
 
 # Relative margin around the models' coordinates (plane.py: α, β ∈ [−0.2, 1.2]).
 MARGIN = 0.2

@@ -30,8 +30,8 @@ from torch import nn
 from clients.data import partition_indices
 from clients.models import build_run_model
 from clients.training import select_device
-from experiments.progress import progress_bar
-from experiments.run_config import default_run_config
+from experiments.runtime.progress import progress_bar
+from experiments.runtime.run_config import default_run_config
 from partitions.datasets import load_dataset
 from partitions.feasibility import partition_settings
 from partitions.tensor_dataset import TensorDataset

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.analysis.runs import AnalysisRun, find_runs, finished, pyplot, save_figure, save_table, tool_parser
-from experiments.output_dir import create_output_dir
+from experiments.runtime.output_dir import create_output_dir
 
 
 def round_to_round_noise(accuracy: Sequence[float], window: int) -> np.ndarray:

@@ -24,9 +24,9 @@ from typing import Any
 import pandas as pd
 
 from clients.atomic_files import write_atomically
-from experiments.cli import EXIT_INTERRUPTED, DiskFull
-from experiments.launch import RunFailed, launch
-from experiments.machine import (
+from experiments.runtime.cli import EXIT_INTERRUPTED, DiskFull
+from experiments.runtime.launch import RunFailed, launch
+from experiments.runtime.machine import (
     CLIENT_PROCESS_GPU_BYTES,
     ClientResources,
     DataUnavailable,
@@ -36,15 +36,15 @@ from experiments.machine import (
     data_problem_of,
     machine_cpus,
 )
-from experiments.mps import MpsDaemon, check_mps
-from experiments.output_dir import OutputLock, create_output_dir
-from experiments.ray_cluster import LocalRayCluster, check_ray_address
-from experiments.run_config import load_preset, named_toml, parse_overrides, read_toml, resolve_config, tracked_in
+from experiments.runtime.mps import MpsDaemon, check_mps
+from experiments.runtime.output_dir import OutputLock, create_output_dir
+from experiments.runtime.ray_cluster import LocalRayCluster, check_ray_address
+from experiments.runtime.run_config import load_preset, named_toml, parse_overrides, read_toml, resolve_config, tracked_in
 from strategies.checkpoint import CheckpointError, read_checkpoint
 from strategies.config import ConfigError, cohort_size
 from strategies.results import write_json_atomic
 
-SWEEPS_DIR = Path(__file__).resolve().parent / "sweeps"
+SWEEPS_DIR = Path(__file__).resolve().parents[1] / "sweeps"
 SWEEP_KEYS = {"name", "description", "preset", "set", "resources", "grid"}
 RESOURCE_KEYS = {"num-cpus", "num-gpus"}
 # summary.json key → results-table column
@@ -222,9 +222,9 @@ def run_sweep(
     processes) in a thread of this process; a run's numbers do not depend on it. With more
     than one, only the sweep's bar is drawn. Ctrl-C (KeyboardInterrupt) stops every
     running run, then propagates. ``ray_address``: run the clients on that existing Ray
-    cluster (``experiments.ray_cluster``).
+    cluster (``experiments.runtime.ray_cluster``).
     """
-    from experiments.progress import progress_bar
+    from experiments.runtime.progress import progress_bar
 
     out_dir.mkdir(parents=True, exist_ok=True)
     todo = pending_runs(sweep, out_dir, retry_failed)

@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from experiments.machine import check_data, local_label_directory
+from experiments.runtime.machine import check_data, local_label_directory
 from partitions.feasibility import check_partition
 from strategies.config import ConfigError, validate_run_config
 
-APP_DIR = Path(__file__).resolve().parents[1]
-PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+APP_DIR = Path(__file__).resolve().parents[2]
+PRESETS_DIR = APP_DIR / "experiments" / "presets"
 
 
 def default_run_config() -> dict[str, Any]:

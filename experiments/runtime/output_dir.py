@@ -6,7 +6,7 @@ the run it has under way (:func:`record_holder`). A second launcher on the same
 directory is refused at once, naming that PID. The kernel drops a lock when its holder
 dies, however it dies, so the lock a dead launcher left behind is taken over: the new
 holder first stops every process of the dead holder's run (found by that FLWR_HOME, so
-only that run's: experiments/processes.py), which its guardian may not have reached yet,
+only that run's: experiments/runtime/processes.py), which its guardian may not have reached yet,
 and only then writes; the summaries the dead holder left saying ``running`` are marked
 ``killed``. A holder that ends removes the file. Locks belong to a
 process: a launcher that holds a directory may lock it again (a run's folder inside its
@@ -162,7 +162,7 @@ def stop_home_of_dead_holder(fd: int) -> None:
     """Stop what the lock's previous (dead) holder had running, by the FLWR_HOME it recorded."""
     lines = _lock_lines(fd)
     if len(lines) > 1 and lines[1].strip():
-        from experiments.processes import stop_home
+        from experiments.runtime.processes import stop_home
 
         stop_home(lines[1].strip())
 

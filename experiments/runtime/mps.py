@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from experiments.cli import UsageError
+from experiments.runtime.cli import UsageError
 
 CONTROL = "nvidia-cuda-mps-control"
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"

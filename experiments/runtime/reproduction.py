@@ -18,7 +18,7 @@ its variant's:
 - ``speed-up``: the reference column's rounds over this column's (IMA Table II);
 - ``mflops`` / ``params-m``: forward multiply-adds per training sample (millions) and the
   parameters held during local training (millions), measured on Basin's own client path by
-  ``experiments.method_costs`` (the ``fwd GFLOPs/sample`` column counts 2 FLOPs per
+  ``experiments.runtime.method_costs`` (the ``fwd GFLOPs/sample`` column counts 2 FLOPs per
   multiply-add; the papers count one);
 - ``seconds``, ``gflops``, ``hessian``: kept as data, never run (each says why).
 
@@ -45,12 +45,12 @@ from typing import Any
 import pandas as pd
 
 from clients.atomic_files import write_atomically
-from experiments.machine import ClientResources, data_problem_of
-from experiments.run_config import load_preset, named_toml, read_toml, resolve_config
-from experiments.sweep_runs import Sweep, SweepRun, collect
+from experiments.runtime.machine import ClientResources, data_problem_of
+from experiments.runtime.run_config import load_preset, named_toml, read_toml, resolve_config
+from experiments.runtime.sweep_runs import Sweep, SweepRun, collect
 from strategies.config import ConfigError, cohort_size
 
-TABLES_DIR = Path(__file__).resolve().parent / "paper_tables"
+TABLES_DIR = Path(__file__).resolve().parents[1] / "paper_tables"
 RUN_METRICS = ("acc-last-k", "rounds-to-target", "speed-up")
 COST_METRICS = ("mflops", "params-m")
 KEPT_METRICS = ("seconds", "gflops", "hessian")  # data only: a cell with one of these needs an `unsupported` reason
@@ -231,7 +231,7 @@ def load_table(name_or_path: str, overrides: Mapping[str, Any] | None = None) ->
 
 
 def resolve_layers_dataset(layers: Sequence[Mapping[str, Any]]) -> str:
-    from experiments.run_config import default_run_config
+    from experiments.runtime.run_config import default_run_config
 
     dataset = default_run_config()["dataset"]
     for layer in layers:
@@ -516,7 +516,7 @@ def headline(report: pd.DataFrame) -> str:
 def measure_costs(table: PaperTable, out_dir: Path, steps: int = 10, progress: bool = True,
                   cached_only: bool = False) -> dict[str, float]:
     """MFLOPs (forward multiply-adds per sample, millions) and parameters held (millions)
-    of every cost cell, measured by experiments.method_costs on this machine's CPU and kept
+    of every cost cell, measured by experiments.runtime.method_costs on this machine's CPU and kept
     in ``costs.json`` (a later call reads them back; ``cached_only``: only those)."""
     cells = [c for c in table.cells if c.metric in COST_METRICS and c.config is not None]
     if not cells:
@@ -542,7 +542,7 @@ def measure_costs(table: PaperTable, out_dir: Path, steps: int = 10, progress: b
 def _cost_of(config: Mapping[str, Any], steps: int, progress: bool) -> dict[str, float]:
     import torch
 
-    from experiments.method_costs import measure
+    from experiments.runtime.method_costs import measure
     from partitions.datasets import INPUT_SHAPES
 
     shape = INPUT_SHAPES[str(config["dataset"])]
@@ -652,7 +652,7 @@ def step_seconds(configs: Iterable[Mapping[str, Any]], progress: bool = True) ->
     """Median seconds of one local step on this machine's device, per (model, data set,
     batch size, strategy), measured on Basin's client path (2 steps each)."""
     from clients.training import select_device
-    from experiments.method_costs import measure
+    from experiments.runtime.method_costs import measure
     from partitions.datasets import INPUT_SHAPES
 
     device = select_device("auto")
@@ -729,9 +729,9 @@ def list_tables(overrides: Mapping[str, Any] | None = None) -> pd.DataFrame:
 
 def run_command(args) -> int:
     """List, dry-run, or run and report a table (see experiments/reproduce.py)."""
-    from experiments.cli import EXIT_INTERRUPTED
-    from experiments.run_config import parse_overrides
-    from experiments.sweep_runs import execute_sweep
+    from experiments.runtime.cli import EXIT_INTERRUPTED
+    from experiments.runtime.run_config import parse_overrides
+    from experiments.runtime.sweep_runs import execute_sweep
 
     overrides = parse_overrides(args.set)
     if args.list:

@@ -28,9 +28,9 @@ from clients.flower_internals import task_identity
 from clients.local_round import LocalRound
 from clients.models import MODEL_NAMES, build_model, uses_projection_head
 from clients.training import select_device
-from experiments.cli import UsageError
-from experiments.output_dir import create_output_dir
-from experiments.run_config import parse_overrides, resolve_config
+from experiments.runtime.cli import UsageError
+from experiments.runtime.output_dir import create_output_dir
+from experiments.runtime.run_config import parse_overrides, resolve_config
 from partitions.datasets import INPUT_SHAPES
 from strategies.config import DEVICES
 from strategies.methods import METHODS

@@ -1,8 +1,8 @@
-"""``python -m experiments.guardian LAUNCHER_PID LAUNCHER_START HOME OUT_DIR``: wait while
+"""``python -m experiments.runtime.guardian LAUNCHER_PID LAUNCHER_START HOME OUT_DIR``: wait while
 the launcher runs; once it is gone, stop every process of the run (those whose
 FLWR_HOME is under HOME), mark the run's summaries in OUT_DIR ``killed``, remove
 HOME and the run's Ray session folder. SIGTERM (the launcher ending normally) ends it without stopping anything. See
-experiments/processes.py."""
+experiments/runtime/processes.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.output_dir import mark_abandoned_summaries
-from experiments.processes import GUARD_POLL_S, remove_finished_ray_sessions, same_process_alive, sessions_before, stop_home
+from experiments.runtime.output_dir import mark_abandoned_summaries
+from experiments.runtime.processes import GUARD_POLL_S, remove_finished_ray_sessions, same_process_alive, sessions_before, stop_home
 
 
 def main(argv: list[str]) -> int:

@@ -17,7 +17,7 @@ several runs one after another (``experiments.run`` with ``--compare`` or the ma
 ``experiments.sweep`` without ``--parallel``) starts one Ray cluster and runs every run on
 it, instead of each run's simulation starting and stopping Ray (~4 s, and on 2 cores
 ~10 s of round 1's start with the processes it competes with). A child process holds the
-cluster (``python -m experiments.ray_cluster``: ``ray.init`` with this machine's cores and
+cluster (``python -m experiments.runtime.ray_cluster``: ``ray.init`` with this machine's cores and
 GPUs, the launcher's environment, e.g. MPS's pipe folder) until the launcher closes its
 stdin or dies; Ray's processes end with it.
 """
@@ -30,7 +30,7 @@ import socket
 import subprocess
 import sys
 
-from experiments.processes import ray_sessions, remove_finished_ray_sessions
+from experiments.runtime.processes import ray_sessions, remove_finished_ray_sessions
 
 
 class RayClusterUnreachable(ConnectionError):
@@ -81,16 +81,16 @@ class LocalRayCluster:
         self.sessions_before = ray_sessions()
         env = {**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}  # as the launcher gives `flwr run`
         self.holder = subprocess.Popen(
-            [sys.executable, "-m", "experiments.ray_cluster", str(self.num_cpus)], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "experiments.runtime.ray_cluster", str(self.num_cpus)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
         )
         ready, _, _ = select.select([self.holder.stdout], [], [], self.timeout)
         address = self.holder.stdout.readline().strip() if ready else ""
         if not address:
             self.__exit__()
             raise RayClusterUnreachable(f"the job's Ray cluster did not start within {self.timeout:g} s "
-                                        "(python -m experiments.ray_cluster)")
+                                        "(python -m experiments.runtime.ray_cluster)")
         return address
 
     def __exit__(self, *exc_info) -> None:

@@ -11,7 +11,7 @@ kernel reuses) or process groups (which Ray's processes leave).
 A launcher's death must not leave them running: the SuperLink outlives ``flwr run``,
 Ray's agents outlive their parents, and a parent-death signal reaches only direct
 children. So each launch starts a **guardian** (:class:`Guardian`,
-``python -m experiments.guardian``) in a session of its own, where the terminal's SIGHUP
+``python -m experiments.runtime.guardian``) in a session of its own, where the terminal's SIGHUP
 and Ctrl-C do not reach it. It checks every 0.2 s that its launcher (PID and start time,
 so a reused PID does not fool it) still runs; once the launcher is gone, however it died
 (SIGKILL, a closed terminal, a second Ctrl-C during clean-up), it stops every process of
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # How often the guardian checks its launcher.
 GUARD_POLL_S = 0.2
 
@@ -228,7 +228,7 @@ class Guardian:
 
     def _start(self) -> subprocess.Popen:
         me = os.getpid()
-        command = [sys.executable, "-m", "experiments.guardian", str(me), repr(start_time(me)), str(self.home),
+        command = [sys.executable, "-m", "experiments.runtime.guardian", str(me), repr(start_time(me)), str(self.home),
                    str(self.out_dir)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
         return subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True, stdin=subprocess.DEVNULL,

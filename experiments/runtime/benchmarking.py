@@ -26,14 +26,14 @@ from clients.data import client_tensors
 from clients.local_round import LocalRound, round_randomness
 from clients.models import build_run_model, resolve_model_name
 from clients.training import evaluate, select_device
-from experiments.cli import UsageError
-from experiments.launch import RunFailed, launch
-from experiments.machine import check_machine, client_resources, machine_cpus
-from experiments.mps import MpsDaemon, check_mps
-from experiments.output_dir import LOCK_FILE, OutputLock, create_output_dir, unique_output_dir
-from experiments.processes import processes_of_home
-from experiments.ray_cluster import LocalRayCluster
-from experiments.run_config import default_run_config, load_preset, parse_overrides, resolve_config
+from experiments.runtime.cli import UsageError
+from experiments.runtime.launch import RunFailed, launch
+from experiments.runtime.machine import check_machine, client_resources, machine_cpus
+from experiments.runtime.mps import MpsDaemon, check_mps
+from experiments.runtime.output_dir import LOCK_FILE, OutputLock, create_output_dir, unique_output_dir
+from experiments.runtime.processes import processes_of_home
+from experiments.runtime.ray_cluster import LocalRayCluster
+from experiments.runtime.run_config import default_run_config, load_preset, parse_overrides, resolve_config
 from partitions import load_dataset
 from strategies.config import ConfigError, cohort_size
 from strategies.registry import build_client_schedule
@@ -369,7 +369,7 @@ def sweep_command(args) -> int:
     """Runs per hour of SWEEP_GRID (on the preset, ``--set`` and ``--rounds``), run through
     ``experiments.sweep`` one at a time, then ``--parallel`` at once, each pass in its own
     folder (nothing resumed); writes ``benchmark-sweep.json``."""
-    from experiments.sweep_runs import auto_parallel, load_sweep, run_sweep
+    from experiments.runtime.sweep_runs import auto_parallel, load_sweep, run_sweep
 
     config = config_of(args)  # validates the base setup
     out_dir = create_output_dir(args.out) if args.out else unique_output_dir(Path("runs"), "benchmark-sweep")

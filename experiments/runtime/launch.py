@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from clients.options import toml_value
-from experiments.cli import NO_SPACE, DiskFull, is_disk_full
-from experiments.flower_log import count_rounds, flower_failure_reason, follow_run, read_summary
-from experiments.machine import ClientResources, gpu_memory_advice
-from experiments.output_dir import FolderHoldsAnotherRun, OutputLock, clear_folder, create_output_dir, record_holder
-from experiments.processes import (
+from experiments.runtime.cli import NO_SPACE, DiskFull, is_disk_full
+from experiments.runtime.flower_log import count_rounds, flower_failure_reason, follow_run, read_summary
+from experiments.runtime.machine import ClientResources, gpu_memory_advice
+from experiments.runtime.output_dir import FolderHoldsAnotherRun, OutputLock, clear_folder, create_output_dir, record_holder
+from experiments.runtime.processes import (
     Guardian,
     deferred_interrupts,
     free_port,
@@ -35,8 +35,8 @@ from experiments.processes import (
     simulation_running,
     stop_home,
 )
-from experiments.ray_cluster import check_ray_address
-from experiments.run_config import APP_DIR
+from experiments.runtime.ray_cluster import check_ray_address
+from experiments.runtime.run_config import APP_DIR
 from strategies.checkpoint import read_checkpoint, run_identity
 from strategies.config import summary_horizon, validate_run_config
 from strategies.results import summarize, write_json_atomic
@@ -118,12 +118,12 @@ def launch(
 ) -> dict[str, Any]:
     """Run one validated config with ``flwr run``; return its summary or raise RunFailed.
 
-    The output directory is locked for the run (experiments/output_dir.py): a second
+    The output directory is locked for the run (experiments/runtime/output_dir.py): a second
     launcher there raises OutputLocked before Flower starts. When the launcher is
     interrupted (Ctrl-C, SIGTERM: KeyboardInterrupt) or Flower dies before the ServerApp
     recorded an end, ``summary.json`` says ``interrupted`` or ``killed``, never
     ``running``. With ``ray_address`` (``HOST:PORT``) the clients run on that existing Ray
-    cluster (``experiments.ray_cluster``); RayClusterUnreachable is raised before Flower
+    cluster (``experiments.runtime.ray_cluster``); RayClusterUnreachable is raised before Flower
     starts if nothing answers there. A folder holding another config's results is refused
     (:func:`check_folder_reuse`) unless ``overwrite``. Setting ``stop`` (from another thread) interrupts the
     run as Ctrl-C does: KeyboardInterrupt is raised in the launching thread.

@@ -91,7 +91,7 @@ def follow_run(
     process is gone twice in a row (checked every second) without a recorded end: killed
     from outside, where ``flwr run`` itself would wait about a minute.
     """
-    from experiments.progress import progress_bar
+    from experiments.runtime.progress import progress_bar
 
     log_path = out_dir / "flwr.log"
     last_stage = STARTUP_STAGES[-1][1]

@@ -101,7 +101,7 @@ def parallel_runs(text: str) -> int | None:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """The exception types that mean bad input (imported here: not before the command needs them)."""
-    from experiments.ray_cluster import RayClusterUnreachable
+    from experiments.runtime.ray_cluster import RayClusterUnreachable
     from strategies.checkpoint import CheckpointError
 
     # ConfigError, DataUnavailable, OutputDirError, SweepError and UsageError are ValueErrors.

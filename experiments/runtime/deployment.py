@@ -23,18 +23,18 @@ from typing import Any
 
 from clients.options import toml_value
 from experiments.certificates import KeyPair, TlsFiles, write_supernode_key_pair, write_tls_certificates
-from experiments.flower_log import follow_run, read_summary
-from experiments.launch import RunFailed, check_folder_reuse, end_summary, run_failure, stage_app
-from experiments.machine import ClientResources, check_data, check_machine
-from experiments.output_dir import OutputLock, create_output_dir, record_holder, unique_output_dir
-from experiments.processes import (
+from experiments.runtime.flower_log import follow_run, read_summary
+from experiments.runtime.launch import RunFailed, check_folder_reuse, end_summary, run_failure, stage_app
+from experiments.runtime.machine import ClientResources, check_data, check_machine
+from experiments.runtime.output_dir import OutputLock, create_output_dir, record_holder, unique_output_dir
+from experiments.runtime.processes import (
     Guardian,
     deferred_interrupts,
     free_port,
     processes_of_home,
     stop_process_tree,
 )
-from experiments.run_config import APP_DIR, load_preset, parse_overrides, resolve_config
+from experiments.runtime.run_config import APP_DIR, load_preset, parse_overrides, resolve_config
 from strategies.checkpoint import read_checkpoint
 from strategies.config import validate_run_config
 
@@ -111,7 +111,7 @@ class LocalFederation:
         self._temp = tempfile.TemporaryDirectory(prefix="basin-deploy-")
         self.work_dir = Path(self._temp.name)
         # Every process of the federation has its FLWR_HOME under work_dir: the guardian
-        # stops them all if this launcher dies (experiments/processes.py).
+        # stops them all if this launcher dies (experiments/runtime/processes.py).
         self._guardian = Guardian(self.work_dir, self.log_dir)
         try:
             if self.security.tls:
