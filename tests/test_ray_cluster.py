@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 
 from experiments import run, sweep
-from experiments.runtime import sweep_runs
 from experiments.runtime import launch as launch_module
+from experiments.runtime import sweep_runs
 from experiments.runtime.launch import RunFailed, launch
 from experiments.runtime.processes import free_port, stop_process_tree
 from experiments.runtime.ray_cluster import LocalRayCluster, RayClusterUnreachable, check_ray_address
