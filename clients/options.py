@@ -6,7 +6,6 @@ method's own keys (its :class:`~strategies.method.MethodSpec`) are :class:`Optio
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,12 +32,3 @@ class Option:
 def one_of(*names: str, default: str | None = None) -> Option:
     """A key whose value is one of ``names``."""
     return Option(str, "one of " + ", ".join(repr(n) for n in names), lambda v: v in names, names, default)
-
-
-def toml_value(value: Any) -> str:
-    """A run-config value as TOML writes it (a JSON string is a TOML basic string)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    return repr(value)

@@ -18,9 +18,11 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import tomli_w
+
 from clients.declarations import MethodSpec
 from clients.halves import ClientHalves, provide
-from clients.options import Option, toml_value
+from clients.options import Option
 from strategies.client_objective import objective_server
 from strategies.method import AveragingSpec
 
@@ -116,7 +118,7 @@ def pyproject_block() -> str:
         seen.update(own)
         if own:
             lines.append(f"# {spec.display_name}")
-            lines += [f"{key} = {toml_value(spec.options[key].default)}" for key in own]
+            lines += tomli_w.dumps({key: spec.options[key].default for key in own}).splitlines()
     return "\n".join([*lines, BLOCK_END])
 
 

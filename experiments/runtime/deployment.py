@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clients.options import toml_value
+import tomli_w
+
 from experiments.certificates import KeyPair, TlsFiles, write_supernode_key_pair, write_tls_certificates
 from experiments.runtime.flower_log import follow_run, read_summary
 from experiments.runtime.launch import RunFailed, check_folder_reuse, end_summary, run_failure, stage_app
@@ -254,8 +255,7 @@ class LocalFederation:
             entry["insecure"] = True
         else:
             entry["root-certificates"] = str(self.tls.ca_certificate)
-        text = f"[superlink]\ndefault = {toml_value(self.name)}\n\n[superlink.{self.name}]\n"
-        text += "".join(f"{k} = {toml_value(v)}\n" for k, v in entry.items())
+        text = tomli_w.dumps({"superlink": {"default": self.name, self.name: dict(entry)}})
         (self._home("cli") / "config.toml").write_text(text)
 
     def flwr(self, *args: str) -> str:
@@ -292,7 +292,7 @@ class LocalFederation:
         config = validate_run_config({**config, "output-dir": str(out_dir)})
         (out_dir / "summary.json").unlink(missing_ok=True)
         run_config_path = out_dir / "run-config.toml"
-        run_config_path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in config.items()))
+        run_config_path.write_text(tomli_w.dumps(dict(config)))
         app = self._home("cli") / "app"
         if not app.is_dir():
             stage_app(app)

@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from clients.options import toml_value
+import tomli_w
+
 from experiments.runtime.cli import NO_SPACE, DiskFull, is_disk_full
 from experiments.runtime.flower_log import count_rounds, flower_failure_reason, follow_run, read_summary
 from experiments.runtime.machine import ClientResources, gpu_memory_advice
@@ -198,7 +199,7 @@ def _launch_locked(
     read_checkpoint(out_dir, config)  # a corrupt or foreign checkpoint is refused before Flower starts
     (out_dir / "summary.json").unlink(missing_ok=True)
     run_config_path = out_dir / "run-config.toml"
-    run_config_path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in config.items()))
+    run_config_path.write_text(tomli_w.dumps(dict(config)))
 
     launched_at = time.time()
     sessions_before = ray_sessions()
