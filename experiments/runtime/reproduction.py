@@ -46,7 +46,7 @@ import pandas as pd
 
 from clients.atomic_files import write_atomically
 from experiments.runtime.machine import ClientResources, data_problem_of
-from experiments.runtime.run_config import load_preset, named_toml, read_toml, resolve_config
+from experiments.runtime.run_config import default_run_config, load_preset, named_toml, read_toml, resolve_config
 from experiments.runtime.sweep_runs import Sweep, SweepRun, collect
 from strategies.config import ConfigError, cohort_size
 
@@ -186,6 +186,7 @@ def load_table(name_or_path: str, overrides: Mapping[str, Any] | None = None) ->
         raise TableError(f"paper table {path}: [values] rows {sorted(spec['values'])} differ from [rows] {sorted(rows)}")
     base_metric = spec.get("metric", "acc-last-k")
     overrides = dict(overrides or {})
+    default_dataset = str(default_run_config()["dataset"])
 
     cells = []
     for row, texts in spec["values"].items():
@@ -213,7 +214,7 @@ def load_table(name_or_path: str, overrides: Mapping[str, Any] | None = None) ->
                 layers = [load_preset(preset) if preset else {}, spec.get("set", {}), columns[column].get("set", {}),
                           rows[row].get("set", {}), variant_sets.get(variant, {}),
                           exceptions.get(f"{row} | {column}", {}).get("set", {})]
-                layers.append(_overrides_for(overrides, resolve_layers_dataset(layers)))
+                layers.append(_overrides_for(overrides, layers, default_dataset))
                 keys = {k: v for layer in layers[1:] for k, v in layer.items()}
                 recipe = " ".join([f"preset {preset}" if preset else "defaults",
                                    *(f"{k}={v}" for k, v in keys.items())])
@@ -230,18 +231,10 @@ def load_table(name_or_path: str, overrides: Mapping[str, Any] | None = None) ->
     )
 
 
-def resolve_layers_dataset(layers: Sequence[Mapping[str, Any]]) -> str:
-    from experiments.runtime.run_config import default_run_config
-
-    dataset = default_run_config()["dataset"]
-    for layer in layers:
-        dataset = layer.get("dataset", dataset)
-    return str(dataset)
-
-
-def _overrides_for(overrides: Mapping[str, Any], dataset: str) -> dict[str, Any]:
-    """The --set overrides of a cell: ``data-dir`` (where the Fashion-MNIST files are) only
-    reaches the cells that read it, so one table's command can name it."""
+def _overrides_for(overrides: Mapping[str, Any], layers: Sequence[Mapping[str, Any]], default_dataset: str) -> dict[str, Any]:
+    """The --set overrides of a cell whose other layers are ``layers``: ``data-dir`` (where the
+    Fashion-MNIST files are) only reaches the cells that read it, so one table's command can name it."""
+    dataset = next((layer["dataset"] for layer in reversed(layers) if "dataset" in layer), default_dataset)
     if dataset == "fashion-mnist":
         return dict(overrides)
     return {key: value for key, value in overrides.items() if key != "data-dir"}
@@ -678,11 +671,12 @@ def _step_key(config: Mapping[str, Any]) -> tuple:
 def dry_run_table(table: PaperTable, seeds: int, timing: bool = True) -> tuple[pd.DataFrame, str]:
     """Each cell with the paper's value, its status, the run it needs and its compute; and
     a closing line with the totals."""
-    runnable = [c for c in run_cells(table)]
+    runnable = run_cells(table)
+    run_keys = {c.key for c in runnable}
     seconds = step_seconds((c.config for c in runnable), progress=True) if timing else {}
     rows, seen, total_steps, total_seconds, unknown = [], set(), 0, 0.0, 0
     for cell in table.cells:
-        steps = client_steps(cell.config) if cell.config is not None and cell in runnable else None
+        steps = client_steps(cell.config) if cell.key in run_keys else None
         per_step = seconds.get(_step_key(cell.config)) if steps is not None else None
         fingerprint = json.dumps(cell.config, sort_keys=True) if cell.config is not None else None
         if steps is not None and fingerprint not in seen:  # cells sharing a run count once
