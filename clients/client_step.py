@@ -2,10 +2,11 @@
 
 A step is: the local objective's loss and gradient on the batch, the gradient terms
 (FedProx, SCAFFOLD, FedDyn, …), clipping to ``grad_clip`` in global 2-norm when > 0, the
-post-clip terms, then ``torch.optim.SGD`` (momentum, Nesterov, weight decay) with the
-step's learning rate read from a one-element tensor on the device, and the loss added to
-a device-resident sum. The fused SGD kernel is used in every mode: it accepts that lr
-tensor, so a captured step reads each step's η_k instead of a float frozen at capture.
+post-clip terms, then SGD (momentum, Nesterov, weight decay: clients/sgd.py, ``torch.optim.SGD``'s
+fused kernel) with the step's learning rate read from a one-element tensor on the device,
+and the loss added to a device-resident sum. The fused SGD kernel is used in every mode: it
+accepts that lr tensor, so a captured step reads each step's η_k instead of a float frozen
+at capture.
 
 Modes (:func:`step_mode`):
 
@@ -38,6 +39,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from clients.sgd import FusedSgd
 
 # Real steps run before capture: lets cuDNN pick its kernels and the optimizer create its
 # momentum buffers outside the graph.
@@ -92,10 +95,8 @@ class ClientStep:
         self.mode = mode
         self.lr = torch.zeros((), device=self.device)
         self.loss_sum = torch.zeros((), device=self.device)
-        self.optimizer = torch.optim.SGD(
-            self.params, lr=self.lr, momentum=config.momentum, weight_decay=config.weight_decay,
-            nesterov=config.nesterov, fused=True,
-        )
+        self.optimizer = FusedSgd(self.params, self.lr, momentum=config.momentum, weight_decay=config.weight_decay,
+                                  nesterov=config.nesterov)
         static = mode != "eager"
         self.terms = [_bound(t, static) for t in terms]
         self.post_clip_terms = [_bound(t, static) for t in post_clip_terms]
@@ -115,8 +116,7 @@ class ClientStep:
             for (_, static), term in zip(self.terms + self.post_clip_terms, [*terms, *post_clip_terms]):
                 for buffer, value in zip(static, term.inputs):
                     buffer.copy_(value)
-            for param in self.params:
-                buffer = self.optimizer.state.get(param, {}).get("momentum_buffer")
+            for buffer in self.optimizer.momentum_buffers:
                 if buffer is not None:
                     buffer.zero_()  # μ·0 + g = g: as a fresh optimizer's first step
             self.loss_sum.zero_()
@@ -170,7 +170,7 @@ class ClientStep:
         synchronize(self.device)
 
     def _step_state(self) -> list[torch.Tensor]:
-        buffers = [self.optimizer.state.get(p, {}).get("momentum_buffer") for p in self.params]
+        buffers = self.optimizer.momentum_buffers
         return [*self.params, *(b for b in buffers if b is not None), self.loss_sum]
 
     def _use_eager(self, eager: list[torch.Tensor], why: str) -> None:

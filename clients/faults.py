@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 FAULT_KINDS = ("raise", "nan", "inf", "shape", "hang", "oom")
 FAULT_FORMAT = "comma-separated KIND:PARTITION or KIND:PARTITION@ROUND with KIND one of " + ", ".join(FAULT_KINDS)
@@ -54,6 +56,8 @@ def inject_faults(
     spec: str, partition_id: int, server_round: int, state: dict[str, torch.Tensor], round_timeout: float
 ) -> dict[str, torch.Tensor]:
     """The state dict to reply with after applying the faults meant for this client and round."""
+    import torch  # here: the launcher validates fault specs (parse_faults) without torch
+
     for fault in parse_faults(spec):
         if not fault.applies(partition_id, server_round):
             continue

@@ -4,7 +4,7 @@ Data sets are small, so a client's partition lives on the training device and ba
 are index slices of it: no DataLoader, no per-step host→device copies, and the loss is
 accumulated on the device and read once per round (no per-step synchronisation).
 
-Local SGD (PyTorch's ``torch.optim.SGD``, its fused kernel reading η_k from a device
+Local SGD (clients/sgd.py: ``torch.optim.SGD``'s fused kernel, reading η_k from a device
 tensor; one step is clients/client_step.py's, replayed as a CUDA graph where it can be):
 for each epoch, a seeded permutation of the
 partition is cut into batches (or, with ``local_steps`` > 0, exactly that many batches,

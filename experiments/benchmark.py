@@ -52,9 +52,8 @@ device, versions) and the Flower run's files (``flower/``) into ``--out``.
 from __future__ import annotations
 
 import argparse
-import sys
 
-from experiments.runtime.cli import gpu_share, guarded, nonempty_path, parallel_runs
+from experiments.runtime.cli import exit_command, gpu_share, guarded, nonempty_path, parallel_runs
 
 DEFAULT_PRESET = "ima-fmnist-shards"
 NO_PRESET = "none"
@@ -118,4 +117,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

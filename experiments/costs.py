@@ -72,9 +72,8 @@ Columns (one row per method):
 from __future__ import annotations
 
 import argparse
-import sys
 
-from experiments.runtime.cli import guarded, nonempty_path
+from experiments.runtime.cli import exit_command, guarded, nonempty_path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,4 +110,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

@@ -40,9 +40,8 @@ trees, when the run ends or fails. Logs go to the output directory:
 from __future__ import annotations
 
 import argparse
-import sys
 
-from experiments.runtime.cli import guarded, nonempty_path
+from experiments.runtime.cli import exit_command, guarded, nonempty_path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,4 +67,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.runtime.cli import UsageError, guarded, nonempty_path
+from experiments.runtime.cli import UsageError, exit_command, guarded, nonempty_path
 
 STEPS = ("tests", "benchmark", "determinism", "pair")
 # IMA (Zhou et al.), Table: Fashion-MNIST, #C = 2, test accuracy % of FedAvg and FedAvg + IMA.
@@ -257,4 +257,4 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

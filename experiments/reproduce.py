@@ -25,9 +25,8 @@ resume).
 from __future__ import annotations
 
 import argparse
-import sys
 
-from experiments.runtime.cli import guarded, nonempty_path, parallel_runs
+from experiments.runtime.cli import exit_command, guarded, nonempty_path, parallel_runs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,4 +70,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

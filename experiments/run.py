@@ -24,7 +24,7 @@ from pathlib import Path
 from experiments.api import callable_tool, grid
 from experiments.api import label_of as label_of  # the --compare grid's run labels and the job folder's name,
 from experiments.api import output_name as output_name  # as this command line names them
-from experiments.runtime.cli import EXIT_INTERRUPTED, UsageError, gpu_share, guarded, nonempty_path
+from experiments.runtime.cli import EXIT_INTERRUPTED, UsageError, exit_command, gpu_share, guarded, nonempty_path
 
 # Only the standard library above (experiments.runtime.cli and experiments.api import nothing else
 # at import time): `--help` answers without importing torch or Flower (the rest is imported
@@ -170,4 +170,4 @@ def resume_command(argv: list[str], out: Path | None, out_dir: Path) -> str:
 callable_tool(sys.modules[__name__], "run")  # `from experiments import run`: run(...) runs experiments.api.run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

@@ -47,7 +47,7 @@ import argparse
 import sys
 
 from experiments.api import callable_tool
-from experiments.runtime.cli import guarded, nonempty_path, parallel_runs
+from experiments.runtime.cli import exit_command, guarded, nonempty_path, parallel_runs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,4 +83,4 @@ def main(argv: list[str] | None = None) -> int:
 callable_tool(sys.modules[__name__], "sweep")  # `from experiments import sweep`: sweep(...) runs experiments.api.sweep
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

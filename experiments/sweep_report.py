@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
 
-from experiments.runtime.cli import guarded, nonempty_path
+from experiments.runtime.cli import exit_command, guarded, nonempty_path
 from experiments.runtime.report import save_figure
 
 AVERAGING_KEYS = ("averaging", "window", "avg-start", "avg-feedback", "avg-subset", "ima-exploration", "ima-decay",
@@ -343,4 +342,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

@@ -154,3 +154,10 @@ def cached_arrays(kind: str, key: str, build: Callable[[], dict[str, np.ndarray]
         if "tmp" in locals():
             Path(tmp.name).unlink(missing_ok=True)
     return arrays
+
+
+def raw_arrays(x_train, y_train, x_test, y_test, num_classes: int, max_value: int) -> dict[str, np.ndarray]:
+    """Decoded splits as this cache stores them (uint8 images, int64 labels, the class count and largest pixel value)."""
+    return {"x-train": np.ascontiguousarray(x_train, dtype=np.uint8), "y-train": np.asarray(y_train, dtype=np.int64),
+            "x-test": np.ascontiguousarray(x_test, dtype=np.uint8), "y-test": np.asarray(y_test, dtype=np.int64),
+            "num-classes": np.array(num_classes), "max-value": np.array(max_value)}

@@ -24,11 +24,14 @@ import struct
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from partitions.cache import cached_arrays, digest, file_digest
-from partitions.tensor_dataset import TensorDataset, raw_arrays, scaled_dataset
+from partitions.cache import cached_arrays, digest, file_digest, raw_arrays
+
+if TYPE_CHECKING:
+    from partitions.tensor_dataset import TensorDataset
 
 FASHION_MNIST_DEFAULT_DIR = Path("/usr/share/datasets/fashion-mnist")
 HUB_ALIASES = {"cifar10": "uoft-cs/cifar10", "cifar100": "uoft-cs/cifar100"}
@@ -65,6 +68,8 @@ def load_dataset(name: str, data_dir: str = "", normalize: bool = True) -> Tenso
 def _load_scaled(name: str, data_dir: str) -> TensorDataset:
     # Not cached: load_dataset caches its result, so a process holds one copy of the images
     # (standardised or not), not also the scaled one it was computed from.
+    from partitions.tensor_dataset import scaled_dataset  # torch: not for the launcher's checks
+
     if name == "digits":
         return scaled_dataset(name, *_load_digits())
     if name == "fashion-mnist":
@@ -99,6 +104,11 @@ def _digits_fingerprint() -> str:
         raise ModuleNotFoundError("scikit-learn, which ships the digits data set, is not installed")
     source = Path(next(iter(package.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
     return digest(["digits", file_digest([source])])
+
+
+def digits_labels() -> np.ndarray:
+    """The digits training labels (int64), as ``load_dataset("digits").y_train`` holds them, without torch."""
+    return _load_digits()[0]["y-train"]
 
 
 def _load_digits() -> tuple[dict[str, np.ndarray], str]:

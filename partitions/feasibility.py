@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from partitions.cache import cached_partition
-from partitions.datasets import FASHION_MNIST_DEFAULT_DIR, load_dataset, local_fingerprint, read_idx
+from partitions.datasets import FASHION_MNIST_DEFAULT_DIR, digits_labels, local_fingerprint, read_idx
 
 # Training-split class counts of the built-in sets: (classes, samples per class).
 CLASS_COUNTS = {"fashion-mnist": (10, 6000), "cifar10": (10, 5000), "cifar100": (100, 500)}
@@ -36,7 +36,7 @@ def partition_labels(dataset: str, data_dir: str) -> np.ndarray | None:
     """The training labels to partition: real where local, synthetic with the right class
     counts otherwise, None when unknown."""
     if dataset == "digits":
-        return load_dataset("digits").y_train.numpy()
+        return digits_labels()
     if dataset == "fashion-mnist":
         directory = Path(data_dir) if data_dir else FASHION_MNIST_DEFAULT_DIR
         for name in ("train-labels-idx1-ubyte", "train-labels-idx1-ubyte.gz"):

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from partitions.cache import cached_arrays, digest
-from partitions.tensor_dataset import TensorDataset, raw_arrays, scaled_dataset
+from partitions.cache import cached_arrays, digest, raw_arrays
+from partitions.tensor_dataset import TensorDataset, scaled_dataset
 from partitions.text import VOCABULARY, encode_text
 
 # Per data set, the label column to prefer when a hub set has several ClassLabels.

@@ -61,10 +61,3 @@ def scaled_dataset(name: str, raw: dict[str, np.ndarray], fingerprint: str) -> T
         int(raw["num-classes"]), fingerprint=fingerprint, columns=columns,
         test_domains=raw.get("domain-test"), domain_names=tuple(str(n) for n in raw.get("domain-names", ())),
     )
-
-
-def raw_arrays(x_train, y_train, x_test, y_test, num_classes: int, max_value: int) -> dict[str, np.ndarray]:
-    """Decoded splits as partitions/cache.py stores them (uint8 images, int64 labels, the class count and largest pixel value)."""
-    return {"x-train": np.ascontiguousarray(x_train, dtype=np.uint8), "y-train": np.asarray(y_train, dtype=np.int64),
-            "x-test": np.ascontiguousarray(x_test, dtype=np.uint8), "y-test": np.asarray(y_test, dtype=np.int64),
-            "num-classes": np.array(num_classes), "max-value": np.array(max_value)}

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from clients.faults import FAULT_FORMAT, parse_faults
-from clients.models import MODEL_NAMES, REQUIRED_INPUT, SEQUENCE_MODELS, SLIMMABLE_MODELS, resolve_model_name
+from clients.model_names import MODEL_NAMES, REQUIRED_INPUT, SEQUENCE_MODELS, SLIMMABLE_MODELS, resolve_model_name
 from clients.options import ConfigError as ConfigError
 from clients.options import Option
 from clients.options import one_of as _one_of

@@ -180,3 +180,61 @@ def test_a_faithful_replay_is_kept(monkeypatch, capsys):
     graph, eager = _graph_training(monkeypatch, faithful_graph)
     _assert_same_training(graph, eager)
     assert len(replays) == 1 and "CUDA graphs off" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("momentum, nesterov, weight_decay", [(0.0, False, 0.0), (0.9, False, 5e-4), (0.5, True, 1e-3)])
+def test_the_local_sgd_is_bitwise_torch_optim_sgd_fused(momentum, nesterov, weight_decay):
+    """clients/sgd.py makes torch.optim.SGD(fused=True)'s update, parameters and momentum
+    buffers bit for bit, over steps whose learning rate changes and a gradient set to None."""
+    from clients.sgd import FusedSgd
+
+    torch.manual_seed(0)
+    ours = [nn.Parameter(torch.randn(5, 3)), nn.Parameter(torch.randn(3)), nn.Parameter(torch.randn(4, dtype=torch.float64))]
+    theirs = [nn.Parameter(p.detach().clone()) for p in ours]
+    lr_ours, lr_theirs = torch.zeros(()), torch.zeros(())
+    sgd = FusedSgd(ours, lr_ours, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
+    reference = torch.optim.SGD(theirs, lr=lr_theirs, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
+                                fused=True)
+    for step, lr in enumerate([0.1, 0.05, 0.2, 0.01]):
+        grads = [torch.randn_like(p) for p in ours]
+        for mine, reference_param, grad in zip(ours, theirs, grads):
+            mine.grad, reference_param.grad = grad.clone(), grad.clone()
+        lr_ours.fill_(lr)
+        lr_theirs.fill_(lr)
+        sgd.step()
+        reference.step()
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs)), f"parameters differ after step {step}"
+        buffers = [reference.state[p].get("momentum_buffer") for p in theirs]
+        assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(sgd.momentum_buffers, buffers))
+        sgd.zero_grad(set_to_none=step % 2 == 0)
+        reference.zero_grad(set_to_none=step % 2 == 0)
+        assert all((a.grad is None) == (b.grad is None) for a, b in zip(ours, theirs))
+    assert momentum == 0 or sgd.momentum_buffers[0] is not None
+
+
+def test_the_local_sgd_refuses_what_torch_optim_sgd_refuses():
+    from clients.sgd import FusedSgd
+
+    params = [nn.Parameter(torch.ones(2))]
+    with pytest.raises(ValueError, match="Nesterov"):
+        FusedSgd(params, torch.zeros(()), momentum=0.0, nesterov=True)
+    with pytest.raises(ValueError, match="momentum"):
+        FusedSgd(params, torch.zeros(()), momentum=-0.1)
+
+
+def test_a_client_process_trains_without_importing_torch_dynamo():
+    """torch.optim's step and zero_grad import torch._dynamo (seconds per client process)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from clients.models import build_model\n"
+            "from clients.training import LocalTrainingConfig, train_local\n"
+            "model = build_model('mlp', (1, 8, 8), 10)\n"
+            "x, y = torch.randn(20, 1, 8, 8), torch.randint(0, 10, (20,))\n"
+            "train_local(model, x, y, LocalTrainingConfig(lr=0.1, local_epochs=1, batch_size=8, momentum=0.9), "
+            "torch.Generator().manual_seed(0))\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"

@@ -17,6 +17,7 @@ import partitions.datasets as datasets
 import partitions.hub as hub
 from clients.data import partition_indices
 from partitions.datasets import IDX_STEMS, load_dataset
+from partitions.tensor_dataset import scaled_dataset
 
 SETTINGS = ("dirichlet", 10, 0, 0.3, 2, 10, False, 0.1, 10.0, 0, "class-prior", "drop", 0)
 
@@ -163,7 +164,7 @@ def test_images_are_scaled_as_numpys_float32_division_bit_for_bit():
     raw = np.random.default_rng(3).integers(0, 256, (64, 1, 28, 28), dtype=np.uint8)
     arrays = {"x-train": raw, "y-train": np.zeros(64, np.int64), "x-test": raw[:8], "y-test": np.zeros(8, np.int64),
               "num-classes": np.array(10), "max-value": np.array(255)}
-    scaled = datasets.scaled_dataset("fashion-mnist", arrays, "")
+    scaled = scaled_dataset("fashion-mnist", arrays, "")
     assert torch.equal(scaled.x_train, torch.from_numpy(raw.astype(np.float32) / 255.0))
 
 

@@ -9,6 +9,16 @@ from typing import Any
 
 from torch import nn
 
+from clients.model_names import (  # noqa: F401  (re-exported: the models by name)
+    DEFAULT_MODEL,
+    MIN_SIDE,
+    MODEL_NAMES,
+    PROJECTION_HEAD_MODELS,
+    REQUIRED_INPUT,
+    SEQUENCE_MODELS,
+    SLIMMABLE_MODELS,
+    resolve_model_name,
+)
 from clients.models.alexnet import AlexNetGn
 from clients.models.cnn import DigitFiveCnn, FemnistCnn, cifar_cnn, fmnist_cnn
 from clients.models.lstm import CharLstm
@@ -17,33 +27,11 @@ from clients.models.resnet import resnet18_bn, resnet18_gn, resnet20_gn, resnet5
 from clients.models.slimmable import StagedNet
 from clients.models.vgg import vgg11_gn
 
-MODEL_NAMES = (
-    "mlp", "fmnist-cnn", "cifar-cnn", "resnet20-gn", "resnet56", "resnet56-bn", "resnet18-gn", "resnet18-bn",
-    "vgg11-gn", "alexnet-gn", "digit5-cnn", "femnist-cnn", "char-lstm",
-)
-# Models of token sequences (next-character prediction): the others take images.
-SEQUENCE_MODELS = ("char-lstm",)
-# Models that are StagedNet instances whose stages can run at a reduced width.
-SLIMMABLE_MODELS = ("resnet20-gn", "resnet56", "resnet56-bn", "resnet18-gn", "resnet18-bn")
-# Models without an MLP head, which MOON gives its two-layer projection head (FedAlign's code).
-PROJECTION_HEAD_MODELS = ("resnet56", "resnet56-bn")
-# The model a data set gets when the run config says model = "auto".
-DEFAULT_MODEL = {"digits": "mlp", "fashion-mnist": "fmnist-cnn", "cifar10": "cifar-cnn", "cifar100": "cifar-cnn"}
-# The input shape each fixed-architecture model needs.
-REQUIRED_INPUT = {"fmnist-cnn": (1, 28, 28), "cifar-cnn": (3, 32, 32), "digit5-cnn": (3, 28, 28), "femnist-cnn": (1, 28, 28)}
 # Builders of the models that take any (C, H, W) input with H, W >= MIN_SIDE (adaptive pooling).
 _ANY_SIZE = {
     "resnet20-gn": resnet20_gn, "resnet56": resnet56, "resnet56-bn": resnet56_bn, "resnet18-gn": resnet18_gn,
     "resnet18-bn": resnet18_bn, "vgg11-gn": vgg11_gn, "alexnet-gn": AlexNetGn,
 }
-# The smallest side the embedded 8×8 digits have; the strided stages need at least that.
-MIN_SIDE = 8
-
-
-def resolve_model_name(model: str, dataset: str) -> str:
-    if model != "auto":
-        return model
-    return DEFAULT_MODEL.get(dataset, "cifar-cnn")
 
 
 def is_slimmable(model: nn.Module) -> bool:
