@@ -4,6 +4,7 @@
     python -m experiments.benchmark --rounds 3 --device cpu --set data-dir=/path/to/fashion-mnist
     python -m experiments.benchmark --preset none --set num-clients=4 --set participation=0.5 --rounds 3
     python -m experiments.benchmark --clients --set data-dir=/path/to/fashion-mnist   # K = 100, 1,000, 10,000
+    python -m experiments.benchmark --startup              # the wait before round 1, stage by stage
 
 One invocation runs one setup (default: preset ``ima-fmnist-shards`` with ``averaging =
 "ima"``, ``avg-start`` at 75 % of the rounds; ``--preset none``: the pyproject defaults,
@@ -45,6 +46,14 @@ overhead of rounds 2 … N, and the peak memory of the whole job (the proportion
 summed over every process of the run, sampled every 0.5 s), each with its ratio to the
 first K's. An untimed one-round run of the first K comes first (the data set's decode
 cache and the file cache are warm for every row).
+``--startup [N]`` instead times what a user waits before round 1: ``python -m
+experiments.run --set num-clients=100 --set participation=0.1 --set num-rounds=10 --set
+min-partition-size=1 --set alpha=1.0`` and the main job (``python -m experiments.run``),
+each N times (default 3) in a process of its own, and prints the medians: wall time,
+start-up (wall − Σ round-seconds), and when each stage began, from the launcher's first
+line to the command's exit (``benchmark-startup.json``; see
+experiments/runtime/startup_timing.py). Targets on 2 CPU cores: start-up ≤ 10 s, the main
+job ≤ 40 s.
 Targets: on one H100 the simulation at ≥ 10× the eager bare loop's throughput; on 2 CPU
 cores Flower's overhead ≤ 0.03 s per round and round 1 within 15 s. Writes ``benchmark.json`` (all figures, config,
 device, versions) and the Flower run's files (``flower/``) into ``--out``.
@@ -98,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="K,K,…",
                         help="instead: one run per number of clients K at a fixed cohort, and a table of how "
                              "start-up, rounds and memory grow with K (default 100,1000,10000)")
+    parser.add_argument("--startup", nargs="?", const=3, type=int, default=None, metavar="N",
+                        help="instead: the wait before round 1, stage by stage, of `python -m experiments.run "
+                             "--set num-clients=100 --set participation=0.1 --set num-rounds=10 --set "
+                             "min-partition-size=1 --set alpha=1.0` and of the main job, each run N times (default 3)")
     parser.add_argument("--cohort", type=int, default=10, help="with --clients: clients per round (default 10)")
     parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/benchmark-<time>)")
     # The implementation (experiments/runtime/benchmarking.py) reads these from the arguments: it does not import this module.
@@ -107,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.startup is not None:  # times user commands in their own processes: nothing heavy here
+        from experiments.runtime.startup_timing import startup_command
+
+        if args.startup < 1:
+            raise SystemExit(f"--startup {args.startup} is not allowed; allowed: a number of repeats >= 1")
+        return guarded(lambda: startup_command(args))
     # The implementation imports torch and Flower: only once the arguments parsed.
     from experiments.runtime.benchmarking import clients_command, run_command, sweep_command
 
