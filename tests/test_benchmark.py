@@ -138,3 +138,48 @@ def test_the_memory_sampler_reads_a_process_proportional_set_size():
 
     assert 1 < proportional_set_mib(os.getpid()) < 100_000
     assert proportional_set_mib(2**22 + 12345) == 0.0  # no such process
+
+
+def _fake_run(run_dir: Path, launched: float, round_seconds: list[float]) -> None:
+    """A finished run's summary.json and results.csv as the launcher and ServerApp leave them."""
+    run_dir.mkdir(parents=True)
+    training = launched + 12.0
+    summary = {"started-at": launched + 8.0, "training-started-at": training, "startup-seconds": 12.0,
+               "wall-seconds": 4.0 + sum(round_seconds) + 0.5,
+               "startup-stages": {"starting the SuperLink": 1.0, "starting the simulation": 4.0,
+                                  "starting Ray and the client processes": 7.0,
+                                  "loading data and building the partition": 9.0, "discovering clients": 9.5,
+                                  "training round 1": 12.0}}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    rows = "".join(f"{i + 1},{seconds}\n" for i, seconds in enumerate(round_seconds))
+    (run_dir / "results.csv").write_text("round,round-seconds\n" + rows)
+
+
+def test_the_startup_timeline_is_read_from_what_a_run_leaves_and_its_medians_taken(tmp_path):
+    from experiments.runtime.startup_timing import median_figures, run_timeline
+
+    _fake_run(tmp_path / "a", launched=1002.5, round_seconds=[5.0, 0.5, 0.5])
+    timeline = run_timeline(tmp_path / "a", command_started=1000.0)
+    assert timeline["flwr run started"] == 2.5
+    assert timeline["starting the simulation"] == 6.5 and timeline["training round 1"] == 14.5
+    assert timeline["round 1 done"] == 19.5  # training started at 14.5, round 1 took 5 s
+    assert timeline["last round done"] == 10.5 + 4.0 + 6.0 + 0.5  # the ServerApp's start + its wall time
+    assert timeline["rounds-seconds"] == 6.0 and timeline["round-1-seconds"] == 5.0
+    measurements = [
+        {"wall-seconds": wall, "round-seconds": 6.0, "startup-seconds": wall - 6.0,
+         "runs": [{**timeline, "launcher's first line": first, "flwr run started": first + 0.5}]}
+        for wall, first in ((30.0, 2.0), (20.0, 3.0), (25.0, 1.0))
+    ]
+    figures = median_figures(measurements)
+    assert figures["wall-seconds"] == 25.0 and figures["startup-seconds"] == 19.0
+    assert figures["timeline"]["launcher's first line"] == 2.0 and figures["timeline"]["flwr run started"] == 2.5
+    assert figures["timeline"]["command exited"] == 25.0
+    assert "resuming from the checkpoint" not in figures["timeline"]  # a fresh command never resumes
+    assert list(figures["timeline"])[:2] == ["launcher's first line", "flwr run started"]
+
+
+def test_the_startup_mode_refuses_no_repeats(capsys):
+    from experiments.benchmark import main
+
+    with pytest.raises(SystemExit, match="--startup 0 is not allowed"):
+        main(["--startup", "0"])

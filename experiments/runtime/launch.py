@@ -195,41 +195,6 @@ def flower_environment(
     return env
 
 
-def start_run_ray(bin_dir: Path, env: Mapping[str, str], flwr_home: Path) -> str:
-    """Start a run's Ray cluster (``ray start --head --block``, as Flower's engine would
-    start it: this machine's cores and GPUs, no dashboard) and return its address at once.
-
-    Flower's simulation process starts Ray only after the SuperLink, the SuperExec and its
-    own imports (about 7 s on 2 CPU cores, one process at a time, so one core idles);
-    started here, Ray's processes come up on that idle core meanwhile, and the simulation
-    joins the cluster at ``RAY_ADDRESS`` (Ray waits for it if it is still starting). It is
-    the run's: started with its ``FLWR_HOME``, it is stopped with the run's other processes,
-    also by the guardian when the launcher dies. Its files (sessions, logs, sockets) are in
-    the run's temporary ``FLWR_HOME``, not /tmp/ray: ``ray start`` records its cluster as
-    the one a plain ``ray.init()`` joins (``ray_current_cluster``), and a record left in
-    /tmp/ray after the run would send every later ``ray.init()`` on the machine, Flower's
-    own included, to a cluster that is gone.
-    """
-    port = free_port()
-    # Ports of its own for every listener `ray start --head` opens on a fixed default port,
-    # so that runs at once (a sweep's --parallel) do not collide.
-    ports = {flag: free_port() for flag in ("--dashboard-port", "--dashboard-agent-listen-port",
-                                             "--ray-client-server-port")}
-    with open(flwr_home / "ray-start.log", "w") as log:
-        subprocess.Popen(
-            [str(bin_dir / "ray"), "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
-             *(f"{flag}={value}" for flag, value in ports.items()), "--include-dashboard=false",
-             "--disable-usage-stats", "--block", f"--temp-dir={flwr_home / 'ray'}"],
-            env=dict(env), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
-    return f"127.0.0.1:{port}"
-
-
-# Ray's sockets live in <temp dir>/session_<date>_<time>_<µs>_<pid>/sockets/plasma_store (up
-# to 67 more characters); a Unix socket's path holds at most 107 bytes.
-RAY_TEMP_DIR_MAX = 107 - 67 - len("/ray")
-
-
 def _launch_locked(
     config: Mapping[str, Any], out_dir: Path, resources: ClientResources, progress: bool, label: str, leave: bool,
     ray_address: str | None, stop: threading.Event | None,
@@ -254,10 +219,6 @@ def _launch_locked(
         record_holder(out_dir, flwr_home)
         guardian = Guardian(Path(flwr_home), out_dir)
         env = flower_environment(bin_dir, flwr_home, http_port, control_port, ray_address)
-        if ray_address is None and len(flwr_home) <= RAY_TEMP_DIR_MAX:
-            # The run's own Ray cluster starts now, beside Flower's processes (see start_run_ray);
-            # under a long TMPDIR, Flower's simulation starts it, as before.
-            env["RAY_ADDRESS"] = start_run_ray(bin_dir, env, Path(flwr_home))
         command = [
             str(bin_dir / "flwr"), "run", str(app), "--stream",
             "--run-config", str(run_config_path),
