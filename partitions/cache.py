@@ -110,9 +110,18 @@ def cached_partition(fingerprint: str, settings: tuple, build: Callable[[], list
 
 
 def _pack(clients: list[np.ndarray]) -> np.ndarray:
-    sizes = [len(c) for c in clients]
-    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-    return np.concatenate([[len(clients)], offsets, *(np.asarray(c, dtype=np.int64) for c in clients)]).astype(np.int64)
+    # Written into one array allocated once: the clients' indices are held once more, not
+    # twice (at 10⁶ clients of 300 samples, each copy is 2.4 GB).
+    count = len(clients)
+    offsets = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum([len(c) for c in clients], out=offsets[1:])
+    packed = np.empty(count + 2 + int(offsets[-1]), dtype=np.int64)
+    packed[0] = count
+    packed[1:count + 2] = offsets
+    indices = packed[count + 2:]
+    for client, start, end in zip(clients, offsets[:-1], offsets[1:]):
+        indices[start:end] = client
+    return packed
 
 
 def _unpack(packed: np.ndarray) -> list[np.ndarray]:
