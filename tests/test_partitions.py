@@ -237,3 +237,47 @@ def test_client_dirichlet_bad_arguments_are_refused():
                                                                              "samples_per_client")):
         with pytest.raises(ValueError, match=key):
             ClientDirichletPartitioner(10, **kwargs)
+
+
+def test_a_partitioner_is_a_flwr_datasets_partitioner_that_federated_dataset_takes(labels, tmp_path):
+    """Basin's partitioners are registered as virtual subclasses of flwr-datasets'
+    Partitioner (partitions/base.py): FederatedDataset takes one and loads its partitions."""
+    from datasets import Dataset
+    from flwr_datasets import FederatedDataset
+    from flwr_datasets.partitioner import Partitioner
+
+    path = tmp_path / "train.parquet"
+    Dataset.from_dict({"label": labels.tolist(), "index": list(range(len(labels)))}).to_parquet(str(path))
+    partitioner = ShardPartitioner(10, shards_per_client=2, seed=0)
+    assert isinstance(partitioner, Partitioner)
+    fds = FederatedDataset(dataset="parquet", data_files=str(path), partitioners={"train": partitioner}, shuffle=False)
+    assert fds.load_partition(3, "train")["index"] == partitioner.assign(labels)[3].tolist()
+    with pytest.raises(ValueError, match="only once"):
+        partitioner.dataset = fds.load_split("train")
+
+
+def test_the_launchers_checks_load_no_flwr_datasets_and_the_partition_check_no_torch():
+    """What the launcher runs before Flower starts (the main job's configs, their data,
+    partition and machine checks) imports no flwr-datasets (3-4 s: Hugging Face datasets,
+    seaborn, SciPy), and the partition check's labels come without torch."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys\n"
+        "from partitions.feasibility import partition_labels\n"
+        "assert len(partition_labels('digits', '')) > 1000\n"
+        "print(sorted(m for m in ('torch', 'flwr_datasets', 'datasets') if m in sys.modules))\n"
+        "from experiments.api import MAIN_JOB_COMPARE, grid\n"
+        "from experiments.runtime.machine import check_data, check_machine, client_resources\n"
+        "from experiments.runtime.run_config import resolve_config\n"
+        "runs = [resolve_config({}, {}, point) for point in grid(MAIN_JOB_COMPARE)]\n"
+        "check_data(runs)\n"
+        "check_machine(runs, client_resources(runs, 1.0, None, ray_address=None), None)\n"
+        "print(sorted(m for m in ('flwr_datasets', 'datasets') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-2:] == ["[]", "[]"]
