@@ -10,7 +10,8 @@ used in another module):
   ``vce_api.add_messages_to_queue`` and ``vce_api._register_node_info_stores``, builds the
   stores ``DeprecatedRunInfoStore.register_context`` would, and wraps the in-memory link
   state's ``store_message_ins``/``store_message_res``, relying on ``get_message_ins``
-  handing each message out once.
+  handing each message out once. It replaces ``RayBackend.init_ray`` by the same
+  ``ray.init`` without the job's ``runtime_env`` where the engine starts its own Ray.
 - **Reply checks and FedAvg's mean** (``strategies/weighted_mean.py``, a speed-up):
   ``FedAvg._check_and_log_replies``, and ``FedAvg.aggregate_train`` whose arithmetic the
   in-place mean repeats bit for bit.
@@ -41,6 +42,7 @@ FLOWER_VERSION = "1.41.0"
 ENGINE_MODULE = "flwr.server.superlink.fleet.vce.vce_api"
 RUN_INFO_STORE_MODULE = "flwr.compat.client.run_info_store"
 LINK_STATE_MODULE = "flwr.server.superlink.linkstate.in_memory_linkstate"
+RAY_BACKEND_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
 
 # SHA-256 of ``inspect.getsource`` of each private function Basin replaces or relies on,
 # in flwr 1.41.0, by "module:qualified name".
@@ -55,6 +57,7 @@ SOURCE_SHA256 = {
         "52a4f7ccc70e890843671cc17e603239f50b88de2a0c5d30810a19021c9d594d",
     f"{LINK_STATE_MODULE}:InMemoryLinkState.get_message_ins":
         "6547c8dcbc62e12f5b2aa5c69f4de8c7c7072c10d6c0876512cf37197d941056",
+    f"{RAY_BACKEND_MODULE}:RayBackend.init_ray": "617470e8182cea2e3939034f68cf1122e5f9f7283d97cbcf1bd1d0396fa9e67f",
     "flwr.serverapp.strategy.fedavg:FedAvg.aggregate_train":
         "0e014b5d7cc3164dbb9b2e453624a02a89673690b62bb091255d9998a632cc57",
     "flwr.serverapp.strategy.fedavg:FedAvg._check_and_log_replies":
@@ -72,7 +75,7 @@ STRATEGY_STATE_ATTRIBUTES = ("current_arrays", "m_t", "v_t", "momentum_vector")
 # module prefixes in imports and strings). STRATEGY_STATE_ATTRIBUTES are not among them:
 # Basin's FedAvgM and FedOpt subclass Flower's and share those public attribute names.
 PRIVATE_NAMES = (
-    "vce_api", "add_messages_to_queue", "_register_node_info_stores", "DeprecatedRunInfoStore", "RunInfo",
+    "vce_api", "add_messages_to_queue", "raybackend", "RayBackend", "_register_node_info_stores", "DeprecatedRunInfoStore", "RunInfo",
     "run_info_store", "in_memory_linkstate", "_check_and_log_replies", "SType", "TaskIdentity", "flwr.common",
     "flwr.supercore", "flwr.compat", "flwr.server.",
 )
@@ -172,6 +175,18 @@ def replace_engine_functions(hand_out: Any, node_contexts: Any) -> bool:
         if getattr(engine, name) is not function:
             replaced[f"{ENGINE_MODULE}:{name}"] = getattr(engine, name)
             setattr(engine, name, function)
+    return True
+
+
+def replace_ray_init(init_ray: Any) -> bool:
+    """In a process running Flower's simulation engine (1.41.0's), make ``init_ray`` the
+    Ray backend's ``init_ray``; True when it is in place."""
+    if engine_module() is None or not speed_up_available("engine"):
+        return False
+    backend = importlib.import_module(RAY_BACKEND_MODULE).RayBackend
+    if backend.init_ray is not init_ray:
+        replaced.setdefault(f"{RAY_BACKEND_MODULE}:RayBackend.init_ray", backend.init_ray)
+        backend.init_ray = init_ray
     return True
 
 

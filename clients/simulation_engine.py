@@ -43,6 +43,16 @@ ServerApp's thread does that first, while Flower registers the nodes; when the t
 comes too late (a small federation, registered in milliseconds) Flower's own runs,
 which costs little there; the run's log says which ran.
 
+Flower's ``RayBackend.init_ray`` starts Ray with a job ``runtime_env`` that only sets
+``PYTHONPATH``, which it has just put in the environment Ray's processes inherit anyway.
+Ray prestarts a worker process per core for the first job, without a runtime env, and
+gives an actor only a worker whose runtime env matches its own: those prestarted workers
+sat idle (``ray::IDLE``) while two more processes started for the client actors, and on
+2 cores their imports slowed everything before round 1. :func:`init_ray_sharing_workers`
+is the same ``ray.init`` without the ``runtime_env`` where the engine starts its own Ray,
+so the client actors take the prestarted workers; joining a running cluster
+(``RAY_ADDRESS``, whose processes do not have this environment) keeps Flower's.
+
 The replacements are written for one Flower release and the exact sources of the
 functions they replace, checked in clients/flower_internals.py (the one module that
 touches Flower's private surface): on any other the engine runs unchanged, and the log
@@ -53,6 +63,7 @@ files are never edited.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable
 from queue import Queue
@@ -172,12 +183,36 @@ def register_node_info_stores_once(nodes_mapping: dict[int, int], run, app_dir: 
 register_node_info_stores_once.installed_by_basin = True
 
 
+def init_ray_sharing_workers(backend, backend_config: dict) -> None:
+    """Flower 1.41's ``RayBackend.init_ray``, passing ``PYTHONPATH`` through the environment
+    only when it starts Ray here (see the module docstring)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    init_args = {**(backend_config.get(backend.init_args_key) or {})}
+    init_args.setdefault("include_dashboard", False)
+    # Flower's own line: Ray's processes inherit the environment, not this process's sys.path.
+    pythonpath = os.pathsep.join(sys.path)
+    if os.environ.get("PYTHONPATH"):
+        pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+    os.environ["PYTHONPATH"] = pythonpath
+    if os.environ.get("RAY_ADDRESS") or "address" in init_args:
+        ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
+    else:
+        ray.init(**init_args)
+
+
+init_ray_sharing_workers.installed_by_basin = True
+
+
 def install_engine_wakeup() -> bool:
     """Install this module's replacements in this process when it runs Flower's
     simulation engine (of the release they were written for); True when they are in place."""
     if os.environ.get(SWITCH, "on") == "off":
         return False
-    return flower_internals.replace_engine_functions(add_messages_to_queue_on_store, register_node_info_stores_once)
+    return (flower_internals.replace_engine_functions(add_messages_to_queue_on_store, register_node_info_stores_once)
+            and flower_internals.replace_ray_init(init_ray_sharing_workers))
 
 
 def wait_for_reply(seconds: float) -> None:
