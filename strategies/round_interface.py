@@ -1,4 +1,4 @@
-"""What Basin's round loop (strategies/server_app.py) and checkpoints
+"""What Basin's round loop (strategies/server_work.py) and checkpoints
 (strategies/checkpoint.py) ask of a strategy, with the defaults a plain method needs.
 
 A method overrides what it does differently:

@@ -24,7 +24,7 @@ def _record(value: float) -> ArrayRecord:
 
 
 def test_the_round_loop_and_checkpoints_do_not_ask_what_kind_of_strategy_they_hold():
-    for module in ("strategies/server_app.py", "strategies/checkpoint.py"):
+    for module in ("strategies/server_work.py", "strategies/checkpoint.py"):
         tree = ast.parse((REPO / module).read_text())
         calls = [node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
                  and node.func.id in ("isinstance", "getattr", "hasattr") and node.args

@@ -139,6 +139,50 @@ def test_installed_only_in_the_engine_process_and_only_when_switched_on(monkeypa
     assert install_engine_wakeup() and install_engine_wakeup()  # idempotent
     assert vce_api.add_messages_to_queue is add_messages_to_queue_on_store
     assert vce_api._register_node_info_stores is engine.register_node_info_stores_once
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    assert RayBackend.init_ray is engine.init_ray_sharing_workers
+
+
+@pytest.mark.parametrize("ray_address", [None, "10.0.0.5:6379"])
+def test_the_engines_own_ray_starts_without_a_job_runtime_env_so_actors_take_prestarted_workers(
+    monkeypatch, ray_address
+):
+    """Flower's init_ray passes PYTHONPATH as the job's runtime_env, so Ray's prestarted
+    workers (no runtime env) never match an actor; Basin's passes it through the
+    environment when Ray starts here, and keeps Flower's call when it joins a cluster."""
+    import ray
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setenv("PYTHONPATH", "/earlier")
+    if ray_address:
+        monkeypatch.setenv("RAY_ADDRESS", ray_address)
+    else:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    backend = SimpleNamespace(init_args_key="init_args")
+    engine.init_ray_sharing_workers(backend, {"init_args": {"num_cpus": 2}})
+    expected_path = f"{engine.os.pathsep.join(sys.path)}{engine.os.pathsep}/earlier"
+    assert engine.os.environ["PYTHONPATH"] == expected_path  # what Ray's processes inherit, as with Flower
+    if ray_address:
+        assert calls == [{"runtime_env": {"env_vars": {"PYTHONPATH": expected_path}}, "num_cpus": 2,
+                          "include_dashboard": False}]
+    else:
+        assert calls == [{"num_cpus": 2, "include_dashboard": False}]
+
+
+def test_the_server_app_module_loads_without_torch():
+    """Flower loads the ServerApp, then the ClientApp, under one lock, and starts Ray after
+    both: the ServerApp module's own imports must not hold the ClientApp and Ray back."""
+    import subprocess
+    from pathlib import Path
+
+    code = "import sys, strategies.server_app, strategies.client_app\nprint('torch' in sys.modules)\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "False"
 
 
 def test_node_contexts_are_flowers_from_one_read_of_the_run_config(tmp_path, monkeypatch):
@@ -253,7 +297,7 @@ def test_a_stored_reply_ends_the_servers_wait_at_once(monkeypatch):
 def test_the_client_processes_first_message_also_waits_for_them_to_start():
     """In a simulation discovery sends nothing, so round 1 is what starts the client
     processes (seconds on 2 cores): its timeout adds node-timeout, later rounds do not."""
-    from strategies.server_app import round_timeout
+    from strategies.server_work import round_timeout
 
     config = {"round-timeout": 8.0, "node-timeout": 30.0}
     assert round_timeout(config, first_contact=True) == 38.0

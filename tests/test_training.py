@@ -9,7 +9,7 @@ from clients.training import LocalTrainingConfig, add_proximal_gradient, evaluat
 from experiments.runtime.run_config import resolve_config
 from partitions import load_dataset
 from strategies.registry import build_client_schedule
-from strategies.server_app import round_train_config
+from strategies.server_work import round_train_config
 
 
 def _train(seed: int, **overrides):

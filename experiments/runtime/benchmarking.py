@@ -38,7 +38,7 @@ from partitions import load_dataset
 from strategies.config import ConfigError, cohort_size
 from strategies.registry import build_client_schedule
 from strategies.sampling import CohortSampling
-from strategies.server_app import round_train_config
+from strategies.server_work import round_train_config
 
 
 @dataclasses.dataclass

@@ -35,7 +35,7 @@ from partitions.datasets import INPUT_SHAPES
 from strategies.config import DEVICES
 from strategies.methods import METHODS
 from strategies.registry import build_client_schedule, build_strategy
-from strategies.server_app import round_train_config
+from strategies.server_work import round_train_config
 
 AUGMENTED = "+crop-flip"
 REFERENCE = "fedavg"

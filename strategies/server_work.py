@@ -1,0 +1,342 @@
+"""The work of Basin's ServerApp (strategies/server_app.py): validated config → strategy →
+rounds → central evaluation → results.
+
+One round: the strategy samples a seeded cohort and sends the global model with the
+round's client config (lr_t = lr · lr-decay^(t−1), local epochs, batch size, …); replies
+are screened (a client that raised, timed out, or returned non-finite or misshapen
+arrays is left out and counted) and aggregated in partition order; the new global model
+is evaluated on the central test set; one row is appended to ``results.csv``. Every
+``checkpoint-every`` rounds a checkpoint is written, and a run started again on the same
+output directory continues from it (strategies/checkpoint.py); stateful clients snapshot
+their state for it (clients/state_store.py). With ``save-models-every`` the round's base,
+averaged and client models go to ``models/`` for the analysis tools
+(strategies/model_store.py); ``round-indicators`` adds IMA's locality and client CKA to
+each row (strategies/indicators.py).
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid
+
+from clients import protocol
+from clients.arithmetic import arithmetic_record, fix_arithmetic
+from clients.data import partition_indices
+from clients.models import build_run_model
+from clients.simulation_engine import simulated_partitions
+from clients.state_store import CLIENT_STATE_DIR, discard_snapshots_after, remove_run_snapshots
+from clients.training import evaluate, select_device
+from partitions import class_count_table, load_dataset, plot_class_counts
+from partitions.feasibility import check_no_empty_clients, partition_settings
+from partitions.stats import partition_notation
+from strategies.arrays import to_numpy
+from strategies.checkpoint import CHECKPOINT_FILE, read_checkpoint, restore_checkpoint, write_checkpoint
+from strategies.config import cohort_size, summary_horizon, validate_run_config
+from strategies.exchange import send_and_receive
+from strategies.faults import (
+    ClientOutOfGpuMemory,
+    ClientProcessesDied,
+    NothingTrained,
+    infrastructure_loss,
+    nothing_trained_reason,
+    out_of_gpu_memory,
+)
+from strategies.indicators import CKA_SAMPLES, round_indicators
+from strategies.methods import method
+from strategies.model_store import discard_rounds_after, save_round_models, saves_round
+from strategies.registry import build_client_schedule, build_strategy
+from strategies.results import RunRecorder
+from strategies.round_interface import RoundStrategy
+from strategies.sampling import discover_partitions
+from strategies.schedules import ClientSchedule
+from strategies.tracking import Trackers
+
+
+def output_directory(config: dict[str, Any], run_id: int) -> Path:
+    if config["output-dir"]:
+        return Path(config["output-dir"]).expanduser().resolve()
+    return Path.home() / "basin-runs" / str(run_id)
+
+
+def round_train_config(
+    config: dict[str, Any], schedule: ClientSchedule, server_round: int, black: Sequence[float] = ()
+) -> ConfigRecord:
+    """What clients receive with round ``server_round`` (1-based); ``black`` is the data
+    set's standardised black pixel per channel (the crop's padding, when ``augment`` is on)."""
+    lr, local_epochs = schedule(server_round)
+    entries = {
+        "lr": lr,
+        "local-epochs": local_epochs,
+        "batch-size": config["batch-size"],
+        "momentum": config["momentum"],
+        "nesterov": config["nesterov"],
+        "weight-decay": config["weight-decay"],
+        "grad-clip": config["grad-clip"],
+        "augment": config["augment"],
+        "seed": config["seed"],
+        protocol.CUDA_GRAPHS: config["cuda-graphs"],
+    }
+    if config["augment"] != "none":
+        entries[protocol.AUGMENT_PAD] = [float(v) for v in black] or [0.0]
+    return ConfigRecord(entries)
+
+
+def main(grid: Grid, context: Context) -> None:
+    """One run of the ServerApp: its rounds, results and checkpoints (see the module docstring)."""
+    config = validate_run_config(context.run_config)
+    directory = output_directory(config, context.run_id)
+    checkpoint = read_checkpoint(directory, config)
+    recorder = RunRecorder(
+        directory, config, summary_horizon(config), config["target-accuracy"],
+        rows=checkpoint["rows"] if checkpoint else (), resumed_after=checkpoint["round"] if checkpoint else None,
+        trackers=Trackers(config, directory) if config["track"] else None,
+    )
+    try:
+        run(grid, config, recorder, checkpoint)
+    except BaseException as error:
+        recorder.fail(error)
+        raise
+    summary = recorder.complete()
+    print(f"[basin] completed: {summary}", flush=True)
+
+
+def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: dict[str, Any] | None = None) -> None:
+    """Run all rounds (those after ``checkpoint``'s when given), writing one results row per
+    round and a checkpoint every ``checkpoint-every`` rounds."""
+    device = select_device(config["device"])
+    fix_arithmetic(config["server-torch-threads"], device, config["cuda-deterministic"])
+    recorder.describe(arithmetic=arithmetic_record(device, config, config["cuda-deterministic"]))
+    print(f"[basin] loading {config['dataset']} and building its partition", flush=True)
+    data = load_dataset(config["dataset"], config["data-dir"], config["normalize"])
+    drawing = write_partition_statistics(config, data, recorder.directory)
+    try:
+        train_rounds(grid, config, recorder, checkpoint, data, device)
+    finally:  # partition.png is complete when the ServerApp ends, however it ends
+        drawing.join()
+
+
+def round_timeout(config: dict[str, Any], first_contact: bool) -> float:
+    """How long a round waits for replies: ``round-timeout``, plus ``node-timeout`` when the
+    round is the first message the client processes get (a simulation's first round after
+    a start or resume), which then also waits for them to start, as discovery did when it
+    asked them."""
+    return config["round-timeout"] + (config["node-timeout"] if first_contact else 0.0)
+
+
+def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: dict[str, Any] | None, data,
+                 device: torch.device) -> None:
+    """Client discovery, then every round from the initial model (or the checkpoint) to the
+    final model."""
+    cka_inputs = data.x_test[:CKA_SAMPLES].to(device)  # the first test samples, in the data set's order
+    x_test, y_test, domains = test_split_by_domain(data)
+    x_test, y_test = x_test.to(device), y_test.to(device)
+    if domains:
+        recorder.extend_columns(("domain-mean-accuracy", *domains))
+    torch.manual_seed(config["seed"])
+    model = build_run_model(config, data.input_shape, data.num_classes)
+    arrays = ArrayRecord(model.state_dict())
+    model.to(device)
+
+    strategy = build_strategy(config)
+    schedule = build_client_schedule(config)
+    strategy.bind_partitions(
+        discover_partitions(grid, config["num-clients"], config["node-timeout"]), cohort_size(config), config["seed"],
+        config["min-replies"], skip_unavailable=config["dead-nodes"] == "skip",
+    )
+    # In a simulation discovery read the engine's map: round 1 is the client processes' first message.
+    clients_unasked = simulated_partitions(timeout=0) is not None
+    print("[basin] training round 1", flush=True)
+    recorder.training_starts()
+    first_round = 1
+    # A fresh token per fresh run: a resume never reads client snapshots of another run.
+    client_state_run = checkpoint["client-state-run"] if checkpoint else secrets.token_hex(8)
+    snapshots = client_state_snapshots(config, recorder.directory, client_state_run)
+    run_snapshots = recorder.directory / CLIENT_STATE_DIR / client_state_run
+    if checkpoint:
+        arrays, first_round = restore_checkpoint(checkpoint, strategy)
+        print(f"[basin] resuming after round {first_round - 1} from {recorder.directory / CHECKPOINT_FILE}", flush=True)
+        skipped = [row["round"] for row in checkpoint["rows"] if str(row.get("round-status", "")).startswith("skipped")]
+        if skipped:  # a resume does not redo them: say so
+            print(f"[basin] the checkpoint holds {len(skipped)} skipped round(s) ({', '.join(map(str, skipped[:10]))}): "
+                  "results.csv keeps their reasons", flush=True)
+        if snapshots:
+            discard_snapshots_after(run_snapshots, first_round - 1)
+        discard_rounds_after(recorder.directory, first_round - 1)
+    for server_round in range(first_round, config["num-rounds"] + 1):
+        started = time.perf_counter()
+        if not clients_unasked:  # simulated nodes never rejoin; asking the link for them costs O(K) a round
+            strategy.follow_rejoined_nodes(grid, config["round-timeout"])
+        train_config = round_train_config(config, schedule, server_round, data.black)
+        if snapshots:
+            train_config.update({**snapshots, protocol.RESUMED_AFTER_ROUND: first_round - 1})
+        strategy.prepare_round(server_round, arrays, grid)  # a method's exchange before training (MIME's)
+        replies = send_and_receive(
+            grid, strategy.configure_train(server_round, arrays, train_config, grid),
+            round_timeout(config, first_contact=server_round == first_round and clients_unasked),
+        )
+        aggregated, metrics = strategy.aggregate_train(server_round, replies)
+        for failure in strategy.round_failures:
+            print(f"[basin] round {server_round}: client failed: {failure}", flush=True)
+        lost = infrastructure_loss(strategy.round_failures, aggregated is not None)
+        if lost:  # not the clients' fault: the round is not recorded nor checkpointed; the run stops
+            raise ClientProcessesDied(
+                f"round {server_round}: clients failed because their processes died ({lost}); the round is not "
+                f"counted and the run stops: start the same command again to resume from its last checkpoint "
+                f"(written every {config['checkpoint-every']} rounds)"
+            )
+        out_of_memory = out_of_gpu_memory(strategy.round_failures)
+        if out_of_memory:  # every later round would fail the same way: stop, resumable
+            raise ClientOutOfGpuMemory(
+                f"round {server_round}: a client process ran out of GPU memory ({out_of_memory}); the round is not "
+                f"counted and the run stops: let fewer client processes share the GPU (a larger --gpus-per-client), "
+                f"then start the same command again to resume from its last checkpoint (written every "
+                f"{config['checkpoint-every']} rounds)"
+            )
+        if aggregated is not None:
+            arrays = aggregated
+        else:
+            print(f"[basin] round {server_round} {strategy.round_status}; the global model is unchanged", flush=True)
+        trained = time.perf_counter()
+        evaluation = evaluate_round(strategy, arrays, model, x_test, y_test, domains)
+        test_accuracy = evaluation["test-accuracy"]
+        round_metrics: Mapping[str, Any] = metrics or {}
+        recorder.append({
+            "round": server_round,
+            "lr": train_config["lr"],
+            "local-epochs": train_config["local-epochs"],
+            **evaluation,
+            "train-loss": round_metrics.get("train-loss", float("nan")),
+            "local-steps": round_metrics.get("local-steps", float("nan")),
+            "client-state-norm": round_metrics.get("client-state-norm", float("nan")),
+            "round-seconds": time.perf_counter() - started,
+            "train-seconds": trained - started,
+            "eval-seconds": time.perf_counter() - trained,
+            **strategy.round_clients,
+            "round-status": strategy.round_status,
+            "failures": "; ".join(map(str, strategy.round_failures)),
+            **(indicators_of_round(strategy, model, cka_inputs) if config["round-indicators"] else {}),
+        })
+        if saves_round(config, server_round) and aggregated is not None:
+            save_models_of_round(config, recorder.directory, server_round, strategy, arrays)
+        if config["checkpoint-every"] and (
+            server_round % config["checkpoint-every"] == 0 or server_round == config["num-rounds"]
+        ):
+            write_checkpoint(recorder.directory, config, server_round, arrays, strategy, recorder.rows, client_state_run)
+        print(
+            f"[basin] round {server_round}/{config['num-rounds']} accuracy {test_accuracy:.4f} "
+            f"({time.perf_counter() - started:.2f} s)",
+            flush=True,
+        )
+    never = nothing_trained_reason(recorder.rows, config)
+    if never:  # the untrained model's accuracy is no result
+        raise NothingTrained(never)
+    torch.save(strategy.final_arrays(arrays).to_torch_state_dict(), recorder.directory / "final_model.pt")
+    if snapshots:  # the run is complete: no resume will need them
+        remove_run_snapshots(run_snapshots)
+
+
+def indicators_of_round(strategy, model, cka_inputs) -> dict[str, float]:
+    """IMA's locality and client-model CKA of the round's accepted client models."""
+    clients = strategy.round_client_models()
+    states = [state for state, _ in clients.values()]
+    weights = [n for _, n in clients.values()]
+    return round_indicators(model, states, weights, cka_inputs)
+
+
+def save_models_of_round(config: dict[str, Any], directory: Path, server_round: int, strategy: RoundStrategy,
+                         sent: ArrayRecord) -> None:
+    """models/round-RRRR.pt: the base model, the average (if any) and capped client models."""
+    base, averaged = strategy.round_models(sent)
+    clients = strategy.round_client_models(config["save-client-models"])
+    save_round_models(
+        directory, server_round, to_numpy(base), None if averaged is None else to_numpy(averaged),
+        {pid: state for pid, (state, _) in clients.items()}, {pid: n for pid, (_, n) in clients.items()},
+    )
+
+
+def client_state_snapshots(config: dict[str, Any], directory: Path, run_token: str) -> dict[str, Any]:
+    """What stateful clients need to snapshot their state for checkpoints (none: {})."""
+    if not method(config["strategy"]).client_state or not config["checkpoint-every"]:
+        return {}
+    return {
+        protocol.CLIENT_STATE_ROOT: str(directory / CLIENT_STATE_DIR),
+        protocol.CLIENT_STATE_RUN: run_token,
+        protocol.CHECKPOINT_EVERY: config["checkpoint-every"],
+    }
+
+
+def write_partition_statistics(config: dict[str, Any], data, directory: Path) -> threading.Thread:
+    """partition.csv (class counts per client) now, and partition.png (the heterogeneity to
+    look at) in the returned, started thread: drawing it (~2 s for 100 clients on a CPU)
+    overlaps the wait for the simulation engine and the rounds instead of delaying round 1."""
+    indices = partition_indices(config["dataset"], config["data-dir"], config["normalize"], partition_settings(config))
+    # Hub sets are partitioned here first (the launcher cannot read their labels): an
+    # empty client fails the run now, before round 1, instead of in every round.
+    check_no_empty_clients(indices)
+    table = class_count_table(data.y_train.numpy(), list(indices), data.num_classes, data.columns.get("domain"),
+                              data.domain_names)
+    table.to_csv(directory / "partition.csv")
+    title = (f"{config['dataset']}: {partition_notation(config)} over {config['num-clients']} clients, "
+             "samples per class and client")
+
+    def draw() -> None:
+        try:
+            plot_class_counts(table, directory / "partition.png", title=title)
+        except Exception as error:  # a figure that fails must not fail the run, nor pass unsaid
+            print(f"[basin] partition.png was not drawn: {type(error).__name__}: {error}", flush=True)
+
+    drawing = threading.Thread(target=draw, name="partition.png")
+    drawing.start()
+    return drawing
+
+
+def test_split_by_domain(data) -> tuple[torch.Tensor, torch.Tensor, dict[str, slice]]:
+    """The test split ordered by domain, and {``accuracy-<domain>`` column: that domain's
+    slice of it} ({} without domains): per-domain scores read views, no copies, every round."""
+    if data.test_domains is None:
+        return data.x_test, data.y_test, {}
+    domains = np.asarray(data.test_domains)
+    order = torch.from_numpy(np.argsort(domains, kind="stable"))
+    ends = np.cumsum(np.bincount(domains))
+    names = data.domain_names or tuple(str(d) for d in range(len(ends)))
+    slices = {f"accuracy-{name}": slice(int(end - count), int(end))
+              for name, end, count in zip(names, ends, np.bincount(domains))}
+    return data.x_test[order], data.y_test[order], slices
+
+
+def evaluate_round(strategy: RoundStrategy, sent: ArrayRecord, model, x_test, y_test,
+                   domains: dict[str, slice] | None = None) -> dict[str, Any]:
+    """Central accuracy/loss of the base model and, when there is one, the averaged model;
+    with ``domains`` (:func:`test_split_by_domain`), the reported model's accuracy on each domain's
+    test samples and their mean.
+
+    The reported model is the averaged one when it exists (IMA: it is also the one sent),
+    else the base model.
+    """
+    def score(arrays: ArrayRecord) -> tuple[float, float]:
+        model.load_state_dict(arrays.to_torch_state_dict())
+        return evaluate(model, x_test, y_test)
+
+    base, averaged = strategy.round_models(sent)
+    base_loss, base_accuracy = score(base)
+    row: dict[str, Any] = {"base-accuracy": base_accuracy, "base-loss": base_loss, "sent-model": "base",
+           "test-accuracy": base_accuracy, "test-loss": base_loss}
+    if averaged is not None:
+        averaged_loss, averaged_accuracy = score(averaged)
+        row.update({"averaged-accuracy": averaged_accuracy, "averaged-loss": averaged_loss,
+                    "test-accuracy": averaged_accuracy, "test-loss": averaged_loss})
+        row["sent-model"] = "averaged" if strategy.sends_average else "base"
+    if domains:  # the model holds the reported weights (scored last)
+        for column, part in domains.items():
+            row[column] = evaluate(model, x_test[part], y_test[part])[1]
+        row["domain-mean-accuracy"] = sum(row[c] for c in domains) / len(domains)
+    return row
