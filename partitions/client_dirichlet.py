@@ -110,11 +110,13 @@ class ClientDirichletPartitioner(LabelPartitioner):
             chosen = []
             if self.exhaustion == "refill":
                 for c, count in enumerate(rng.multinomial(n, mix)):
-                    for _ in range(count):
+                    while count:  # the next `count` of the class, in slices (10⁶ clients: no loop per sample)
                         if taken[c] == len(pools[c]):  # FedSWA: reshuffle the class and start again
                             pools[c], taken[c] = rng.permutation(pools[c]), 0
-                        chosen.append(pools[c][taken[c]])
-                        taken[c] += 1
+                        step = min(count, len(pools[c]) - taken[c])
+                        chosen.append(pools[c][taken[c]:taken[c] + step])
+                        taken[c] += step
+                        count -= step
             else:
                 needed = n
                 while needed:
@@ -124,8 +126,9 @@ class ClientDirichletPartitioner(LabelPartitioner):
                         weights = (left > 0).astype(np.float64)
                     counts = np.minimum(rng.multinomial(needed, weights / weights.sum()), left)
                     for c in map(int, np.flatnonzero(counts)):
-                        chosen.extend(pools[c][taken[c]:taken[c] + counts[c]])
+                        chosen.append(pools[c][taken[c]:taken[c] + counts[c]])
                         taken[c] += counts[c]
                     needed -= int(counts.sum())
-            parts.append(np.sort(np.asarray(chosen, dtype=np.int64)))
+            parts.append(np.sort(np.concatenate(chosen).astype(np.int64, copy=False)) if chosen
+                         else np.zeros(0, dtype=np.int64))
         return parts
