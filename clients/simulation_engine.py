@@ -38,7 +38,9 @@ the run config per node: at 10,000 clients that was ~13 s more before round 1 an
 MiB more memory per 100 clients. :func:`register_node_info_stores_once` builds the same
 stores from one read, all nodes sharing one run config (a client process receives its
 own copy with every message, and the engine checks a returned context against it, as
-before). It is installed when ``strategies`` is imported in the simulation process: the
+before), and builds a node's store when the engine first looks it up (the engine only
+indexes the map by a message's node): a run builds the stores of the nodes it samples,
+not K of them. It is installed when ``strategies`` is imported in the simulation process: the
 ServerApp's thread does that first, while Flower registers the nodes; when the thread
 comes too late (a small federation, registered in milliseconds) Flower's own runs,
 which costs little there; the run's log says which ran.
@@ -155,29 +157,51 @@ def signalling(store, event: threading.Event, before_signal: Callable[[Any], Non
 def register_node_info_stores_once(nodes_mapping: dict[int, int], run, app_dir: str | None = None) -> dict:
     """Flower's ``_register_node_info_stores`` (a ``DeprecatedRunInfoStore`` per node, its
     run's context registered), reading the app's run config once for all nodes instead of
-    once per node, and sharing it (see the module docstring)."""
+    once per node, sharing it, and building each other node's store when the engine first
+    asks for it (see the module docstring)."""
     from flwr.app import Context, RecordDict
 
     store_class, run_info_class = flower_internals.run_info_store_classes()
     partition_id_key, num_partitions_key = flower_internals.partition_keys()
-    stores: dict[int, Any] = {}
     num_partitions = len(set(nodes_mapping.values()))
-    run_config = None
-    for node_id, partition_id in nodes_mapping.items():
-        store = store_class(
-            node_id=node_id, node_config={partition_id_key: partition_id, num_partitions_key: num_partitions},
-        )
-        if run_config is None:  # Flower's own registration, once
-            store.register_context(run_id=run.run_id, run=run, app_dir=app_dir)
-            run_config = store.run_infos[run.run_id].initial_run_config
-        else:
-            context = Context(run_id=run.run_id, node_id=node_id, node_config=store.node_config, state=RecordDict(),
-                              run_config=run_config)
-            store.run_infos[run.run_id] = run_info_class(initial_run_config=run_config, context=context)
-        stores[node_id] = store
-    print(f"[basin] simulation engine: {len(stores)} node contexts from one read of the run config "
-          "(clients/simulation_engine.py)", flush=True)
+
+    def new_store(node_id: int):
+        return store_class(node_id=node_id, node_config={partition_id_key: nodes_mapping[node_id],
+                                                         num_partitions_key: num_partitions})
+
+    first_node = next(iter(nodes_mapping))
+    first = new_store(first_node)
+    first.register_context(run_id=run.run_id, run=run, app_dir=app_dir)  # Flower's own registration, once
+    run_config = first.run_infos[run.run_id].initial_run_config
+
+    def store_of(node_id: int):
+        store = new_store(node_id)  # KeyError for a node the engine does not simulate, as Flower's dict
+        context = Context(run_id=run.run_id, node_id=node_id, node_config=store.node_config, state=RecordDict(),
+                          run_config=run_config)
+        store.run_infos[run.run_id] = run_info_class(initial_run_config=run_config, context=context)
+        return store
+
+    stores = NodeStores(store_of)
+    stores[first_node] = first
+    print(f"[basin] simulation engine: {len(nodes_mapping)} node contexts from one read of the run config, each "
+          "built when its node first trains (clients/simulation_engine.py)", flush=True)
     return stores
+
+
+class NodeStores(dict):
+    """{node id: its run-info store}, a store built by ``store_of(node id)`` when first
+    looked up: at K = 10⁶ simulated nodes, only the nodes that get a message have one."""
+
+    def __init__(self, store_of: Callable[[int], Any]):
+        super().__init__()
+        self._store_of = store_of
+        self._lock = threading.Lock()  # the engine's worker threads look stores up at once
+
+    def __missing__(self, node_id: int):
+        with self._lock:
+            if not dict.__contains__(self, node_id):
+                self[node_id] = self._store_of(node_id)
+            return dict.__getitem__(self, node_id)
 
 
 register_node_info_stores_once.installed_by_basin = True

@@ -205,12 +205,15 @@ def test_node_contexts_are_flowers_from_one_read_of_the_run_config(tmp_path, mon
     nodes = {101 + 3 * i: i for i in range(50)}
     stores = engine.register_node_info_stores_once(nodes, run, app_dir=str(tmp_path))
     assert len(reads) == 1
-    assert list(stores) == list(nodes)
+    assert list(stores) == [101]  # the first node's, from Flower's own registration; the others when asked
+    with pytest.raises(KeyError):
+        stores[100]  # not a simulated node
     for node_id, partition_id in nodes.items():
         context = stores[node_id].retrieve_context(7)
         assert context.node_id == node_id and context.run_id == 7
         assert dict(context.node_config) == {"partition-id": partition_id, "num-partitions": 50}
         assert dict(context.run_config) == {"lr": 0.5, "name": "digits"} and len(context.state) == 0
+    assert list(stores) == list(nodes) and stores[104] is stores[104]
     flowers = original(nodes, run, app_dir=str(tmp_path))  # Flower's own, for the same nodes: the same contexts
     assert len(reads) == 1 + len(nodes)
     for node_id in nodes:
