@@ -10,7 +10,8 @@ used in another module):
   ``vce_api.add_messages_to_queue`` and ``vce_api._register_node_info_stores``, builds the
   stores ``DeprecatedRunInfoStore.register_context`` would, and wraps the in-memory link
   state's ``store_message_ins``/``store_message_res``, relying on ``get_message_ins``
-  handing each message out once. It replaces ``RayBackend.init_ray`` by the same
+  handing each message out once, and reads the messages waiting in its
+  ``message_ins_store``. It replaces ``RayBackend.init_ray`` by the same
   ``ray.init`` without the job's ``runtime_env`` where the engine starts its own Ray.
 - **Reply checks and FedAvg's mean** (``strategies/weighted_mean.py``, a speed-up):
   ``FedAvg._check_and_log_replies``, and ``FedAvg.aggregate_train`` whose arithmetic the
@@ -75,7 +76,7 @@ STRATEGY_STATE_ATTRIBUTES = ("current_arrays", "m_t", "v_t", "momentum_vector")
 # module prefixes in imports and strings). STRATEGY_STATE_ATTRIBUTES are not among them:
 # Basin's FedAvgM and FedOpt subclass Flower's and share those public attribute names.
 PRIVATE_NAMES = (
-    "vce_api", "add_messages_to_queue", "raybackend", "RayBackend", "_register_node_info_stores", "DeprecatedRunInfoStore", "RunInfo",
+    "vce_api", "add_messages_to_queue", "raybackend", "RayBackend", "message_ins_store", "_register_node_info_stores", "DeprecatedRunInfoStore", "RunInfo",
     "run_info_store", "in_memory_linkstate", "_check_and_log_replies", "SType", "TaskIdentity", "flwr.common",
     "flwr.supercore", "flwr.compat", "flwr.server.",
 )
@@ -188,6 +189,14 @@ def replace_ray_init(init_ray: Any) -> bool:
         replaced.setdefault(f"{RAY_BACKEND_MODULE}:RayBackend.init_ray", backend.init_ray)
         backend.init_ray = init_ray
     return True
+
+
+def undelivered_destinations(state: Any) -> set[int]:
+    """The nodes that messages in Flower's in-memory link state wait for (stored, not yet
+    handed out): what ``get_message_ins`` would find, without asking every node."""
+    with state.lock:
+        return {message.metadata.dst_node_id for message in state.message_ins_store.values()
+                if message.metadata.delivered_at == ""}
 
 
 def partition_keys() -> tuple[str, str]:
