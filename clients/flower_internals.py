@@ -76,7 +76,8 @@ STRATEGY_STATE_ATTRIBUTES = ("current_arrays", "m_t", "v_t", "momentum_vector")
 # module prefixes in imports and strings). STRATEGY_STATE_ATTRIBUTES are not among them:
 # Basin's FedAvgM and FedOpt subclass Flower's and share those public attribute names.
 PRIVATE_NAMES = (
-    "vce_api", "add_messages_to_queue", "raybackend", "RayBackend", "message_ins_store", "_register_node_info_stores", "DeprecatedRunInfoStore", "RunInfo",
+    "vce_api", "add_messages_to_queue", "raybackend", "RayBackend", "message_ins_store",
+    "_register_node_info_stores", "DeprecatedRunInfoStore", "RunInfo",
     "run_info_store", "in_memory_linkstate", "_check_and_log_replies", "SType", "TaskIdentity", "flwr.common",
     "flwr.supercore", "flwr.compat", "flwr.server.",
 )

@@ -77,3 +77,29 @@ def test_fedprox_keeps_clients_closer_to_the_global_model():
         return float(torch.linalg.vector_norm(torch.cat([p.detach().flatten() for p in model.parameters()]) - start))
 
     assert drift(1.0) < drift(0.0)
+
+
+def test_partition_statistics_are_written_beside_the_rounds_and_a_failed_table_fails_the_run(tmp_path):
+    """partition.csv and partition.png come from a thread (at 10⁶ clients ~20 s that used to
+    delay round 1); writing the table can fail (a full disk): the ServerApp then raises it."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pandas as pd
+    import pytest
+    import torch
+
+    from strategies.server_work import PartitionStatistics
+
+    data = SimpleNamespace(y_train=torch.tensor([0, 1, 1, 2, 2, 2]), num_classes=3, columns={}, domain_names=())
+    indices = (np.array([0, 1]), np.array([2, 3, 4, 5]))
+    statistics = PartitionStatistics(data, indices, tmp_path, "title")
+    statistics.start()
+    statistics.finish()
+    table = pd.read_csv(tmp_path / "partition.csv", index_col=0)
+    assert table[["class-0", "class-1", "class-2"]].values.tolist() == [[1, 1, 0], [0, 1, 3]]
+    assert (tmp_path / "partition.png").stat().st_size > 1000
+    failing = PartitionStatistics(data, indices, tmp_path / "missing", "title")
+    failing.start()
+    with pytest.raises(OSError):
+        failing.finish()
