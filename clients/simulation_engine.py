@@ -157,6 +157,22 @@ def signalling(store, event: threading.Event, before_signal: Callable[[Any], Non
     return store_and_signal
 
 
+class NodeStores(dict):
+    """{node id: its run-info store}, a store built by ``store_of(node id)`` when first
+    looked up: at K = 10⁶ simulated nodes, only the nodes that get a message have one."""
+
+    def __init__(self, store_of: Callable[[int], Any]):
+        super().__init__()
+        self._store_of = store_of
+        self._lock = threading.Lock()  # the engine's worker threads look stores up at once
+
+    def __missing__(self, node_id: int):
+        with self._lock:
+            if not dict.__contains__(self, node_id):
+                self[node_id] = self._store_of(node_id)
+            return dict.__getitem__(self, node_id)
+
+
 def register_node_info_stores_once(nodes_mapping: dict[int, int], run, app_dir: str | None = None) -> dict:
     """Flower's ``_register_node_info_stores`` (a ``DeprecatedRunInfoStore`` per node, its
     run's context registered), reading the app's run config once for all nodes instead of
@@ -187,24 +203,8 @@ def register_node_info_stores_once(nodes_mapping: dict[int, int], run, app_dir: 
     stores = NodeStores(store_of)
     stores[first_node] = first
     print(f"[basin] simulation engine: {len(nodes_mapping)} node contexts from one read of the run config, each "
-          "built when its node first trains (clients/simulation_engine.py)", flush=True)
+          "built when its node first gets a message (clients/simulation_engine.py)", flush=True)
     return stores
-
-
-class NodeStores(dict):
-    """{node id: its run-info store}, a store built by ``store_of(node id)`` when first
-    looked up: at K = 10⁶ simulated nodes, only the nodes that get a message have one."""
-
-    def __init__(self, store_of: Callable[[int], Any]):
-        super().__init__()
-        self._store_of = store_of
-        self._lock = threading.Lock()  # the engine's worker threads look stores up at once
-
-    def __missing__(self, node_id: int):
-        with self._lock:
-            if not dict.__contains__(self, node_id):
-                self[node_id] = self._store_of(node_id)
-            return dict.__getitem__(self, node_id)
 
 
 register_node_info_stores_once.installed_by_basin = True
