@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -13,7 +14,7 @@ from partitions.feasibility import partition_settings
 
 
 @lru_cache(maxsize=8)
-def partition_indices(dataset: str, data_dir: str, normalize: bool, settings: tuple) -> tuple[np.ndarray, ...]:
+def partition_indices(dataset: str, data_dir: str, normalize: bool, settings: tuple) -> Sequence[np.ndarray]:
     """All clients' index arrays for a partition, ``settings`` as
     :func:`partitions.feasibility.partition_settings` gives them; cached in the process and
     on disk (partitions/cache.py: the launcher's check or the first process of a run builds
@@ -27,7 +28,7 @@ def partition_indices(dataset: str, data_dir: str, normalize: bool, settings: tu
 
     if not data.fingerprint:  # content unknown: nothing to key a disk entry by
         return tuple(build())
-    return tuple(cached_partition(data.fingerprint, settings, build))
+    return cached_partition(data.fingerprint, settings, build)
 
 
 def partition_labels_of(data) -> np.ndarray:

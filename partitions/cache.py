@@ -23,8 +23,9 @@ import hashlib
 import os
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 
@@ -76,10 +77,12 @@ PARTITIONER_SOURCES = (
 )
 
 
-def cached_partition(fingerprint: str, settings: tuple, build: Callable[[], list[np.ndarray]]) -> list[np.ndarray]:
+def cached_partition(fingerprint: str, settings: tuple,
+                     build: Callable[[], list[np.ndarray]]) -> Sequence[np.ndarray]:
     """Every client's index array of the partition ``settings`` (as
     partitions.feasibility.partition_settings gives them) of the data set whose content
-    is ``fingerprint``: loaded when cached, else ``build()`` and stored. The launcher's
+    is ``fingerprint``: loaded when cached (a :class:`MappedPartition`), else ``build()``
+    and stored. The launcher's
     feasibility check, the ServerApp and the client processes share the entry.
 
     The entry is one ``.npy`` file, [K, K + 1 offsets, every client's indices], mapped into
@@ -93,7 +96,7 @@ def cached_partition(fingerprint: str, settings: tuple, build: Callable[[], list
         return build()
     path = directory / "partitions" / f"{key}.npy"
     try:
-        return _unpack(np.load(path, mmap_mode="r", allow_pickle=False))
+        return MappedPartition(np.load(path, mmap_mode="r", allow_pickle=False))
     except (OSError, ValueError, IndexError):
         pass  # not cached yet, or unreadable: build it (again)
     clients = build()
@@ -124,21 +127,87 @@ def _pack(clients: list[np.ndarray]) -> np.ndarray:
     return packed
 
 
-def _unpack(packed: np.ndarray) -> list[np.ndarray]:
-    """The client views of a packed partition (see cached_partition); ValueError when the
-    file is not one."""
-    if packed.ndim != 1 or packed.dtype != np.int64 or len(packed) < 2:
-        raise ValueError("not a packed partition")
-    count = int(packed[0])
-    offsets = np.asarray(packed[1:count + 2])
-    indices = packed[count + 2:]
-    if count < 0 or len(offsets) != count + 1 or offsets[0] != 0 or offsets[-1] != len(indices) \
-            or np.any(np.diff(offsets) < 0):
-        raise ValueError("not a packed partition")
-    # Plain ndarray views of the mapped file: slicing np.memmap runs its Python-level
-    # __array_finalize__ per view (15 s of 10⁶ clients' views in a ServerApp).
-    plain = indices.view(np.ndarray)
-    return [plain[start:end] for start, end in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+class MappedPartition(Sequence[np.ndarray]):
+    """The clients' index arrays of a cached partition (see cached_partition): each a
+    read-only plain ``ndarray`` view of the mapped entry, made when it is asked for.
+
+    Made lazily, a process holds no per-client object it does not use: at 10⁶ clients the
+    views alone were ~160 MB in the ServerApp and in every client process. Slicing
+    ``np.memmap`` itself runs a Python-level ``__array_finalize__`` per view (15 s for 10⁶
+    views), so the views are of a plain ``ndarray`` of the same mapping.
+
+    :meth:`blocks` reads every client's indices from the file in blocks, without mapping
+    them: a pass over all clients (the class counts) through the views would leave the
+    whole entry (2.4 GB at 10⁶ clients of 300 samples) resident in the process.
+    """
+
+    def __init__(self, packed: np.memmap):
+        """ValueError when ``packed`` is not a packed partition."""
+        if packed.filename is None or packed.ndim != 1 or packed.dtype != np.int64 or len(packed) < 2:
+            raise ValueError("not a packed partition")
+        count = int(packed[0])
+        offsets = np.array(packed[1:count + 2])
+        indices = packed[count + 2:]
+        if count < 0 or len(offsets) != count + 1 or offsets[0] != 0 or offsets[-1] != len(indices) \
+                or np.any(np.diff(offsets) < 0):
+            raise ValueError("not a packed partition")
+        self.offsets = offsets
+        self._indices = indices.view(np.ndarray)
+        self._path = Path(packed.filename)
+        self._first_index_byte = packed.offset + (count + 2) * packed.itemsize
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @overload
+    def __getitem__(self, client: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, client: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, client: int | slice) -> np.ndarray | list[np.ndarray]:
+        if isinstance(client, slice):
+            return [self[i] for i in range(*client.indices(len(self)))]
+        if not -len(self) <= client < len(self):
+            raise IndexError(f"client {client} of a partition of {len(self)} clients")
+        client %= len(self)
+        return self._indices[self.offsets[client]:self.offsets[client + 1]]
+
+    def sizes(self) -> np.ndarray:
+        """Every client's sample count."""
+        return np.diff(self.offsets)
+
+    def blocks(self, max_samples: int) -> Iterator[tuple[slice, np.ndarray]]:
+        """(a run of consecutive clients, their indices one after another) for every client
+        in order, each block read from the file (not mapped) and holding at most
+        ``max_samples`` indices unless one client holds more."""
+        with open(self._path, "rb") as file:
+            for clients in client_runs(self.sizes(), max_samples):
+                start, end = int(self.offsets[clients.start]), int(self.offsets[clients.stop])
+                file.seek(self._first_index_byte + start * self._indices.itemsize)
+                indices = np.fromfile(file, dtype=np.int64, count=end - start)
+                if len(indices) != end - start:
+                    raise ValueError(f"{self._path} is shorter than its partition says")
+                yield clients, indices
+
+
+def partition_sizes(indices: Sequence[np.ndarray]) -> np.ndarray:
+    """Every client's sample count (of a MappedPartition without making its views)."""
+    if isinstance(indices, MappedPartition):
+        return indices.sizes()
+    return np.array([len(index) for index in indices], dtype=np.int64)
+
+
+def client_runs(sizes: np.ndarray, max_samples: int) -> Iterator[slice]:
+    """Consecutive runs of clients (slices), in order, whose ``sizes`` sum to at most
+    ``max_samples`` each, except a run of one client larger than that."""
+    ends = np.cumsum(sizes)
+    start = 0
+    while start < len(sizes):
+        before = int(ends[start - 1]) if start else 0
+        stop = max(int(np.searchsorted(ends, before + max_samples, side="right")), start + 1)
+        yield slice(start, stop)
+        start = stop
 
 
 def cached_arrays(kind: str, key: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -18,14 +18,14 @@ partition found there is feasible without building it again (nor importing flwr-
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from partitions.cache import cached_partition
+from partitions.cache import cached_partition, partition_sizes
 from partitions.datasets import FASHION_MNIST_DEFAULT_DIR, digits_labels, local_fingerprint, read_idx
 
 # Training-split class counts of the built-in sets: (classes, samples per class).
@@ -61,10 +61,10 @@ def partition_settings(config: Mapping[str, Any]) -> tuple:
     )
 
 
-def check_no_empty_clients(indices: list[np.ndarray] | tuple[np.ndarray, ...]) -> None:
+def check_no_empty_clients(indices: Sequence[np.ndarray]) -> None:
     """ValueError naming how many clients a partition leaves without samples: an empty
     client has nothing to train on and no weight in any mean, so a run refuses it."""
-    empty = [client for client, index in enumerate(indices) if len(index) == 0]
+    empty = np.flatnonzero(partition_sizes(indices) == 0).tolist()
     if empty:
         shown = ", ".join(map(str, empty[:10])) + (", …" if len(empty) > 10 else "")
         raise ValueError(

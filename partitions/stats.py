@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+from partitions.cache import MappedPartition, client_runs, partition_sizes
 
 if TYPE_CHECKING:
     from partitions.base import LabelPartitioner
@@ -93,18 +95,43 @@ def partition_notation(config: Mapping[str, Any]) -> str:
     return notation
 
 
-def client_class_counts(labels: np.ndarray, indices: list[np.ndarray], num_classes: int) -> np.ndarray:
-    """Per-client class counts: an array of shape (num_clients, num_classes). Sequence
-    targets (one row of labels per sample) count every scored position (padding, < 0, not)."""
-    def scored(values: np.ndarray) -> np.ndarray:
-        values = values.ravel()
-        return values[values >= 0]
+# Indices counted per vectorised step: bounds the step's temporary arrays (~100 MB).
+COUNT_BLOCK_SAMPLES = 1 << 22
 
-    return np.stack([np.bincount(scored(labels[idx]), minlength=num_classes) for idx in indices])
+
+def client_class_counts(labels: np.ndarray, indices: Sequence[np.ndarray], num_classes: int) -> np.ndarray:
+    """Per-client class counts: an array of shape (num_clients, num_classes). Sequence
+    targets (one row of labels per sample) count every scored position (padding, < 0, not).
+
+    Counted over runs of consecutive clients, one ``bincount`` of (client, class) pairs
+    each (a call per client took 7.7 s at 10⁶ clients); a cached partition's runs are read
+    from its file (MappedPartition.blocks), so its 10⁶ clients' pages are not left mapped."""
+    counts = np.zeros((len(indices), num_classes), dtype=np.int64)
+    all_sizes = partition_sizes(indices)
+    for clients, block in client_blocks(indices, COUNT_BLOCK_SAMPLES):
+        sizes = all_sizes[clients]
+        first_pair = np.repeat(np.arange(len(sizes), dtype=np.int64) * num_classes, sizes)
+        values = labels[block]
+        if values.ndim > 1:  # sequence targets: every position of a sample's row, unless padding
+            first_pair = np.broadcast_to(first_pair[:, None], values.shape)
+            scored = values >= 0
+            first_pair, values = first_pair[scored], values[scored]
+        counts[clients] = np.bincount(first_pair + values, minlength=len(sizes) * num_classes).reshape(-1, num_classes)
+    return counts
+
+
+def client_blocks(indices: Sequence[np.ndarray], max_samples: int) -> Iterator[tuple[slice, np.ndarray]]:
+    """(a run of consecutive clients, their indices one after another), for every client in
+    order: a MappedPartition's read from its file, others' concatenated."""
+    if isinstance(indices, MappedPartition):
+        yield from indices.blocks(max_samples)
+        return
+    for clients in client_runs(partition_sizes(indices), max_samples):
+        yield clients, np.concatenate([np.asarray(index, dtype=np.int64) for index in indices[clients]])
 
 
 def class_count_table(
-    labels: np.ndarray, indices: list[np.ndarray], num_classes: int, domains: np.ndarray | None = None,
+    labels: np.ndarray, indices: Sequence[np.ndarray], num_classes: int, domains: np.ndarray | None = None,
     domain_names: tuple[str, ...] = (),
 ) -> pd.DataFrame:
     """One row per client, one column per class, plus the client's total and, given the

@@ -302,7 +302,7 @@ class PartitionStatistics(threading.Thread):
 
     def run(self) -> None:
         try:
-            table = class_count_table(self.data.y_train.numpy(), list(self.indices), self.data.num_classes,
+            table = class_count_table(self.data.y_train.numpy(), self.indices, self.data.num_classes,
                                       self.data.columns.get("domain"), self.data.domain_names)
             table.to_csv(self.directory / "partition.csv")
         except BaseException as error:  # raised by finish(), in the ServerApp's thread

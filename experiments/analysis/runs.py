@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -94,7 +94,7 @@ class AnalysisRun:
     def models(self, server_round: int) -> dict[str, Any]:
         return load_round_models(self.directory, server_round)
 
-    def client_indices(self) -> tuple[np.ndarray, ...]:
+    def client_indices(self) -> Sequence[np.ndarray]:
         """Every client's training-sample indices (the run's partition)."""
         config = self.config
         return partition_indices(config["dataset"], config["data-dir"], config["normalize"], partition_settings(config))
