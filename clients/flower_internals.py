@@ -12,7 +12,10 @@ used in another module):
   state's ``store_message_ins``/``store_message_res``, relying on ``get_message_ins``
   handing each message out once, and reads the messages waiting in its
   ``message_ins_store``. It replaces ``RayBackend.init_ray`` by the same
-  ``ray.init`` without the job's ``runtime_env`` where the engine starts its own Ray.
+  ``ray.init`` without the job's ``runtime_env`` where the engine starts its own Ray,
+  and has ``RayBackend.build`` make its pool of ``clients/client_actor.py``'s copy of
+  ``ClientAppActor`` (``VirtualClientEngineActor``'s methods), so that client processes
+  do not import ``flwr.simulation``.
 - **Reply checks and FedAvg's mean** (``strategies/weighted_mean.py``, a speed-up):
   ``FedAvg._check_and_log_replies``, and ``FedAvg.aggregate_train`` whose arithmetic the
   in-place mean repeats bit for bit.
@@ -44,6 +47,7 @@ ENGINE_MODULE = "flwr.server.superlink.fleet.vce.vce_api"
 RUN_INFO_STORE_MODULE = "flwr.compat.client.run_info_store"
 LINK_STATE_MODULE = "flwr.server.superlink.linkstate.in_memory_linkstate"
 RAY_BACKEND_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
+RAY_ACTOR_MODULE = "flwr.simulation.ray_transport.ray_actor"
 
 # SHA-256 of ``inspect.getsource`` of each private function Basin replaces or relies on,
 # in flwr 1.41.0, by "module:qualified name".
@@ -59,6 +63,8 @@ SOURCE_SHA256 = {
     f"{LINK_STATE_MODULE}:InMemoryLinkState.get_message_ins":
         "6547c8dcbc62e12f5b2aa5c69f4de8c7c7072c10d6c0876512cf37197d941056",
     f"{RAY_BACKEND_MODULE}:RayBackend.init_ray": "617470e8182cea2e3939034f68cf1122e5f9f7283d97cbcf1bd1d0396fa9e67f",
+    f"{RAY_BACKEND_MODULE}:RayBackend.build": "6a0c387457a6dbc1b35091762c24afdd2c3453fe09eeceeb7e966136f832ddc0",
+    f"{RAY_ACTOR_MODULE}:VirtualClientEngineActor": "a64283908b1ec170b239fcec28ab04e742f54e322802f93ef5d65d5e6d8b6ca0",
     "flwr.serverapp.strategy.fedavg:FedAvg.aggregate_train":
         "0e014b5d7cc3164dbb9b2e453624a02a89673690b62bb091255d9998a632cc57",
     "flwr.serverapp.strategy.fedavg:FedAvg._check_and_log_replies":
@@ -79,7 +85,7 @@ PRIVATE_NAMES = (
     "vce_api", "add_messages_to_queue", "raybackend", "RayBackend", "message_ins_store",
     "_register_node_info_stores", "DeprecatedRunInfoStore", "RunInfo",
     "run_info_store", "in_memory_linkstate", "_check_and_log_replies", "SType", "TaskIdentity", "flwr.common",
-    "flwr.supercore", "flwr.compat", "flwr.server.",
+    "flwr.supercore", "flwr.compat", "flwr.server.", "VirtualClientEngineActor", "flwr.simulation.ray_transport",
 )
 
 
@@ -189,6 +195,19 @@ def replace_ray_init(init_ray: Any) -> bool:
     if backend.init_ray is not init_ray:
         replaced.setdefault(f"{RAY_BACKEND_MODULE}:RayBackend.init_ray", backend.init_ray)
         backend.init_ray = init_ray
+    return True
+
+
+def replace_client_actor(actor_class: Any) -> bool:
+    """In a process running Flower's simulation engine (1.41.0's), make ``actor_class`` the
+    actor that the Ray backend builds its pool of (``RayBackend.build`` reads the
+    module's ``ClientAppActor``); True when it is in place."""
+    if engine_module() is None or not speed_up_available("engine"):
+        return False
+    backend = importlib.import_module(RAY_BACKEND_MODULE)
+    if backend.ClientAppActor is not actor_class:
+        replaced.setdefault(f"{RAY_BACKEND_MODULE}:ClientAppActor", backend.ClientAppActor)
+        backend.ClientAppActor = actor_class
     return True
 
 

@@ -238,8 +238,12 @@ def install_engine_wakeup() -> bool:
     simulation engine (of the release they were written for); True when they are in place."""
     if os.environ.get(SWITCH, "on") == "off":
         return False
-    return (flower_internals.replace_engine_functions(add_messages_to_queue_on_store, register_node_info_stores_once)
-            and flower_internals.replace_ray_init(init_ray_sharing_workers))
+    if not (flower_internals.replace_engine_functions(add_messages_to_queue_on_store, register_node_info_stores_once)
+            and flower_internals.replace_ray_init(init_ray_sharing_workers)):
+        return False
+    from clients.client_actor import ClientAppActor  # imports Ray: only where an engine runs
+
+    return flower_internals.replace_client_actor(ClientAppActor)
 
 
 def wait_for_reply(seconds: float) -> None:

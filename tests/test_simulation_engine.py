@@ -3,6 +3,7 @@ messages are handed to the client actors when stored, on exactly Flower 1.41.0."
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
@@ -11,6 +12,7 @@ from queue import Queue
 from types import SimpleNamespace
 
 import pytest
+from conftest import REPO
 
 import clients.simulation_engine as engine
 from clients import flower_internals
@@ -138,6 +140,9 @@ def test_installed_only_in_the_engine_process_and_only_when_switched_on(monkeypa
 
     monkeypatch.setattr(vce_api, "add_messages_to_queue", vce_api.add_messages_to_queue)  # restored after the test
     monkeypatch.setattr(vce_api, "_register_node_info_stores", vce_api._register_node_info_stores)
+    from flwr.server.superlink.fleet.vce.backend import raybackend
+
+    monkeypatch.setattr(raybackend, "ClientAppActor", raybackend.ClientAppActor)
     monkeypatch.setenv("BASIN_ENGINE_WAKEUP", "off")
     assert not install_engine_wakeup()
     monkeypatch.delenv("BASIN_ENGINE_WAKEUP")
@@ -148,9 +153,26 @@ def test_installed_only_in_the_engine_process_and_only_when_switched_on(monkeypa
     assert install_engine_wakeup() and install_engine_wakeup()  # idempotent
     assert vce_api.add_messages_to_queue is add_messages_to_queue_on_store
     assert vce_api._register_node_info_stores is engine.register_node_info_stores_once
-    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+    assert raybackend.RayBackend.init_ray is engine.init_ray_sharing_workers
+    from clients.client_actor import ClientAppActor
 
-    assert RayBackend.init_ray is engine.init_ray_sharing_workers
+    assert raybackend.ClientAppActor is ClientAppActor
+
+
+def test_a_client_process_loads_the_client_actor_without_flowers_simulation_package():
+    """Ray imports the actor's module in each client process: Flower's own actor module
+    brings flwr.simulation (its runner and CLI, ~1 s of CPU per process); Basin's copy only
+    Ray and the ClientApp, and it runs a ClientApp as Flower's actor does."""
+    code = ("import sys\n"
+            "from clients.client_actor import ClientAppRunner\n"
+            "actor = ClientAppRunner()\n"
+            "app = lambda message, context: ('reply to', message)\n"
+            "print(actor.run(lambda: app, 'message', '7', 'context'))\n"
+            "print(sorted(name for name in sys.modules if name.split('.')[:2] in (['flwr', 'simulation'], ['flwr', 'cli'])\n"
+            "             or name.startswith('torch')))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["('7', ('reply to', 'message'), 'context')", "[]"]
 
 
 @pytest.mark.parametrize("ray_address", [None, "10.0.0.5:6379"])
