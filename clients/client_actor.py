@@ -20,9 +20,10 @@ from flwr.app import Context, Message
 from flwr.clientapp.client_app import ClientApp, ClientAppException, LoadClientAppError
 
 
-class ClientAppRunner:
-    """Runs ClientApps on the messages Flower's Ray backend hands it (its ``run``), as
-    :data:`ClientAppActor`."""
+class ClientAppActor:
+    """Runs ClientApps on the messages Flower's Ray backend hands it (its ``run``); Ray
+    runs it as :data:`RemoteClientAppActor`. Named as Flower's, so that a client process
+    is still ``ray::ClientAppActor`` in ``ps`` and Ray's state API."""
 
     def __init__(self, on_actor_init_fn: Callable[[], None] | None = None) -> None:
         if on_actor_init_fn:
@@ -46,4 +47,4 @@ class ClientAppRunner:
 
 
 # The Ray actor class that RayBackend.build makes its pool of.
-ClientAppActor = ray.remote(ClientAppRunner)
+RemoteClientAppActor = ray.remote(ClientAppActor)

@@ -241,9 +241,9 @@ def install_engine_wakeup() -> bool:
     if not (flower_internals.replace_engine_functions(add_messages_to_queue_on_store, register_node_info_stores_once)
             and flower_internals.replace_ray_init(init_ray_sharing_workers)):
         return False
-    from clients.client_actor import ClientAppActor  # imports Ray: only where an engine runs
+    from clients.client_actor import RemoteClientAppActor  # imports Ray: only where an engine runs
 
-    return flower_internals.replace_client_actor(ClientAppActor)
+    return flower_internals.replace_client_actor(RemoteClientAppActor)
 
 
 def wait_for_reply(seconds: float) -> None:

@@ -154,9 +154,9 @@ def test_installed_only_in_the_engine_process_and_only_when_switched_on(monkeypa
     assert vce_api.add_messages_to_queue is add_messages_to_queue_on_store
     assert vce_api._register_node_info_stores is engine.register_node_info_stores_once
     assert raybackend.RayBackend.init_ray is engine.init_ray_sharing_workers
-    from clients.client_actor import ClientAppActor
+    from clients.client_actor import RemoteClientAppActor
 
-    assert raybackend.ClientAppActor is ClientAppActor
+    assert raybackend.ClientAppActor is RemoteClientAppActor
 
 
 def test_a_client_process_loads_the_client_actor_without_flowers_simulation_package():
@@ -164,8 +164,8 @@ def test_a_client_process_loads_the_client_actor_without_flowers_simulation_pack
     brings flwr.simulation (its runner and CLI, ~1 s of CPU per process); Basin's copy only
     Ray and the ClientApp, and it runs a ClientApp as Flower's actor does."""
     code = ("import sys\n"
-            "from clients.client_actor import ClientAppRunner\n"
-            "actor = ClientAppRunner()\n"
+            "from clients.client_actor import ClientAppActor\n"
+            "actor = ClientAppActor()\n"
             "app = lambda message, context: ('reply to', message)\n"
             "print(actor.run(lambda: app, 'message', '7', 'context'))\n"
             "print(sorted(name for name in sys.modules if name.split('.')[:2] in (['flwr', 'simulation'], ['flwr', 'cli'])\n"
