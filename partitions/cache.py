@@ -82,8 +82,8 @@ def cached_partition(fingerprint: str, settings: tuple,
     """Every client's index array of the partition ``settings`` (as
     partitions.feasibility.partition_settings gives them) of the data set whose content
     is ``fingerprint``: loaded when cached (a :class:`MappedPartition`), else ``build()``
-    and stored. The launcher's
-    feasibility check, the ServerApp and the client processes share the entry.
+    and stored. The launcher's feasibility check, the ServerApp and the client processes
+    share the entry.
 
     The entry is one ``.npy`` file, [K, K + 1 offsets, every client's indices], mapped into
     memory read-only: each client's array is a view of it, so a client process reads only

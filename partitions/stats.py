@@ -108,7 +108,7 @@ def client_class_counts(labels: np.ndarray, indices: Sequence[np.ndarray], num_c
     from its file (MappedPartition.blocks), so its 10⁶ clients' pages are not left mapped."""
     counts = np.zeros((len(indices), num_classes), dtype=np.int64)
     all_sizes = partition_sizes(indices)
-    for clients, block in client_blocks(indices, COUNT_BLOCK_SAMPLES):
+    for clients, block in client_blocks(indices, all_sizes, COUNT_BLOCK_SAMPLES):
         sizes = all_sizes[clients]
         first_pair = np.repeat(np.arange(len(sizes), dtype=np.int64) * num_classes, sizes)
         values = labels[block]
@@ -120,13 +120,15 @@ def client_class_counts(labels: np.ndarray, indices: Sequence[np.ndarray], num_c
     return counts
 
 
-def client_blocks(indices: Sequence[np.ndarray], max_samples: int) -> Iterator[tuple[slice, np.ndarray]]:
+def client_blocks(indices: Sequence[np.ndarray], sizes: np.ndarray,
+                  max_samples: int) -> Iterator[tuple[slice, np.ndarray]]:
     """(a run of consecutive clients, their indices one after another), for every client in
-    order: a MappedPartition's read from its file, others' concatenated."""
+    order (``sizes``: partition_sizes(indices)): a MappedPartition's read from its file,
+    others' concatenated."""
     if isinstance(indices, MappedPartition):
         yield from indices.blocks(max_samples)
         return
-    for clients in client_runs(partition_sizes(indices), max_samples):
+    for clients in client_runs(sizes, max_samples):
         yield clients, np.concatenate([np.asarray(index, dtype=np.int64) for index in indices[clients]])
 
 
