@@ -25,6 +25,11 @@ used in another module):
   array serialised by ``np.save``.
 - **The task identity** (``experiments/costs.py``): ``TaskIdentity``'s ids, set to build
   messages outside a ServerApp.
+- **The local SuperLink** (``experiments/runtime/flwr_command.py``, a speed-up): the command
+  line and environment with which ``flwr run`` starts its local SuperLink
+  (``local_superlink._start_local_superlink``, its files from
+  ``_get_local_superlink_paths``), and that ``ensure_local_superlink`` starts none where
+  one already answers on that port.
 
 :func:`matches` compares the installed release and each function's source with the
 hashes below. Where the use is only a speed-up, a mismatch says so once and Basin runs
@@ -38,8 +43,9 @@ import functools
 import hashlib
 import importlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 FLOWER_VERSION = "1.41.0"
@@ -48,6 +54,7 @@ RUN_INFO_STORE_MODULE = "flwr.compat.client.run_info_store"
 LINK_STATE_MODULE = "flwr.server.superlink.linkstate.in_memory_linkstate"
 RAY_BACKEND_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
 RAY_ACTOR_MODULE = "flwr.simulation.ray_transport.ray_actor"
+LOCAL_SUPERLINK_MODULE = "flwr.cli.local_superlink"
 
 # SHA-256 of ``inspect.getsource`` of each private function Basin replaces or relies on,
 # in flwr 1.41.0, by "module:qualified name".
@@ -69,11 +76,16 @@ SOURCE_SHA256 = {
         "0e014b5d7cc3164dbb9b2e453624a02a89673690b62bb091255d9998a632cc57",
     "flwr.serverapp.strategy.fedavg:FedAvg._check_and_log_replies":
         "8eacfa6be09cc25540e8cf2c8b5c6443c044f13f1bfd33607d6ef072c1ce7a35",
+    f"{LOCAL_SUPERLINK_MODULE}:ensure_local_superlink": "76aa956feadb39a1c76ba21ae1cd811fdf154936f5a73764b760f9363d122f0f",
+    f"{LOCAL_SUPERLINK_MODULE}:_start_local_superlink": "062563a373880275744ea4d479b61c6de0380deeb7bff348812973135f52c349",
+    f"{LOCAL_SUPERLINK_MODULE}:_get_local_superlink_paths":
+        "14531e883e46e80bc7e1c41aed42dd426b15ac9744432bcb07a6b899d701bda2",
 }
 # The functions each speed-up relies on.
 SPEED_UPS = {
-    "engine": [name for name in SOURCE_SHA256 if not name.startswith("flwr.serverapp")],
+    "engine": [name for name in SOURCE_SHA256 if not name.startswith(("flwr.serverapp", LOCAL_SUPERLINK_MODULE))],
     "in-place mean": [name for name in SOURCE_SHA256 if name.startswith("flwr.serverapp")],
+    "local SuperLink": [name for name in SOURCE_SHA256 if name.startswith(LOCAL_SUPERLINK_MODULE)],
 }
 # Attributes in which Flower's strategies keep server state across rounds (FedOpt's
 # current model and moments, FedAvgM's momentum).
@@ -86,7 +98,37 @@ PRIVATE_NAMES = (
     "_register_node_info_stores", "DeprecatedRunInfoStore", "RunInfo",
     "run_info_store", "in_memory_linkstate", "_check_and_log_replies", "SType", "TaskIdentity", "flwr.common",
     "flwr.supercore", "flwr.compat", "flwr.server.", "VirtualClientEngineActor", "flwr.simulation.ray_transport",
+    "flwr.cli.local_superlink",
 )
+
+
+# What `flwr run` calls its local SuperLink's settings: environment variables, then its defaults.
+LOCAL_SUPERLINK_HTTP_PORT_VARIABLE, LOCAL_SUPERLINK_HTTP_PORT = "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "39091"
+LOCAL_CONTROL_PORT_VARIABLE, LOCAL_CONTROL_PORT = "FLWR_LOCAL_CONTROL_API_PORT", "39093"
+
+
+def local_superlink(environ: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment with which ``flwr run``, run in ``environ`` (which
+    sets FLWR_HOME), starts its local SuperLink when none answers: flwr 1.41.0's
+    ``_start_local_superlink`` (simulation mode, subprocess isolation, its database and log
+    under ``FLWR_HOME/local-superlink``, the folder made here as there)."""
+    runtime_dir = Path(environ["FLWR_HOME"]) / "local-superlink"
+    runtime_dir.mkdir(parents=True, exist_ok=True)
+    command = [
+        "flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
+        "--control-api-address", f"127.0.0.1:{environ.get(LOCAL_CONTROL_PORT_VARIABLE, LOCAL_CONTROL_PORT)}",
+        "--host", "127.0.0.1", "--port", local_superlink_port(environ),
+        "--log-file", str(runtime_dir / "superlink.log"),
+        "--log-rotation-interval-hours", "24", "--log-rotation-backup-count", "7",
+        "--database", str(runtime_dir / "state.db"),
+    ]
+    # `flwr` checks for a newer Flower itself, and so turns the SuperLink's check off.
+    return command, {**environ, "FLWR_DISABLE_UPDATE_CHECK": "1"}
+
+
+def local_superlink_port(environ: Mapping[str, str]) -> str:
+    """The HTTP port on which ``flwr run``, run in ``environ``, looks for its local SuperLink."""
+    return environ.get(LOCAL_SUPERLINK_HTTP_PORT_VARIABLE, LOCAL_SUPERLINK_HTTP_PORT)
 
 
 def installed_flower() -> str:

@@ -106,3 +106,34 @@ def test_on_another_flower_the_mean_is_flowers_own_and_the_same(monkeypatch, cap
         flower_internals.speed_up_available.cache_clear()
     assert np.array_equal(in_place["w"].numpy(), flowers["w"].numpy())
     assert in_place["w"].numpy().tolist() == [3.25, 6.5]
+
+
+def test_the_local_superlink_basin_starts_is_the_one_flwr_run_starts(tmp_path, monkeypatch):
+    """experiments/runtime/flwr_command.py starts `flwr run`'s SuperLink ahead of it: the
+    same command line and environment Flower's own start gives it, in the same FLWR_HOME."""
+    from flwr.cli import local_superlink
+
+    started = {}
+
+    class Started(Exception):
+        pass
+
+    def popen(command, env, **kwargs):
+        started.update(command=command, env=env)
+        raise Started
+
+    environ = {"FLWR_HOME": str(tmp_path / "home"), "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": "41001",
+               "FLWR_LOCAL_CONTROL_API_PORT": "41003", "PATH": "/bin"}
+    monkeypatch.setattr(local_superlink.os, "environ", environ)
+    monkeypatch.setattr(local_superlink, "LOCAL_SUPERLINK_HTTP_API_PORT", "41001")
+    monkeypatch.setattr(local_superlink, "LOCAL_CONTROL_API_ADDRESS", "127.0.0.1:41003")
+    monkeypatch.setattr(local_superlink.subprocess, "Popen", popen)
+    with pytest.raises(Started):
+        local_superlink._start_local_superlink()
+    command, env = flower_internals.local_superlink(environ)
+    assert command == started["command"] and env == started["env"]
+    assert "41001" in command and "127.0.0.1:41003" in command and env["FLWR_DISABLE_UPDATE_CHECK"] == "1"
+    assert (tmp_path / "home" / "local-superlink").is_dir()
+    assert flower_internals.local_superlink_port(environ) == "41001"
+    defaults, _ = flower_internals.local_superlink({"FLWR_HOME": str(tmp_path / "home")})  # Flower's own ports
+    assert defaults[defaults.index("--port") + 1] == "39091" and "127.0.0.1:39093" in defaults

@@ -166,6 +166,11 @@ def run_app(app: Path, log_path: Path, num_supernodes: int, run_config: str = ""
     return log_path.read_text(errors="replace")
 
 
+# Flower's `flwr` as a run's launcher starts it (from APP_DIR): the local SuperLink of
+# `flwr run` then loads beside Flower's command line instead of after it.
+FLWR_COMMAND = (sys.executable, "-m", "experiments.runtime.flwr_command")
+
+
 INLINE_LIMIT_VARIABLE = "RAY_max_direct_call_object_size"
 TASK_POLL_VARIABLE = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 
@@ -220,7 +225,7 @@ def _launch_locked(
         guardian = Guardian(Path(flwr_home), out_dir)
         env = flower_environment(bin_dir, flwr_home, http_port, control_port, ray_address)
         command = [
-            str(bin_dir / "flwr"), "run", str(app), "--stream",
+            *FLWR_COMMAND, "run", str(app), "--stream",
             "--run-config", str(run_config_path),
             "--federation-config", resources.federation_config(config["num-clients"]),
         ]

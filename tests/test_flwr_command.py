@@ -1,0 +1,74 @@
+"""`flwr run` as Basin's launcher starts it: its local SuperLink started first, then
+Flower's command line, which finds it answering and starts none."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from experiments.runtime import flwr_command
+from experiments.runtime.processes import free_port
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802  (http.server's name)
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_waiting_ends_when_the_superlink_answers_or_has_exited():
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert flwr_command.wait_until_answering(idle, str(server.server_address[1]), timeout=5.0)
+        silent = str(free_port())
+        assert not flwr_command.answering(silent)
+        started = time.monotonic()
+        assert not flwr_command.wait_until_answering(idle, silent, timeout=0.5)  # nothing answers: gives up
+        assert time.monotonic() - started < 3.0
+        exited = subprocess.Popen([sys.executable, "-c", "pass"])
+        exited.wait()
+        started = time.monotonic()
+        assert not flwr_command.wait_until_answering(exited, silent, timeout=30.0)  # its SuperLink is gone: at once
+        assert time.monotonic() - started < 1.0
+    finally:
+        idle.kill()
+        idle.wait()
+        server.shutdown()
+
+
+@pytest.mark.slow
+def test_flwr_run_uses_the_superlink_started_before_it_and_starts_none(tmp_path, monkeypatch, capsys):
+    """A real flower-superlink, started as flwr_command starts it: once it answers, Flower's
+    `ensure_local_superlink` (what `flwr run` calls) connects to it without starting one."""
+    from flwr.cli import local_superlink
+    from flwr.cli.typing import SuperLinkConnection
+
+    from experiments.runtime.processes import stop_process_tree
+
+    port, control = str(free_port()), str(free_port())
+    environ = {**os.environ, "FLWR_HOME": str(tmp_path), "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": port,
+               "FLWR_LOCAL_CONTROL_API_PORT": control,
+               "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}"}
+    superlink = flwr_command.start_local_superlink(environ)
+    assert f"Starting local SuperLink on 127.0.0.1:{port}" in capsys.readouterr().out  # the stage progress shows
+    try:
+        assert flwr_command.wait_until_answering(superlink, port), (tmp_path / "local-superlink" / "superlink.log")
+        monkeypatch.setattr(local_superlink, "LOCAL_SUPERLINK_HTTP_API_PORT", port)
+        monkeypatch.setattr(local_superlink, "_start_local_superlink",
+                            lambda *args: pytest.fail("flwr run started a second SuperLink"))
+        connection = local_superlink.ensure_local_superlink(SuperLinkConnection(name="local", address=":local:"))
+        assert connection.address == f"127.0.0.1:{port}"
+        assert superlink.poll() is None
+    finally:
+        stop_process_tree([superlink.pid], grace=1.0)
