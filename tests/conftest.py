@@ -7,6 +7,7 @@ import atexit
 import gzip
 import os
 import shutil
+import signal
 import struct
 import tempfile
 import uuid
@@ -27,6 +28,16 @@ REPO = Path(__file__).resolve().parents[1]
 _HF_DATASETS_CACHE = tempfile.mkdtemp(prefix="basin-test-hf-datasets-")
 os.environ["HF_DATASETS_CACHE"] = _HF_DATASETS_CACHE
 atexit.register(shutil.rmtree, _HF_DATASETS_CACHE, ignore_errors=True)
+
+
+def _stop_as_on_ctrl_c(signum, frame):
+    raise KeyboardInterrupt
+
+
+# A test run stopped with SIGTERM (a timeout, a CI runner) ends as on Ctrl-C: fixtures tear
+# down and the folder above is removed, where Python's default would end the process at once.
+if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+    signal.signal(signal.SIGTERM, _stop_as_on_ctrl_c)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -72,3 +72,20 @@ def test_flwr_run_uses_the_superlink_started_before_it_and_starts_none(tmp_path,
         assert superlink.poll() is None
     finally:
         stop_process_tree([superlink.pid], grace=1.0)
+
+
+def test_a_superlink_that_does_not_answer_is_stopped_before_flowers_command_line_starts_its_own(monkeypatch):
+    import flwr.cli.app
+
+    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    ran = []
+    monkeypatch.setenv("FLWR_HOME", "/nonexistent")
+    monkeypatch.setattr(flwr_command, "start_local_superlink", lambda environ: silent)
+    monkeypatch.setattr(flwr_command, "wait_until_answering", lambda superlink, port: False)
+    monkeypatch.setattr(flwr.cli.app, "app", lambda: ran.append(silent.poll()) or 0)
+    try:
+        assert flwr_command.main(["run", "."]) == 0
+        assert ran and ran[0] is not None  # gone before Flower's `flwr run` ran
+    finally:
+        silent.kill()
+        silent.wait()

@@ -10,9 +10,10 @@ Flower's ``ensure_local_superlink`` finds a SuperLink answering on its port and 
 as with any local SuperLink already running. The processes are Flower's, in the same tree
 and session as ``flwr run`` makes them; only their start overlaps.
 
-Where the installed Flower is not the one ``local_superlink`` was read from, or FLWR_HOME is
-not set, or the command is not ``run``, this is plain ``flwr``: the SuperLink it started
-is stopped first and Flower's command line starts its own.
+Where the installed Flower is not the one ``local_superlink`` was read from, or the SuperLink
+does not answer within the 15 s ``flwr run`` gives its own, it is stopped and ``flwr run``
+starts its own as it always does; where FLWR_HOME is not set or the command is not ``run``,
+this is plain ``flwr``.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def answering(port: str) -> bool:
 
 def wait_until_answering(superlink: subprocess.Popen, port: str, timeout: float = SUPERLINK_STARTUP_TIMEOUT_S) -> bool:
     """Wait until the SuperLink answers on ``port`` (True), has exited or ``timeout`` passed
-    (False: ``flwr run`` then starts its own, and says why where that fails too)."""
+    (False)."""
     deadline = time.monotonic() + timeout
     while superlink.poll() is None and time.monotonic() < deadline:
         if answering(port):
@@ -67,12 +68,13 @@ def main(argv: list[str]) -> int:
         superlink = start_local_superlink(os.environ)
     from flwr.cli.app import app  # loads while the SuperLink does
 
-    if superlink is not None:
-        if flower_internals.speed_up_available("local SuperLink"):
-            wait_until_answering(superlink, flower_internals.local_superlink_port(os.environ))
-        else:
-            superlink.kill()
-            superlink.wait()
+    if superlink is not None and not (flower_internals.speed_up_available("local SuperLink")
+                                      and wait_until_answering(superlink, flower_internals.local_superlink_port(os.environ))):
+        # Flower's command line starts its own: never two SuperLinks on one port and database.
+        from experiments.runtime.processes import stop_process_tree
+
+        stop_process_tree([superlink.pid], grace=0.0)
+        superlink.wait()
     sys.argv = ["flwr", *argv]
     return app()
 
