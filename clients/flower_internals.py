@@ -109,9 +109,10 @@ LOCAL_CONTROL_PORT_VARIABLE, LOCAL_CONTROL_PORT = "FLWR_LOCAL_CONTROL_API_PORT",
 
 def local_superlink(environ: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
     """The command line and environment with which ``flwr run``, run in ``environ`` (which
-    sets FLWR_HOME), starts its local SuperLink when none answers: flwr 1.41.0's
-    ``_start_local_superlink`` (simulation mode, subprocess isolation, its database and log
-    under ``FLWR_HOME/local-superlink``, the folder made here as there)."""
+    sets FLWR_HOME), starts its local SuperLink when none answers and its connection is
+    ``:local-in-memory:``: flwr 1.41.0's ``_start_local_superlink(in_memory=True)``
+    (simulation mode, subprocess isolation, state in memory, its log under
+    ``FLWR_HOME/local-superlink``, the folder made here as there)."""
     runtime_dir = Path(environ["FLWR_HOME"]) / "local-superlink"
     runtime_dir.mkdir(parents=True, exist_ok=True)
     command = [
@@ -120,7 +121,6 @@ def local_superlink(environ: Mapping[str, str]) -> tuple[list[str], dict[str, st
         "--host", "127.0.0.1", "--port", local_superlink_port(environ),
         "--log-file", str(runtime_dir / "superlink.log"),
         "--log-rotation-interval-hours", "24", "--log-rotation-backup-count", "7",
-        "--database", str(runtime_dir / "state.db"),
     ]
     # `flwr` checks for a newer Flower itself, and so turns the SuperLink's check off.
     return command, {**environ, "FLWR_DISABLE_UPDATE_CHECK": "1"}

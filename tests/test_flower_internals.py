@@ -129,7 +129,7 @@ def test_the_local_superlink_basin_starts_is_the_one_flwr_run_starts(tmp_path, m
     monkeypatch.setattr(local_superlink, "LOCAL_CONTROL_API_ADDRESS", "127.0.0.1:41003")
     monkeypatch.setattr(local_superlink.subprocess, "Popen", popen)
     with pytest.raises(Started):
-        local_superlink._start_local_superlink()
+        local_superlink._start_local_superlink(in_memory=True)
     command, env = flower_internals.local_superlink(environ)
     assert command == started["command"] and env == started["env"]
     assert "41001" in command and "127.0.0.1:41003" in command and env["FLWR_DISABLE_UPDATE_CHECK"] == "1"

@@ -47,6 +47,18 @@ def test_waiting_ends_when_the_superlink_answers_or_has_exited():
         server.shutdown()
 
 
+def test_the_runs_flower_configuration_names_a_local_superlink_with_its_state_in_memory(tmp_path, monkeypatch):
+    from flwr.cli.flower_config import read_superlink_connection
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
+    flwr_command.write_flower_config(tmp_path / "home")
+    connection = read_superlink_connection()  # what `flwr run` connects to
+    assert connection.name == "local" and connection.address == ":local-in-memory:"
+    (tmp_path / "home" / "config.toml").write_text('[superlink]\ndefault = "mine"\n\n[superlink.mine]\naddress = ":local:"\n')
+    flwr_command.write_flower_config(tmp_path / "home")  # one that is there is kept
+    assert read_superlink_connection().name == "mine"
+
+
 @pytest.mark.slow
 def test_flwr_run_uses_the_superlink_started_before_it_and_starts_none(tmp_path, monkeypatch, capsys):
     """A real flower-superlink, started as flwr_command starts it: once it answers, Flower's
@@ -67,7 +79,8 @@ def test_flwr_run_uses_the_superlink_started_before_it_and_starts_none(tmp_path,
         monkeypatch.setattr(local_superlink, "LOCAL_SUPERLINK_HTTP_API_PORT", port)
         monkeypatch.setattr(local_superlink, "_start_local_superlink",
                             lambda *args: pytest.fail("flwr run started a second SuperLink"))
-        connection = local_superlink.ensure_local_superlink(SuperLinkConnection(name="local", address=":local:"))
+        connection = local_superlink.ensure_local_superlink(
+            SuperLinkConnection(name="local", address=":local-in-memory:"))
         assert connection.address == f"127.0.0.1:{port}"
         assert superlink.poll() is None
     finally:

@@ -3,12 +3,19 @@ its local SuperLink started before Flower's command line has loaded.
 
 ``flwr run`` on a local federation loads Flower's command line (1.8 s on 2 CPU cores), finds
 no SuperLink answering, starts one and waits for it to answer: ~3.3 s more, as the SuperLink
-loads Flower too. This starts that same SuperLink, with the command line and environment
-``flwr run`` would give it (``clients.flower_internals.local_superlink``), first, then loads
-Flower's command line while the SuperLink loads, waits until it answers, and runs ``flwr``:
-Flower's ``ensure_local_superlink`` finds a SuperLink answering on its port and starts none,
-as with any local SuperLink already running. The processes are Flower's, in the same tree
-and session as ``flwr run`` makes them; only their start overlaps.
+loads Flower too, and creates its SQLite database (~1 s of it: each run has its own
+FLWR_HOME, so the database is always new). Here:
+
+- the run's Flower configuration (``FLWR_HOME/config.toml``, where ``flwr`` would write its
+  default) names the local SuperLink ``:local-in-memory:``, Flower's setting for a local
+  SuperLink that keeps its state in memory: a run's SuperLink serves that run only;
+- that SuperLink is started first, with the command line and environment ``flwr run``
+  would give it (``clients.flower_internals.local_superlink``), then Flower's command line
+  loads while it does; once it answers, ``flwr`` runs and its ``ensure_local_superlink``
+  finds it and starts none, as with any local SuperLink already running.
+
+The processes are Flower's, in the same tree and sessions as ``flwr run`` makes them; only
+their start overlaps.
 
 Where the installed Flower is not the one ``local_superlink`` was read from, or the SuperLink
 does not answer within the 15 s ``flwr run`` gives its own, it is stopped and ``flwr run``
@@ -25,12 +32,24 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from pathlib import Path
 
 from clients import flower_internals
 
+# A Flower configuration whose local SuperLink keeps its state in memory (flwr's default
+# configuration names ":local:", which keeps it in FLWR_HOME/local-superlink/state.db).
+FLOWER_CONFIG = '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local-in-memory:"\n'
 # As long as `flwr run` waits for the SuperLink it starts itself, then the same probe.
 SUPERLINK_STARTUP_TIMEOUT_S = 15.0
 PROBE_TIMEOUT_S, PROBE_INTERVAL_S = 0.4, 0.05
+
+
+def write_flower_config(flwr_home: Path) -> None:
+    """Write :data:`FLOWER_CONFIG` as ``flwr_home``'s Flower configuration, unless it has one."""
+    config = flwr_home / "config.toml"
+    if not config.exists():
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(FLOWER_CONFIG)
 
 
 def start_local_superlink(environ: Mapping[str, str]) -> subprocess.Popen:
@@ -65,6 +84,7 @@ def wait_until_answering(superlink: subprocess.Popen, port: str, timeout: float 
 def main(argv: list[str]) -> int:
     superlink = None
     if argv[:1] == ["run"] and "FLWR_HOME" in os.environ:
+        write_flower_config(Path(os.environ["FLWR_HOME"]))
         superlink = start_local_superlink(os.environ)
     from flwr.cli.app import app  # loads while the SuperLink does
 
