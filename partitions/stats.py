@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from partitions.cache import MappedPartition, client_runs, partition_sizes
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from partitions.base import LabelPartitioner
 
 # dirichlet: label-wise (each class split over clients; IMA, FedAlign); dirichlet-client:
@@ -138,6 +139,8 @@ def class_count_table(
 ) -> pd.DataFrame:
     """One row per client, one column per class, plus the client's total and, given the
     training samples' ``domains``, the domain(s) its samples come from."""
+    import pandas as pd  # here: the ServerApp and the launcher import this module before their first round
+
     counts = client_class_counts(np.asarray(labels), indices, num_classes)
     table = pd.DataFrame(counts, columns=[f"class-{c}" for c in range(num_classes)])
     table.index.name = "partition-id"

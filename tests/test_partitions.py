@@ -281,3 +281,24 @@ def test_the_launchers_checks_load_no_flwr_datasets_and_the_partition_check_no_t
                             cwd=Path(__file__).resolve().parents[1])
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-2:] == ["[]", "[]"]
+
+
+def test_the_launcher_and_the_serverapp_load_no_pandas_before_their_first_round():
+    """pandas (0.4-0.9 s on 2 cores) is for the tables: the launcher's modules up to
+    Flower's start and the ServerApp's work module do not import it (the class-count table
+    imports it beside the rounds, the summary table after them)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys\n"
+        "import experiments.api, experiments.run\n"
+        "from experiments.runtime import launch, machine, mps, output_dir, ray_cluster, report, run_config\n"
+        "import strategies.checkpoint, strategies.server_work\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "False"

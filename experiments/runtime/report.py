@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     """One row per run label: last-k, best and final accuracy, round reaching target, rounds
     (run and skipped), failed client replies over the run, the run's wall time (Flower's
     start-up included) and the start-up before round 1."""
+    import pandas as pd  # here: a launcher imports this module before Flower starts
+
     rows = []
     for label, s in summaries.items():
         k = s.get("last-k", 10)
