@@ -21,7 +21,7 @@ from experiments.runtime import launch as launch_module
 from experiments.runtime import sweep_runs
 from experiments.runtime.launch import RunFailed, launch
 from experiments.runtime.processes import free_port, stop_process_tree
-from experiments.runtime.ray_cluster import LocalRayCluster, RayClusterUnreachable, check_ray_address
+from experiments.runtime.ray_cluster import LocalRayCluster, RayClusterUnreachable, check_ray_address, job_cluster
 from experiments.runtime.reproducible import compare_runs
 from experiments.runtime.run_config import resolve_config
 
@@ -186,7 +186,9 @@ def test_a_job_of_runs_one_after_another_shares_one_ray_cluster(tmp_path, tiny_s
 
     def fake_launch(config, out_dir, *args, ray_address=None, **kwargs):
         addresses.append(ray_address)
-        check_ray_address(ray_address) if ray_address else None  # the cluster answers while the job runs
+        if ray_address:  # the job's own cluster, waited for as a launch waits; it answers while the job runs
+            job_cluster(ray_address).wait_until_up()
+            check_ray_address(ray_address)
         out_dir.mkdir(parents=True, exist_ok=True)
         raise RunFailed("not run")
 
@@ -229,9 +231,26 @@ def test_runs_on_the_jobs_ray_cluster_equal_runs_with_their_own_ray(tmp_path):
 
 def test_a_job_cluster_that_does_not_start_in_time_is_refused_and_its_holder_stopped():
     cluster = LocalRayCluster(True, 1, timeout=0.01)
+    address = cluster.__enter__()  # at once: the cluster starts beside the job's first run
+    assert job_cluster(address) is cluster
     with pytest.raises(RayClusterUnreachable, match="did not start within"):
-        cluster.__enter__()
-    assert cluster.holder is None
+        cluster.wait_until_up()
+    assert cluster.holder is None and job_cluster(address) is None
+
+
+@pytest.mark.slow
+def test_a_job_cluster_is_named_before_it_is_up_and_a_run_launched_on_it_meanwhile_completes(tmp_path):
+    """The job's cluster enters as its address before Ray is up; a launch on it starts
+    `flwr run` and then waits for it, and the run joins it."""
+    with LocalRayCluster(True, 2) as address:
+        cluster = job_cluster(address)
+        assert address.startswith("127.0.0.1:") and not cluster.up
+        summary = launch(resolve_config(SMALL), tmp_path / "out", progress=False, ray_address=address)
+        assert cluster.up and summary["status"] == "completed"
+        check_ray_address(address)
+    assert job_cluster(address) is None
+    with pytest.raises(RayClusterUnreachable):  # stopped with the job
+        check_ray_address(address, timeout=1.0)
 
 
 def test_the_flower_environment_inlines_models_in_ray_calls_and_keeps_the_users_choice(monkeypatch, tmp_path):

@@ -36,7 +36,7 @@ from experiments.runtime.processes import (
     simulation_running,
     stop_home,
 )
-from experiments.runtime.ray_cluster import check_ray_address
+from experiments.runtime.ray_cluster import check_ray_address, job_cluster
 from experiments.runtime.run_config import APP_DIR
 from strategies.checkpoint import read_checkpoint, run_identity
 from strategies.config import summary_horizon, validate_run_config
@@ -125,11 +125,13 @@ def launch(
     recorded an end, ``summary.json`` says ``interrupted`` or ``killed``, never
     ``running``. With ``ray_address`` (``HOST:PORT``) the clients run on that existing Ray
     cluster (``experiments.runtime.ray_cluster``); RayClusterUnreachable is raised before Flower
-    starts if nothing answers there. A folder holding another config's results is refused
-    (:func:`check_folder_reuse`) unless ``overwrite``. Setting ``stop`` (from another thread) interrupts the
-    run as Ctrl-C does: KeyboardInterrupt is raised in the launching thread.
+    starts if nothing answers there (the job's own cluster, still starting, is waited for
+    once ``flwr run`` has started, and raises it if it does not start). A folder holding
+    another config's results is refused (:func:`check_folder_reuse`) unless ``overwrite``.
+    Setting ``stop`` (from another thread) interrupts the run as Ctrl-C does:
+    KeyboardInterrupt is raised in the launching thread.
     """
-    if ray_address is not None:
+    if ray_address is not None and job_cluster(ray_address) is None:
         check_ray_address(ray_address)
     out_dir = create_output_dir(out_dir, "output directory")
     with OutputLock(out_dir):
@@ -233,6 +235,8 @@ def _launch_locked(
         try:
             with open(log_path, "w") as log:
                 process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=APP_DIR)
+                if (cluster := job_cluster(ray_address)) is not None:
+                    cluster.wait_until_up()  # while Flower's processes load
                 stages_seen = follow_run(process, out_dir, config["num-rounds"], progress, label, leave,
                                       server_alive=lambda: simulation_running(http_port), stop=stop)
         except KeyboardInterrupt:

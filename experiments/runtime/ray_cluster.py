@@ -20,6 +20,13 @@ it, instead of each run's simulation starting and stopping Ray (~4 s, and on 2 c
 cluster (``python -m experiments.runtime.ray_cluster``: ``ray.init`` with this machine's cores and
 GPUs, the launcher's environment, e.g. MPS's pipe folder) until the launcher closes its
 stdin or dies; Ray's processes end with it.
+
+The job's cluster starts beside its first run (~5 s of Ray's processes, which the first
+run's SuperLink and simulation process would otherwise wait for): its GCS port is chosen
+before it starts (Ray's ``RAY_GCS_SERVER_PORT``), so its address is known at once, and a
+launch on it (:func:`job_cluster`) starts ``flwr run`` first and then waits until the
+cluster is up (:meth:`LocalRayCluster.wait_until_up`), where it would check an existing
+cluster's address before Flower starts.
 """
 
 from __future__ import annotations
@@ -29,8 +36,9 @@ import select
 import socket
 import subprocess
 import sys
+import threading
 
-from experiments.runtime.processes import ray_sessions, remove_finished_ray_sessions
+from experiments.runtime.processes import free_port, ray_sessions, remove_finished_ray_sessions
 
 
 class RayClusterUnreachable(ConnectionError):
@@ -65,8 +73,9 @@ class LocalRayCluster:
     """A context manager: a Ray cluster on this machine for a job's runs, or nothing.
 
     ``enabled`` False enters as None (each run starts its own Ray, as ``flwr run`` does);
-    else it enters as the cluster's address ``HOST:PORT``, to pass as a launch's
-    ``ray_address``. ``num_cpus``: the cores Ray may hand out (the machine's).
+    else it starts the cluster and enters as its address ``127.0.0.1:PORT`` at once, to
+    pass as a launch's ``ray_address`` (the launch waits until it is up). ``num_cpus``: the
+    cores Ray may hand out (the machine's); ``timeout``: how long it may take to start.
     """
 
     def __init__(self, enabled: bool, num_cpus: int, timeout: float = 120.0):
@@ -74,26 +83,44 @@ class LocalRayCluster:
         self.num_cpus = num_cpus
         self.timeout = timeout
         self.holder: subprocess.Popen | None = None
+        self.address = ""
+        self.up = False
+        self._lock = threading.Lock()
 
     def __enter__(self) -> str | None:
         if not self.enabled:
             return None
         self.sessions_before = ray_sessions()
-        env = {**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}  # as the launcher gives `flwr run`
+        port = free_port()
+        env = {**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",  # as the launcher gives `flwr run`
+               "RAY_GCS_SERVER_PORT": str(port)}
         self.holder = subprocess.Popen(
             [sys.executable, "-m", "experiments.runtime.ray_cluster", str(self.num_cpus)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
         )
-        ready, _, _ = select.select([self.holder.stdout], [], [], self.timeout)
-        address = self.holder.stdout.readline().strip() if ready else ""
-        if not address:
-            self.__exit__()
-            raise RayClusterUnreachable(f"the job's Ray cluster did not start within {self.timeout:g} s "
-                                        "(python -m experiments.runtime.ray_cluster)")
-        return address
+        # Ray joins a cluster given as 127.0.0.1 through the address its raylet registered.
+        self.address = f"127.0.0.1:{port}"
+        _starting[self.address] = self
+        return self.address
+
+    def wait_until_up(self) -> None:
+        """Return once the cluster is up; raise RayClusterUnreachable (the holder stopped)
+        if it did not start within ``timeout`` seconds of the first wait."""
+        with self._lock:
+            if self.up:
+                return
+            holder = self.holder
+            ready = holder is not None and select.select([holder.stdout], [], [], self.timeout)[0]
+            printed = holder.stdout.readline().strip() if ready and holder is not None else ""
+            if not printed.endswith(f":{self.address.rpartition(':')[2]}"):
+                self.__exit__()
+                raise RayClusterUnreachable(f"the job's Ray cluster did not start within {self.timeout:g} s "
+                                            f"(python -m experiments.runtime.ray_cluster){': ' + printed if printed else ''}")
+            self.up = True
 
     def __exit__(self, *exc_info) -> None:
+        _starting.pop(self.address, None)
         if self.holder is None:
             return
         holder, self.holder = self.holder, None
@@ -104,6 +131,15 @@ class LocalRayCluster:
             holder.kill()
             holder.wait()
         remove_finished_ray_sessions(self.sessions_before)
+
+
+# The job clusters this process has started and not yet stopped, by address.
+_starting: dict[str, LocalRayCluster] = {}
+
+
+def job_cluster(address: str | None) -> LocalRayCluster | None:
+    """The cluster at ``address`` if this process started it for its job (LocalRayCluster)."""
+    return _starting.get(address) if address is not None else None
 
 
 def hold_cluster(num_cpus: int) -> None:
