@@ -253,6 +253,22 @@ def test_a_job_cluster_is_named_before_it_is_up_and_a_run_launched_on_it_meanwhi
         check_ray_address(address, timeout=1.0)
 
 
+@pytest.mark.slow
+def test_a_run_on_a_job_cluster_that_cannot_start_is_stopped_with_a_clear_error_and_leaves_nothing(tmp_path):
+    """The job's cluster starts beside its first run: where it dies instead, the launch
+    that already started `flwr run` raises RayClusterUnreachable and stops every process of
+    the run."""
+    from experiments.runtime.processes import flwr_homes
+
+    homes_before = set(flwr_homes().values())
+    with LocalRayCluster(True, 1) as address:
+        job_cluster(address).holder.kill()  # Ray never comes up
+        with pytest.raises(RayClusterUnreachable, match="did not start"):
+            launch(resolve_config(SMALL), tmp_path / "out", progress=False, ray_address=address)
+    assert (tmp_path / "out" / "flwr.log").exists()  # Flower had started
+    assert set(flwr_homes().values()) <= homes_before  # and nothing of the run is left
+
+
 def test_the_flower_environment_inlines_models_in_ray_calls_and_keeps_the_users_choice(monkeypatch, tmp_path):
     """Ray's default sends arguments over 100 KiB through its object store: every round's
     model and every reply of the Fashion-MNIST CNN (1.1 MB) did."""

@@ -77,6 +77,7 @@ FAILED_RUN_LOG_GRACE_S = 3.0
 def follow_run(
     process: subprocess.Popen, out_dir: Path, num_rounds: int, progress: bool, label: str, leave: bool,
     server_alive: Callable[[], bool] | None = None, stop: threading.Event | None = None,
+    check: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """Wait for ``flwr run``, drawing a progress bar of rounds written to results.csv; until
     the first round is written the bar says which start-up stage the run is in. Returns
@@ -89,7 +90,8 @@ def follow_run(
     down Ray and the log stream would only delay the next run; the caller stops those
     processes. With ``server_alive``, also returns once the ServerApp has started and its
     process is gone twice in a row (checked every second) without a recorded end: killed
-    from outside, where ``flwr run`` itself would wait about a minute.
+    from outside, where ``flwr run`` itself would wait about a minute. ``check`` is called
+    at each poll: what it raises (e.g. a job's Ray cluster that cannot start) ends the wait.
     """
     from experiments.runtime.progress import progress_bar
 
@@ -102,6 +104,8 @@ def follow_run(
         while process.poll() is None:
             if stop is not None and stop.is_set():
                 raise KeyboardInterrupt
+            if check is not None:
+                check()
             bar.update(count_rounds(out_dir) - bar.n)
             if last_stage not in seen:
                 try:

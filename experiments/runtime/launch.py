@@ -235,10 +235,10 @@ def _launch_locked(
         try:
             with open(log_path, "w") as log:
                 process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=APP_DIR)
-                if (cluster := job_cluster(ray_address)) is not None:
-                    cluster.wait_until_up()  # while Flower's processes load
+                cluster = job_cluster(ray_address)  # the job's own, maybe still starting beside this run
                 stages_seen = follow_run(process, out_dir, config["num-rounds"], progress, label, leave,
-                                      server_alive=lambda: simulation_running(http_port), stop=stop)
+                                         server_alive=lambda: simulation_running(http_port), stop=stop,
+                                         check=cluster.raise_if_failed if cluster is not None else None)
         except KeyboardInterrupt:
             interrupted = True
             raise

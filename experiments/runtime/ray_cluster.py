@@ -24,9 +24,10 @@ stdin or dies; Ray's processes end with it.
 The job's cluster starts beside its first run (~5 s of Ray's processes, which the first
 run's SuperLink and simulation process would otherwise wait for): its GCS port is chosen
 before it starts (Ray's ``RAY_GCS_SERVER_PORT``), so its address is known at once, and a
-launch on it (:func:`job_cluster`) starts ``flwr run`` first and then waits until the
-cluster is up (:meth:`LocalRayCluster.wait_until_up`), where it would check an existing
-cluster's address before Flower starts.
+launch on it (:func:`job_cluster`) starts ``flwr run`` without waiting, where it would check
+an existing cluster's address before Flower starts; while it follows the run it stops it
+with RayClusterUnreachable if the cluster cannot start
+(:meth:`LocalRayCluster.raise_if_failed`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 from experiments.runtime.processes import free_port, ray_sessions, remove_finished_ray_sessions
 
@@ -99,25 +101,35 @@ class LocalRayCluster:
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
         )
+        self.started_at = time.monotonic()
         # Ray joins a cluster given as 127.0.0.1 through the address its raylet registered.
         self.address = f"127.0.0.1:{port}"
         _starting[self.address] = self
         return self.address
 
-    def wait_until_up(self) -> None:
-        """Return once the cluster is up; raise RayClusterUnreachable (the holder stopped)
-        if it did not start within ``timeout`` seconds of the first wait."""
+    def raise_if_failed(self) -> None:
+        """Return if the cluster is up or still starting; raise RayClusterUnreachable (the
+        holder stopped) if it cannot start: its holder ended, or ``timeout`` seconds passed."""
         with self._lock:
             if self.up:
                 return
-            holder = self.holder
-            ready = holder is not None and select.select([holder.stdout], [], [], self.timeout)[0]
-            printed = holder.stdout.readline().strip() if ready and holder is not None else ""
-            if not printed.endswith(f":{self.address.rpartition(':')[2]}"):
-                self.__exit__()
-                raise RayClusterUnreachable(f"the job's Ray cluster did not start within {self.timeout:g} s "
-                                            f"(python -m experiments.runtime.ray_cluster){': ' + printed if printed else ''}")
-            self.up = True
+            holder, printed = self.holder, ""
+            if holder is not None and select.select([holder.stdout], [], [], 0)[0]:
+                printed = holder.stdout.readline().strip()  # "" once the holder has ended
+                if printed.endswith(f":{self.address.rpartition(':')[2]}"):
+                    self.up = True
+                    return
+            elif holder is not None and time.monotonic() - self.started_at < self.timeout:
+                return
+            self.__exit__()
+            raise RayClusterUnreachable(f"the job's Ray cluster did not start within {self.timeout:g} s "
+                                        f"(python -m experiments.runtime.ray_cluster){': ' + printed if printed else ''}")
+
+    def wait_until_up(self) -> None:
+        """Return once the cluster is up; raise as :meth:`raise_if_failed` where it cannot start."""
+        while not self.up:
+            self.raise_if_failed()
+            time.sleep(0.05)
 
     def __exit__(self, *exc_info) -> None:
         _starting.pop(self.address, None)
