@@ -125,8 +125,8 @@ def launch(
     recorded an end, ``summary.json`` says ``interrupted`` or ``killed``, never
     ``running``. With ``ray_address`` (``HOST:PORT``) the clients run on that existing Ray
     cluster (``experiments.runtime.ray_cluster``); RayClusterUnreachable is raised before Flower
-    starts if nothing answers there (the job's own cluster, still starting, is waited for
-    once ``flwr run`` has started, and raises it if it does not start). A folder holding
+    starts if nothing answers there (the job's own cluster may still be starting: the run
+    starts beside it, and is stopped with that error if it cannot start). A folder holding
     another config's results is refused (:func:`check_folder_reuse`) unless ``overwrite``.
     Setting ``stop`` (from another thread) interrupts the run as Ctrl-C does:
     KeyboardInterrupt is raised in the launching thread.

@@ -104,7 +104,7 @@ class LocalRayCluster:
         self.started_at = time.monotonic()
         # Ray joins a cluster given as 127.0.0.1 through the address its raylet registered.
         self.address = f"127.0.0.1:{port}"
-        _starting[self.address] = self
+        _job_clusters[self.address] = self
         return self.address
 
     def raise_if_failed(self) -> None:
@@ -132,7 +132,7 @@ class LocalRayCluster:
             time.sleep(0.05)
 
     def __exit__(self, *exc_info) -> None:
-        _starting.pop(self.address, None)
+        _job_clusters.pop(self.address, None)
         if self.holder is None:
             return
         holder, self.holder = self.holder, None
@@ -146,12 +146,12 @@ class LocalRayCluster:
 
 
 # The job clusters this process has started and not yet stopped, by address.
-_starting: dict[str, LocalRayCluster] = {}
+_job_clusters: dict[str, LocalRayCluster] = {}
 
 
 def job_cluster(address: str | None) -> LocalRayCluster | None:
     """The cluster at ``address`` if this process started it for its job (LocalRayCluster)."""
-    return _starting.get(address) if address is not None else None
+    return _job_clusters.get(address) if address is not None else None
 
 
 def hold_cluster(num_cpus: int) -> None:
