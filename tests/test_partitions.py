@@ -260,10 +260,6 @@ def test_the_launchers_checks_load_no_flwr_datasets_and_the_partition_check_no_t
     """What the launcher runs before Flower starts (the main job's configs, their data,
     partition and machine checks) imports no flwr-datasets (3-4 s: Hugging Face datasets,
     seaborn, SciPy), and the partition check's labels come without torch."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     code = (
         "import sys\n"
         "from partitions.feasibility import partition_labels\n"
@@ -277,20 +273,13 @@ def test_the_launchers_checks_load_no_flwr_datasets_and_the_partition_check_no_t
         "check_machine(runs, client_resources(runs, 1.0, None, ray_address=None), None)\n"
         "print(sorted(m for m in ('flwr_datasets', 'datasets') if m in sys.modules))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                            cwd=Path(__file__).resolve().parents[1])
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().splitlines()[-2:] == ["[]", "[]"]
+    assert _printed_lines_of_a_fresh_python(code)[-2:] == ["[]", "[]"]
 
 
 def test_the_launcher_and_the_serverapp_load_no_pandas_before_their_first_round():
     """pandas (0.4-0.9 s on 2 cores) is for the tables: the launcher's modules up to
     Flower's start and the ServerApp's work module do not import it (the class-count table
     imports it beside the rounds, the summary table after them)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     code = (
         "import sys\n"
         "import experiments.api, experiments.run\n"
@@ -298,7 +287,16 @@ def test_the_launcher_and_the_serverapp_load_no_pandas_before_their_first_round(
         "import strategies.checkpoint, strategies.server_work\n"
         "print('pandas' in sys.modules)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    assert _printed_lines_of_a_fresh_python(code)[-1] == "False"
+
+
+def _printed_lines_of_a_fresh_python(code: str) -> list[str]:
+    """The lines ``code`` prints, run by a new Python in the repository (what it imports is its own)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                             cwd=Path(__file__).resolve().parents[1])
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().splitlines()[-1] == "False"
+    return result.stdout.strip().splitlines()
