@@ -1,14 +1,17 @@
 """`flwr run` as Basin's launcher starts it: its local SuperLink started first, then
-Flower's command line, which finds it answering and starts none."""
+Flower's command line, which finds it answering and starts none; and the run's
+`flwr-simulation`, Basin's entry point to Flower's."""
 
 from __future__ import annotations
 
 import http.server
 import os
+import shutil
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +105,29 @@ def test_a_superlink_that_does_not_answer_is_stopped_before_flowers_command_line
     finally:
         silent.kill()
         silent.wait()
+
+
+def test_the_runs_flwr_simulation_is_found_first_and_runs_basins_entry_point_from_the_staged_app(tmp_path):
+    """The SuperExec starts `flwr-simulation` by name: the run's PATH finds the launcher's,
+    which runs clients.simulation_engine.run_flower_simulation from the staged app (the
+    FAB's sources), passes Flower's arguments through, and exits with its status."""
+    from experiments.runtime.launch import write_simulation_command
+
+    app = tmp_path / "app"
+    (app / "clients").mkdir(parents=True)
+    (app / "clients" / "__init__.py").write_text("")
+    (app / "clients" / "simulation_engine.py").write_text(
+        "import sys\n"
+        "def run_flower_simulation():\n"
+        "    print(__file__, sys.argv[0].endswith('/flwr-simulation'), sys.argv[1:])\n"
+        "    return 3\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    bin_dir = write_simulation_command(home, app)
+    path = f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    assert shutil.which("flwr-simulation", path=path) == str(bin_dir / "flwr-simulation")
+    result = subprocess.run(["flwr-simulation", "--runtime-api-address", "127.0.0.1:1"], env={**os.environ, "PATH": path},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3, result.stderr
+    assert result.stdout.split(" ", 2) == [str(app / "clients" / "simulation_engine.py"), "True",
+                                           "['--runtime-api-address', '127.0.0.1:1']\n"]

@@ -140,6 +140,7 @@ def test_installed_only_in_the_engine_process_and_only_when_switched_on(monkeypa
 
     monkeypatch.setattr(vce_api, "add_messages_to_queue", vce_api.add_messages_to_queue)  # restored after the test
     monkeypatch.setattr(vce_api, "_register_node_info_stores", vce_api._register_node_info_stores)
+    monkeypatch.setattr(vce_api, "_register_nodes", vce_api._register_nodes)
     from flwr.server.superlink.fleet.vce.backend import raybackend
 
     monkeypatch.setattr(raybackend, "ClientAppActor", raybackend.ClientAppActor)
@@ -153,6 +154,7 @@ def test_installed_only_in_the_engine_process_and_only_when_switched_on(monkeypa
     assert install_engine_wakeup() and install_engine_wakeup()  # idempotent
     assert vce_api.add_messages_to_queue is add_messages_to_queue_on_store
     assert vce_api._register_node_info_stores is engine.register_node_info_stores_once
+    assert vce_api._register_nodes is engine.register_nodes_at_once
     assert raybackend.RayBackend.init_ray is engine.init_ray_sharing_workers
     from clients.client_actor import RemoteClientAppActor
 
@@ -251,6 +253,76 @@ def test_node_contexts_are_flowers_from_one_read_of_the_run_config(tmp_path, mon
         ours, theirs = stores[node_id].retrieve_context(7), flowers[node_id].retrieve_context(7)
         assert (dict(ours.node_config), dict(ours.run_config)) == (dict(theirs.node_config), dict(theirs.run_config))
     stores[101].update_context(7, stores[101].retrieve_context(7))  # the engine's check after a client's round
+
+
+def _link_state_factory():
+    from flwr.server.superlink.linkstate import LinkStateFactory
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.superlink.federation import NoOpFederationManager
+
+    return LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory())
+
+
+def _record(node) -> dict:
+    """A node record's fields, without those drawn at random or read from the clock."""
+    fields = {field.name: value for field, value in node.ListFields()}
+    return {name: value for name, value in fields.items()
+            if name not in ("node_id", "public_key", "registered_at", "last_activated_at")}
+
+
+def test_nodes_registered_at_once_are_the_records_flowers_registration_leaves():
+    flowers_registration = flower_internals.original(f"{flower_internals.ENGINE_MODULE}:_register_nodes")
+    assert not getattr(flowers_registration, "installed_by_basin", False)
+    theirs_factory, ours_factory = _link_state_factory(), _link_state_factory()
+    theirs = flowers_registration(20, theirs_factory)
+    ours = engine.register_nodes_at_once(20, ours_factory)
+    for mapping, state in ((theirs, theirs_factory.state()), (ours, ours_factory.state())):
+        assert list(mapping.values()) == list(range(20)) and list(mapping) == list(state.nodes)
+        assert set(state.owner_to_node_ids) == {state.nodes[next(iter(mapping))].owner_aid}
+        assert next(iter(state.owner_to_node_ids.values())) == set(mapping)
+        assert {state.node_public_key_to_node_id[node.public_key] for node in state.nodes.values()} == set(mapping)
+        assert {len(node.public_key) for node in state.nodes.values()} == {32}
+        assert len(state.get_node_info(statuses=["online"])) == 20  # Flower's query, after its offline check
+    reference = _record(next(iter(theirs_factory.state().nodes.values())))
+    assert reference["status"] == "online" and reference["online_until"] > 1e299
+    assert all(_record(node) == reference for node in ours_factory.state().nodes.values())
+    registered = {node.registered_at for node in ours_factory.state().nodes.values()}
+    assert len(registered) == 1 and registered == {node.last_activated_at for node in ours_factory.state().nodes.values()}
+
+
+def test_nodes_registered_at_once_draw_again_where_an_id_or_a_key_is_taken(monkeypatch):
+    """As create_node: never the SuperLink's id or 0, never an id or public key twice."""
+    from flwr.common.constant import SUPERLINK_NODE_ID
+
+    def node_id_bytes(value: int) -> bytes:
+        return value.to_bytes(8, "little")
+
+    key_a, key_b, key_c = b"a" * 32, b"b" * 32, b"c" * 32
+    draws = [node_id_bytes(5) + node_id_bytes(5) + node_id_bytes(SUPERLINK_NODE_ID), key_a + key_b + key_a,
+             node_id_bytes(7), node_id_bytes(0), node_id_bytes(9), key_c]
+    monkeypatch.setattr("os.urandom", lambda size: draws.pop(0))
+    factory = _link_state_factory()
+    assert engine.register_nodes_at_once(3, factory) == {5: 0, 7: 1, 9: 2}
+    assert not draws
+    assert factory.state().node_public_key_to_node_id == {key_a: 5, key_b: 7, key_c: 9}
+
+
+def test_basins_flwr_simulation_installs_every_replacement_before_flowers_command_runs():
+    """Flower registers the nodes as soon as its simulation process starts the engine: the
+    replacement must be in place before Flower's command runs (a fresh process)."""
+    code = ("import sys\n"
+            "import flwr.simulation.app\n"
+            "def flowers_command():\n"
+            "    from flwr.server.superlink.fleet.vce import vce_api\n"
+            "    print(all(getattr(getattr(vce_api, name), 'installed_by_basin', False) for name in\n"
+            "              ('_register_nodes', '_register_node_info_stores')))\n"
+            "    return 5\n"
+            "flwr.simulation.app.flwr_simulation = flowers_command\n"
+            "from clients.simulation_engine import run_flower_simulation\n"
+            "sys.exit(run_flower_simulation())\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stdout.strip()) == (5, "True"), result.stderr[-2000:]
 
 
 def test_the_serverapp_reads_the_engines_partitions_while_it_runs_and_nothing_otherwise(monkeypatch):

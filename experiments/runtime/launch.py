@@ -80,6 +80,28 @@ def stage_in_temporary_directory(flwr_home: Path) -> Path:
                        "free space there, or set TMPDIR to a folder with space,") from None
 
 
+def write_simulation_command(flwr_home: Path, app: Path) -> Path | None:
+    """Write the run's ``flwr-simulation`` into ``flwr_home/bin`` and return that folder (it
+    goes first on the run's ``PATH``; the SuperExec starts the command by name): Flower's
+    command, with Basin's simulation-engine replacements installed before Flower's engine
+    starts (``clients.simulation_engine.run_flower_simulation``), loaded from the staged
+    app, the sources of the run's FAB. None where a script cannot name this Python on its
+    first line (a space in its path): Flower's own command runs, the replacements installed
+    as the ServerApp loads."""
+    if any(character.isspace() for character in sys.executable):
+        return None
+    bin_dir = flwr_home / "bin"
+    bin_dir.mkdir()
+    command = bin_dir / "flwr-simulation"
+    command.write_text(f"#!{sys.executable}\n"
+                       "import sys\n"
+                       f"sys.path.insert(0, {str(app)!r})\n"
+                       "from clients.simulation_engine import run_flower_simulation\n"
+                       "sys.exit(run_flower_simulation())\n")
+    command.chmod(0o755)
+    return bin_dir
+
+
 def check_folder_reuse(out_dir: Path, config: Mapping[str, Any], overwrite: bool = False) -> None:
     """Refuse an output directory that holds results of a run with another config
     (FolderHoldsAnotherRun names the keys that differ); with ``overwrite`` its contents are
@@ -226,6 +248,8 @@ def _launch_locked(
         record_holder(out_dir, flwr_home)
         guardian = Guardian(Path(flwr_home), out_dir)
         env = flower_environment(bin_dir, flwr_home, http_port, control_port, ray_address)
+        if (simulation_bin := write_simulation_command(Path(flwr_home), app)) is not None:
+            env["PATH"] = f"{simulation_bin}{os.pathsep}{env['PATH']}"
         command = [
             *FLWR_COMMAND, "run", str(app), "--stream",
             "--run-config", str(run_config_path),
