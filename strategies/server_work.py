@@ -19,7 +19,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,11 +117,11 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
     recorder.describe(arithmetic=arithmetic_record(device, config, config["cuda-deterministic"]))
     print(f"[basin] loading {config['dataset']} and building its partition", flush=True)
     data = load_dataset(config["dataset"], config["data-dir"], config["normalize"])
-    statistics = write_partition_statistics(config, data, recorder.directory)
+    statistics = partition_statistics(config, data, recorder.directory)
     try:
-        train_rounds(grid, config, recorder, checkpoint, data, device)
+        train_rounds(grid, config, recorder, checkpoint, data, device, on_training_start=statistics.start)
     except BaseException:  # partition.csv and .png are complete when the ServerApp ends, however it ends
-        statistics.join()
+        statistics.finish(raise_error=False)
         raise
     statistics.finish()
 
@@ -135,9 +135,9 @@ def round_timeout(config: dict[str, Any], first_contact: bool) -> float:
 
 
 def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: dict[str, Any] | None, data,
-                 device: torch.device) -> None:
+                 device: torch.device, on_training_start: Callable[[], None] = lambda: None) -> None:
     """Client discovery, then every round from the initial model (or the checkpoint) to the
-    final model."""
+    final model; ``on_training_start`` is called once the clients are known, as training starts."""
     cka_inputs = data.x_test[:CKA_SAMPLES].to(device)  # the first test samples, in the data set's order
     x_test, y_test, domains = test_split_by_domain(data)
     x_test, y_test = x_test.to(device), y_test.to(device)
@@ -158,6 +158,7 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
     clients_unasked = simulated_partitions(timeout=0) is not None
     print("[basin] training round 1", flush=True)
     recorder.training_starts()
+    on_training_start()
     first_round = 1
     # A fresh token per fresh run: a resume never reads client snapshots of another run.
     client_state_run = checkpoint["client-state-run"] if checkpoint else secrets.token_hex(8)
@@ -276,24 +277,24 @@ def client_state_snapshots(config: dict[str, Any], directory: Path, run_token: s
     }
 
 
-def write_partition_statistics(config: dict[str, Any], data, directory: Path) -> PartitionStatistics:
-    """Refuse a partition with an empty client now; write partition.csv (class counts per
-    client) and partition.png (the heterogeneity to look at) in the returned, started thread:
-    at 10⁶ clients counting 3·10⁸ labels, the table and the figure take ~20 s, which now
-    overlap the wait for the simulation engine and the rounds instead of delaying round 1."""
+def partition_statistics(config: dict[str, Any], data, directory: Path) -> PartitionStatistics:
+    """Refuse a partition with an empty client now; return the thread that writes
+    partition.csv (class counts per client) and partition.png (the heterogeneity to look
+    at), to start once training starts: at 10⁶ clients, counting 3·10⁸ labels and drawing
+    take ~20 s of this process's interpreter, which then overlap the rounds (the client
+    processes' work) instead of slowing the simulation engine's start (its registration of
+    the nodes, Ray) in the same interpreter before round 1."""
     indices = partition_indices(config["dataset"], config["data-dir"], config["normalize"], partition_settings(config))
     # Hub sets are partitioned here first (the launcher cannot read their labels): an
     # empty client fails the run now, before round 1, instead of in every round.
     check_no_empty_clients(indices)
     title = (f"{config['dataset']}: {partition_notation(config)} over {config['num-clients']} clients, "
              "samples per class and client")
-    statistics = PartitionStatistics(data, indices, directory, title)
-    statistics.start()
-    return statistics
+    return PartitionStatistics(data, indices, directory, title)
 
 
 class PartitionStatistics(threading.Thread):
-    """partition.csv, then partition.png, written in a thread (see write_partition_statistics)."""
+    """partition.csv, then partition.png, written in a thread (see partition_statistics)."""
 
     def __init__(self, data, indices, directory: Path, title: str):
         super().__init__(name="partition statistics")
@@ -313,10 +314,13 @@ class PartitionStatistics(threading.Thread):
         except Exception as error:  # a figure that fails must not fail the run, nor pass unsaid
             print(f"[basin] partition.png was not drawn: {type(error).__name__}: {error}", flush=True)
 
-    def finish(self) -> None:
-        """Wait for the files; raise what writing partition.csv raised (a full disk, …)."""
+    def finish(self, raise_error: bool = True) -> None:
+        """Wait for the files (written now if the thread was never started: a run that ended
+        before training started); raise what writing partition.csv raised (a full disk, …)."""
+        if self.ident is None:
+            self.start()
         self.join()
-        if self.error is not None:
+        if self.error is not None and raise_error:
             raise self.error
 
 
