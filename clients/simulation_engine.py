@@ -40,10 +40,11 @@ stores from one read, all nodes sharing one run config (a client process receive
 own copy with every message, and the engine checks a returned context against it, as
 before), and builds a node's store when the engine first looks it up (the engine only
 indexes the map by a message's node): a run builds the stores of the nodes it samples,
-not K of them. It is installed when ``strategies`` is imported in the simulation process: the
-ServerApp's thread does that first, while Flower registers the nodes; when the thread
-comes too late (a small federation, registered in milliseconds) Flower's own runs,
-which costs little there; the run's log says which ran.
+not K of them. In a run Basin's launcher started it is installed before the engine starts
+(:func:`run_flower_simulation`, below); otherwise when ``strategies`` is imported in the
+simulation process, by the ServerApp's thread while Flower registers the nodes, and when
+that thread comes too late (a small federation, registered in milliseconds) Flower's own
+runs, which costs little there; the run's log says which ran.
 
 Flower's ``_register_nodes`` adds the K simulated nodes to the link state one call
 after another, each reading the clock twice, drawing random bytes twice and building its
