@@ -275,9 +275,8 @@ def run_flower_simulation() -> int:
     """Flower's ``flwr-simulation`` command, with this module's replacements installed before
     Flower's simulation process starts its engine (the run's ``flwr-simulation``, see
     experiments/runtime/launch.py)."""
-    if os.environ.get(SWITCH, "on") != "off":
-        flower_internals.load_engine()
-        install_engine_wakeup()
+    flower_internals.load_engine()  # Flower's command imports it too; loaded here, the replacements go in first
+    install_engine_wakeup()  # nothing with BASIN_ENGINE_WAKEUP=off
     from flwr.simulation.app import flwr_simulation
 
     return flwr_simulation()

@@ -20,8 +20,8 @@ their start overlaps.
 Where the installed Flower is not the one ``local_superlink`` was read from, or the SuperLink
 does not answer within the 15 s ``flwr run`` gives its own, it is stopped and ``flwr run``
 starts its own as it always does, unless another SuperLink answers on the run's port (this
-one could not take it): then the command fails instead of joining that SuperLink; where FLWR_HOME is not set or the command is not ``run``,
-this is plain ``flwr``.
+one could not take it): then the command fails instead of joining that SuperLink. Where
+FLWR_HOME is not set or the command is not ``run``, this is plain ``flwr``.
 """
 
 from __future__ import annotations
