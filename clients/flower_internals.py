@@ -32,10 +32,16 @@ used in another module):
   (``local_superlink._start_local_superlink``, its files from
   ``_get_local_superlink_paths``), and that ``ensure_local_superlink`` starts none where
   one already answers on that port.
+- **Ray's head without the dashboard's API server** (:func:`init_ray`, a speed-up, for the
+  Ray release flwr 1.41.0 pins): with ``include_dashboard=False``, Ray 2.55.1's
+  ``Node.start_head_processes`` still starts the dashboard's API server (a process that
+  loads the dashboard's web stack to serve Ray's usage statistics) and
+  ``Node.start_api_server`` waits, polling every 0.1 s, until it has registered, before
+  the raylet starts. Nothing Flower or Basin runs reads it.
 
-:func:`matches` compares the installed release and each function's source with the
+:func:`mismatch` compares the installed release and each function's source with the
 hashes below. Where the use is only a speed-up, a mismatch says so once and Basin runs
-Flower's own code instead (:func:`speed_up_available`); nothing refuses to run.
+Flower's (or Ray's) own code instead (:func:`speed_up_available`); nothing refuses to run.
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ LINK_STATE_MODULE = "flwr.server.superlink.linkstate.in_memory_linkstate"
 RAY_BACKEND_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
 RAY_ACTOR_MODULE = "flwr.simulation.ray_transport.ray_actor"
 LOCAL_SUPERLINK_MODULE = "flwr.cli.local_superlink"
+RAY_VERSION = "2.55.1"  # the release flwr 1.41.0 pins
+RAY_NODE_MODULE = "ray._private.node"
 
 # SHA-256 of ``inspect.getsource`` of each private function Basin replaces or relies on,
 # in flwr 1.41.0, by "module:qualified name".
@@ -87,12 +95,15 @@ SOURCE_SHA256 = {
     f"{LOCAL_SUPERLINK_MODULE}:_start_local_superlink": "062563a373880275744ea4d479b61c6de0380deeb7bff348812973135f52c349",
     f"{LOCAL_SUPERLINK_MODULE}:_get_local_superlink_paths":
         "14531e883e46e80bc7e1c41aed42dd426b15ac9744432bcb07a6b899d701bda2",
+    f"{RAY_NODE_MODULE}:Node.start_head_processes": "c8877a0a14ceb041604d45b880740d5b77f19944b4effa206950d00c1e6236f9",
+    f"{RAY_NODE_MODULE}:Node.start_api_server": "5b26a5c3f88fd286d0b3b04e1f937d5d33bdb7c2cf617b7d5b9be866aac62c0f",
 }
 # The functions each speed-up relies on.
 SPEED_UPS = {
-    "engine": [name for name in SOURCE_SHA256 if not name.startswith(("flwr.serverapp", LOCAL_SUPERLINK_MODULE))],
+    "engine": [name for name in SOURCE_SHA256 if not name.startswith(("flwr.serverapp", LOCAL_SUPERLINK_MODULE, "ray."))],
     "in-place mean": [name for name in SOURCE_SHA256 if name.startswith("flwr.serverapp")],
     "local SuperLink": [name for name in SOURCE_SHA256 if name.startswith(LOCAL_SUPERLINK_MODULE)],
+    "Ray head": [name for name in SOURCE_SHA256 if name.startswith("ray.")],
 }
 # Attributes in which Flower's strategies keep server state across rounds (FedOpt's
 # current model and moments, FedAvgM's momentum).
@@ -105,7 +116,7 @@ PRIVATE_NAMES = (
     "_register_node_info_stores", "DeprecatedRunInfoStore", "RunInfo",
     "run_info_store", "in_memory_linkstate", "_check_and_log_replies", "SType", "TaskIdentity", "flwr.common",
     "flwr.supercore", "flwr.compat", "flwr.server.", "VirtualClientEngineActor", "flwr.simulation.ray_transport",
-    "flwr.cli.local_superlink",
+    "flwr.cli.local_superlink", "ray._private", "start_api_server",
 )
 
 
@@ -139,8 +150,12 @@ def local_superlink_port(environ: Mapping[str, str]) -> str:
 
 
 def installed_flower() -> str:
+    return installed_release("flwr")
+
+
+def installed_release(package: str) -> str:
     try:
-        return version("flwr")
+        return version(package)
     except PackageNotFoundError:
         return "not installed"
 
@@ -167,26 +182,36 @@ def original(name: str) -> Any:
     return replaced[name] if name in replaced else resolve(name)
 
 
+def pinned_release(name: str) -> tuple[str, str, str]:
+    """(package, the release it was written for, the installed one) of the object ``name``."""
+    if name.startswith("ray."):
+        return "ray", RAY_VERSION, installed_release("ray")
+    return "flwr", FLOWER_VERSION, installed_flower()
+
+
 def mismatch(name: str) -> str:
-    """'' when Flower's object under ``name`` is flwr 1.41.0's exact source, else what differs."""
-    flower = installed_flower()
-    if flower != FLOWER_VERSION:
-        return f"this is flwr {flower}, not {FLOWER_VERSION}"
+    """'' when the object under ``name`` is the pinned release's exact source (flwr 1.41.0,
+    or Ray 2.55.1 for ``ray.`` names), else what differs."""
+    package, pinned, installed = pinned_release(name)
+    if installed != pinned:
+        return f"this is {package} {installed}, not {pinned}"
     try:
         found = source_hash(original(name))
     except (ImportError, AttributeError, OSError, TypeError) as error:
         return f"{name} is not there ({type(error).__name__}: {error})"
-    return "" if found == SOURCE_SHA256[name] else f"{name} differs from flwr {FLOWER_VERSION}'s"
+    return "" if found == SOURCE_SHA256[name] else f"{name} differs from {package} {pinned}'s"
 
 
 @functools.cache
 def speed_up_available(speed_up: str) -> bool:
-    """Whether every Flower function ``speed_up`` relies on is 1.41.0's; if not, say so
-    once (Basin then runs Flower's own code for it)."""
+    """Whether every function ``speed_up`` relies on is the pinned release's; if not, say
+    so once (Basin then runs Flower's, or Ray's, own code for it)."""
     problems = [problem for name in SPEED_UPS[speed_up] if (problem := mismatch(name))]
     if problems:
-        print(f"[basin] {speed_up} speed-up off, Flower's own code runs instead: {problems[0]} "
-              f"(clients/flower_internals.py was written for flwr=={FLOWER_VERSION}, which pyproject.toml pins)",
+        package, pinned, _ = pinned_release(SPEED_UPS[speed_up][0])
+        owner = "Ray" if package == "ray" else "Flower"
+        print(f"[basin] {speed_up} speed-up off, {owner}'s own code runs instead: {problems[0]} "
+              f"(clients/flower_internals.py was written for {package}=={pinned}, which pyproject.toml pins)",
               flush=True)
     return not problems
 
@@ -266,6 +291,34 @@ def replace_client_actor(actor_class: Any) -> bool:
         replaced.setdefault(f"{RAY_BACKEND_MODULE}:ClientAppActor", backend.ClientAppActor)
         backend.ClientAppActor = actor_class
     return True
+
+
+def init_ray(**init_args: Any) -> None:
+    """``ray.init(**init_args)``. Where that starts a Ray head here with
+    ``include_dashboard=False`` (no address, no ``RAY_ADDRESS``) on Ray 2.55.1, the head
+    starts without the dashboard's API server: ``Node.start_api_server`` leaves the empty
+    dashboard URL that ``include_dashboard=False`` gives, and starts and waits for nothing
+    (~1–2 s of each Ray start on 2 cores; the module docstring says why nothing misses it)."""
+    import os
+
+    import ray
+
+    starts_head = "address" not in init_args and not os.environ.get("RAY_ADDRESS")
+    if not starts_head or init_args.get("include_dashboard") is not False or not speed_up_available("Ray head"):
+        ray.init(**init_args)
+        return
+    name = f"{RAY_NODE_MODULE}:Node.start_api_server"
+    node_class = importlib.import_module(RAY_NODE_MODULE).Node
+    replaced[name] = node_class.start_api_server
+    node_class.start_api_server = _no_api_server
+    try:
+        ray.init(**init_args)
+    finally:
+        node_class.start_api_server = replaced.pop(name)
+
+
+def _no_api_server(node: Any, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
+    node._webui_url = ""
 
 
 def undelivered_destinations(state: Any) -> set[int]:

@@ -65,7 +65,9 @@ sat idle (``ray::IDLE``) while two more processes started for the client actors,
 2 cores their imports slowed everything before round 1. :func:`init_ray_sharing_workers`
 is the same ``ray.init`` without the ``runtime_env`` where the engine starts its own Ray,
 so the client actors take the prestarted workers; joining a running cluster
-(``RAY_ADDRESS``, whose processes do not have this environment) keeps Flower's.
+(``RAY_ADDRESS``, whose processes do not have this environment) keeps Flower's. The Ray
+it starts has no dashboard API server (``flower_internals.init_ray``): Ray's start waited
+for that process to load and register before it started the raylet.
 
 The replacements are written for one Flower release and the exact sources of the
 functions they replace, checked in clients/flower_internals.py (the one module that
@@ -251,7 +253,7 @@ def init_ray_sharing_workers(backend, backend_config: dict) -> None:
     if os.environ.get("RAY_ADDRESS") or "address" in init_args:
         ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
     else:
-        ray.init(**init_args)
+        flower_internals.init_ray(**init_args)
 
 
 init_ray_sharing_workers.installed_by_basin = True

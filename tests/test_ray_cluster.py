@@ -139,6 +139,20 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def _ray_processes_of(address: str) -> list[str]:
+    """The command lines of the processes of the Ray cluster whose GCS listens at ``address``'s port."""
+    port = address.rpartition(":")[2]
+    commands = []
+    for proc in Path("/proc").iterdir():
+        try:
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(part.startswith("--gcs-address=") and part.endswith(f":{port}") for part in command.split()):
+            commands.append(command)
+    return commands
+
+
 def _cluster_state(address: str) -> tuple[set[str], list[dict]]:
     """The cluster's alive node ids and every actor it has seen (dead ones included).
 
@@ -248,6 +262,10 @@ def test_a_job_cluster_is_named_before_it_is_up_and_a_run_launched_on_it_meanwhi
         summary = launch(resolve_config(SMALL), tmp_path / "out", progress=False, ray_address=address)
         assert cluster.up and summary["status"] == "completed"
         check_ray_address(address)
+        # Its head runs without the dashboard's API server (clients/flower_internals.init_ray).
+        ray_processes = _ray_processes_of(address)
+        assert any("raylet/raylet" in command for command in ray_processes)
+        assert not any("dashboard/dashboard.py" in command for command in ray_processes)
     assert job_cluster(address) is None
     with pytest.raises(RayClusterUnreachable):  # stopped with the job
         check_ray_address(address, timeout=1.0)

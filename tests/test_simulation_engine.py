@@ -185,10 +185,11 @@ def test_the_engines_own_ray_starts_without_a_job_runtime_env_so_actors_take_pre
     workers (no runtime env) never match an actor; Basin's passes it through the
     environment when Ray starts here, and keeps Flower's call when it joins a cluster."""
     import ray
+    from ray._private import node
 
-    calls = []
+    calls, api_servers = [], []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(ray, "init", lambda **kwargs: (calls.append(kwargs), api_servers.append(node.Node.start_api_server)))
     monkeypatch.setenv("PYTHONPATH", "/earlier")
     if ray_address:
         monkeypatch.setenv("RAY_ADDRESS", ray_address)
@@ -203,6 +204,8 @@ def test_the_engines_own_ray_starts_without_a_job_runtime_env_so_actors_take_pre
                           "include_dashboard": False}]
     else:
         assert calls == [{"num_cpus": 2, "include_dashboard": False}]
+    # The head it starts has no dashboard API server (flower_internals.init_ray); a joined cluster is Ray's own.
+    assert (api_servers[0] is node.Node.start_api_server) == bool(ray_address)
 
 
 def test_the_server_app_module_loads_without_torch():

@@ -160,7 +160,9 @@ def hold_cluster(num_cpus: int) -> None:
 
     import ray
 
-    ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    from clients.flower_internals import init_ray
+
+    init_ray(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     print(ray.get_runtime_context().gcs_address, flush=True)
     sys.stdin.read()
     ray.shutdown()
