@@ -30,12 +30,19 @@ A declaration says:
   with a two-layer projection head (MOON);
 - ``cost_table``: its rows in ``python -m experiments.costs``'s default table, each a name
   and the run-config keys it sets besides ``strategy`` (GradAug's n = 1 and n = 2).
+
+The client half is named where it is defined, :class:`ImplementedIn` (``module:name``),
+and imported when first called: a declaration loads no torch, so the launcher, which
+validates a run against every declaration before Flower starts, starts ~1.5–2.5 s sooner
+on 2 CPU cores (a test keeps it torch-free).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from clients.options import Option
@@ -57,6 +64,32 @@ if TYPE_CHECKING:
                                 LocalObjective]
 
 MODEL_NEEDS = ("any", "image", "slimmable-residual")
+
+
+@dataclass(frozen=True)
+class ImplementedIn:
+    """A builder of a method's client half named by where it is defined: ``target`` is
+    ``"module:name"``; with ``arguments``, the named function makes the builder
+    (``control_variate(server key)``). The module is imported at the first call. Equal
+    when they name the same builder, so a builder two methods share is built once per
+    message (:func:`strategies.methods.client_components`)."""
+
+    target: str
+    arguments: tuple[Any, ...] = ()
+
+    @property
+    def module(self) -> str:
+        return self.target.partition(":")[0]
+
+    def __call__(self, *args: Any) -> Any:
+        return _implementation(self.target, self.arguments)(*args)
+
+
+@cache
+def _implementation(target: str, arguments: tuple[Any, ...]) -> Callable[..., Any]:
+    module, _, name = target.partition(":")
+    implementation = getattr(importlib.import_module(module), name)
+    return implementation(*arguments) if arguments else implementation
 
 
 @dataclass(frozen=True)

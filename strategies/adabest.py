@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.adabest import adabest_component
-from clients.declarations import MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec
 from clients.options import Option, one_of
 from clients.protocol import ADABEST_MEAN_EXAMPLES_PER_STEP, ADABEST_MU, ADABEST_OFFICIAL_CODE
 from strategies.arrays import counter_mean, is_float, to_numpy
@@ -107,7 +106,7 @@ METHODS = (
         "adabest", "AdaBest",
         lambda config: AdaBest(**COHORT, mu=config["adabest-mu"], beta=config["adabest-beta"],
                                variant=config["adabest-variant"]),
-        options=ADABEST_OPTIONS, client_components=(adabest_component,), client_state=True, plain_sgd=True,
+        options=ADABEST_OPTIONS, client_components=(ImplementedIn("clients.adabest:adabest_component"),), client_state=True, plain_sgd=True,
         cost_table={"adabest": {}},
     ),
 )

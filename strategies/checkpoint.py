@@ -26,10 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from flwr.app import ArrayRecord
 
-from clients.state_store import atomic_save
 from strategies.arrays import to_arrays, to_numpy
 from strategies.round_interface import RoundStrategy
 
@@ -41,9 +39,14 @@ RESUMABLE_CHANGES = (
     "output-dir", "checkpoint-every", "resume", "round-timeout", "node-timeout",
     "save-models-every", "save-models-last", "save-client-models", "track", "track-dir", "track-group",
 )
+# torch (also through clients.state_store) is imported by the functions that use it: the
+# launcher checks a run's checkpoint with read_checkpoint before Flower starts, and where
+# there is none it needs no torch (~2 s on 2 CPU cores).
 
 
 def _encode(value: Any) -> Any:
+    import torch
+
     if isinstance(value, ArrayRecord):
         return {"__arrayrecord__": _encode(to_numpy(value))}
     if isinstance(value, np.ndarray):
@@ -56,6 +59,8 @@ def _encode(value: Any) -> Any:
 
 
 def _decode(value: Any) -> Any:
+    import torch
+
     if isinstance(value, torch.Tensor):
         return value.numpy()
     if isinstance(value, dict):
@@ -87,6 +92,8 @@ def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def rng_states() -> dict[str, Any]:
     """The server process's generators (Python, NumPy's global, torch CPU)."""
+    import torch
+
     version, python_state, gauss = random.getstate()
     name, keys, position, has_gauss, cached = np.random.get_state()
     return {
@@ -97,6 +104,8 @@ def rng_states() -> dict[str, Any]:
 
 
 def restore_rng_states(states: Mapping[str, Any]) -> None:
+    import torch
+
     version, python_state, gauss = states["python"]
     random.setstate((version, tuple(python_state), gauss))
     np.random.set_state(tuple(states["numpy"]))
@@ -139,10 +148,14 @@ def read_checkpoint(directory: Path, config: Mapping[str, Any]) -> dict[str, Any
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
+    from clients.state_store import atomic_save
+
     atomic_save(_encode(payload), path)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
+    import torch
+
     return _decode(torch.load(path, weights_only=True))
 
 

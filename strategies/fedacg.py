@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.components import proximal
-from clients.declarations import MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec
 from clients.options import Option, one_of
 from strategies.arrays import counter_mean, is_float, to_arrays, to_numpy
 from strategies.method import COHORT
@@ -110,6 +109,6 @@ METHODS = (
                                   lambda v: v >= 0, default=0.001),
             "fedacg-variant": one_of(*FEDACG_VARIANTS, default="code"),
         },
-        client_components=(proximal,), plain_sgd=True, cost_table={"fedacg": {}},
+        client_components=(ImplementedIn("clients.components:proximal"),), plain_sgd=True, cost_table={"fedacg": {}},
     ),
 )

@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import MethodSpec
-from clients.fedcm import momentum_direction
+from clients.declarations import ImplementedIn, MethodSpec
 from clients.options import Option, one_of
 from clients.protocol import FEDCM_ALPHA, FEDCM_DIRECTION, FEDCM_SCALE
 from strategies.arrays import counter_mean, is_float, to_numpy, with_record
@@ -108,6 +107,7 @@ METHODS: tuple[MethodSpec, ...] = (
         "fedcm", "FedCM",
         lambda config: FedCm(**COHORT, alpha=config["fedcm-alpha"], variant=config["fedcm-variant"],
                              server_learning_rate=METHODS[0].server_lr(config)),
-        options=FEDCM_OPTIONS, client_components=(momentum_direction,), plain_sgd=True, cost_table={"fedcm": {}},
+        options=FEDCM_OPTIONS, client_components=(ImplementedIn("clients.fedcm:momentum_direction"),), plain_sgd=True,
+        cost_table={"fedcm": {}},
     ),
 )

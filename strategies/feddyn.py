@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import MethodSpec
-from clients.feddyn import feddyn_component
+from clients.declarations import ImplementedIn, MethodSpec
 from clients.options import Option
 from clients.protocol import FEDDYN_ALPHA
 from strategies.arrays import to_numpy
@@ -85,6 +84,6 @@ METHODS = (
     MethodSpec(
         "feddyn", "FedDyn", lambda config: FedDyn(**COHORT, alpha=config["feddyn-alpha"]),
         options={"feddyn-alpha": Option(float, "a number > 0 (FedDyn's α)", lambda v: v > 0, default=0.01)},
-        client_components=(feddyn_component,), client_state=True,
+        client_components=(ImplementedIn("clients.feddyn:feddyn_component"),), client_state=True,
     ),
 )

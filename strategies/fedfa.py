@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import MethodSpec
-from clients.objectives.fedfa import fedfa_objective
+from clients.declarations import ImplementedIn, MethodSpec
 from clients.options import Option, one_of
 from clients.protocol import FEDFA_ANCHOR_LOSS, FEDFA_ANCHORS, FEDFA_CALIBRATE, OBJECTIVE_RECORD
 from strategies.arrays import with_record
@@ -102,7 +101,8 @@ METHODS = (
                                 lambda v: 0 <= v <= 1, default=0.5),
             "fedfa-variant": one_of(*FEDFA_VARIANTS, default="paper"),
         },
-        objective=fedfa_objective, objective_keys=("fedfa-lambda", "fedfa-rho"), model_needs="image",
+        objective=ImplementedIn("clients.objectives.fedfa:fedfa_objective"), objective_keys=("fedfa-lambda", "fedfa-rho"),
+        model_needs="image",
         cost_table={"fedfa": {}},
     ),
 )

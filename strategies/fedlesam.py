@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import MethodSpec
-from clients.objectives.fedlesam import fedlesam_objective
-from clients.objectives.sam import SAM_RHO
+from clients.declarations import ImplementedIn, MethodSpec
+from clients.objectives.declarations import SAM_RHO
 from clients.options import one_of
 from clients.protocol import FEDLESAM_UPDATE
 from strategies.arrays import counter_mean, is_float, to_arrays, to_numpy, with_record
@@ -90,6 +89,7 @@ METHODS = (
                                 variant=config["fedlesam-variant"], weighting=config["fedlesam-weighting"]),
         options={"sam-rho": SAM_RHO, "fedlesam-variant": one_of(*FEDLESAM_VARIANTS, default="paper"),
                  "fedlesam-weighting": one_of(*FEDLESAM_WEIGHTINGS, default="uniform")},
-        objective=fedlesam_objective, objective_keys=("sam-rho",), client_state=True, cost_table={"fedlesam": {}},
+        objective=ImplementedIn("clients.objectives.fedlesam:fedlesam_objective"), objective_keys=("sam-rho",),
+        client_state=True, cost_table={"fedlesam": {}},
     ),
 )

@@ -6,8 +6,7 @@ proximal term is added by the client's training loop (clients/training.py).
 
 from flwr.serverapp.strategy import FedProx as FlowerFedProx
 
-from clients.components import proximal
-from clients.declarations import MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec
 from clients.options import Option
 from strategies.method import COHORT
 from strategies.sampling import CohortSampling
@@ -24,6 +23,6 @@ METHODS = (
     MethodSpec(
         "fedprox", "FedProx", lambda config: FedProx(**COHORT, proximal_mu=config["prox-mu"]),
         options={"prox-mu": Option(float, "a number >= 0 (FedProx proximal weight)", lambda v: v >= 0, default=0.01)},
-        client_components=(proximal,), cost_table={"fedprox": {}},
+        client_components=(ImplementedIn("clients.components:proximal"),), cost_table={"fedprox": {}},
     ),
 )

@@ -42,8 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.control_variates import control_variate
-from clients.declarations import MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec
 from clients.options import Option, one_of
 from clients.protocol import (
     CONTROL_AFTER_CLIP,
@@ -221,7 +220,7 @@ METHODS = (
         options={**FEDSWA_OPTIONS, "fedmoswa-gamma": Option(float,
             "a number in (0, 1] (FedMoSWA's server control momentum γ: m ← (1 − γ)·m + γ·mean c_i⁺)",
             lambda v: 0 < v <= 1, default=0.4)},
-        client_components=(control_variate(MOSWA_SERVER_CONTROL),), client_state=True,
+        client_components=(ImplementedIn("clients.control_variates:control_variate", (MOSWA_SERVER_CONTROL,)),), client_state=True,
         # The paper's variant derives its control on plain local SGD steps.
         plain_sgd=lambda config: config["fedswa-variant"] == "paper",
     ),

@@ -35,8 +35,7 @@ METHOD_MODULES = (
     "strategies.fednova", "strategies.feddyn", "strategies.fedgma", "strategies.fedswa", "strategies.fedcm",
     "strategies.fedacg", "strategies.mofedsam", "strategies.fedlesam", "strategies.adabest", "strategies.mime",
     "strategies.fedfa", "strategies.fedavg_clip",
-    "clients.objectives.moon", "clients.objectives.sam", "clients.objectives.fedalign", "clients.objectives.mixup",
-    "clients.objectives.stochastic_depth", "clients.objectives.gradaug", "clients.objectives.label_smoothing",
+    "clients.objectives.declarations",
 )
 # Averaging rules (the ``averaging`` key), each module ending with ``AVERAGINGS = (AveragingSpec(...),)``.
 AVERAGING_MODULES = ("strategies.averaging", "strategies.ema")

@@ -28,8 +28,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
-from clients.declarations import MethodSpec
-from clients.mime import mime_objective, server_momentum
+from clients.declarations import ImplementedIn, MethodSpec
 from clients.options import Option, one_of
 from clients.protocol import (
     FULL_GRADIENT_ACTION,
@@ -150,8 +149,10 @@ def _mime(name: str, display_name: str, lite: bool) -> MethodSpec:
         return Mime(**COHORT, lite=lite, beta=config["mime-momentum"], server_learning_rate=spec.server_lr(config),
                     variant=config["mime-variant"], timeout=config["round-timeout"])
 
-    spec = MethodSpec(name, display_name, build, options=MIME_OPTIONS, objective=None if lite else mime_objective,
-                      client_components=(server_momentum,), plain_sgd=True, default_server_lr=0.1, cost_table={name: {}})
+    spec = MethodSpec(name, display_name, build, options=MIME_OPTIONS,
+                      objective=None if lite else ImplementedIn("clients.mime:mime_objective"),
+                      client_components=(ImplementedIn("clients.mime:server_momentum"),), plain_sgd=True,
+                      default_server_lr=0.1, cost_table={name: {}})
     return spec
 
 

@@ -19,9 +19,8 @@ means it), α = 0.1 (``fedcm-alpha``), η_g = 1. FedSWA's code hard-codes ρ = 0
 
 from __future__ import annotations
 
-from clients.declarations import MethodSpec
-from clients.fedcm import momentum_direction
-from clients.objectives.sam import SAM_RHO, esam_objective
+from clients.declarations import ImplementedIn, MethodSpec
+from clients.objectives.declarations import SAM_RHO
 from clients.protocol import OBJECTIVE
 from strategies.fedcm import FEDCM_OPTIONS, FedCm
 from strategies.method import COHORT
@@ -50,7 +49,8 @@ METHODS: tuple[MethodSpec, ...] = (
         lambda config: MoFedSam(**COHORT, rho=config["sam-rho"] or MOFEDSAM_DEFAULT_RHO, alpha=config["fedcm-alpha"],
                                 variant=config["fedcm-variant"], server_learning_rate=METHODS[0].server_lr(config)),
         options={**FEDCM_OPTIONS, "sam-rho": SAM_RHO},
-        objective=esam_objective, objective_keys=("sam-rho",), client_components=(momentum_direction,),
+        objective=ImplementedIn("clients.objectives.sam:esam_objective"), objective_keys=("sam-rho",),
+        client_components=(ImplementedIn("clients.fedcm:momentum_direction"),),
         plain_sgd=True, cost_table={"mofedsam": {}},
     ),
 )

@@ -11,8 +11,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import ArrayRecord
 
-from clients.control_variates import control_variate
-from clients.declarations import MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec
 from clients.protocol import SCAFFOLD_DELTA_CONTROL, SCAFFOLD_SERVER_CONTROL
 from strategies.arrays import to_numpy, with_record
 from strategies.method import COHORT
@@ -55,5 +54,6 @@ class Scaffold(CohortSampling, InPlaceFedAvg):
 
 METHODS = (
     MethodSpec("scaffold", "SCAFFOLD", lambda config: Scaffold(**COHORT), client_state=True,
-               client_components=(control_variate(SCAFFOLD_SERVER_CONTROL),), cost_table={"scaffold": {}}),
+               client_components=(ImplementedIn("clients.control_variates:control_variate", (SCAFFOLD_SERVER_CONTROL,)),),
+               cost_table={"scaffold": {}}),
 )

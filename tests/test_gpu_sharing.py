@@ -23,6 +23,25 @@ read command; echo "$command $CUDA_MPS_PIPE_DIRECTORY" >> "{log}"
 """
 
 
+@pytest.fixture(autouse=True)
+def driver_device_file(monkeypatch):
+    """As on a machine with the NVIDIA driver: whether CUDA is there is torch's (patched) answer."""
+    monkeypatch.setattr(machine, "CUDA_DEVICE_FILES", (__file__,))
+
+
+def test_cuda_is_asked_of_torch_only_where_a_driver_device_file_is(monkeypatch):
+    """The launcher needs no torch (~2 s) to learn that a machine without a CUDA driver has no CUDA."""
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append(True) or True)
+    monkeypatch.setattr(machine.sys, "platform", "linux")
+    monkeypatch.setattr(machine, "CUDA_DEVICE_FILES", ("/nonexistent/nvidiactl", "/nonexistent/dxg"))
+    assert machine.cuda_available() is False and asked == []
+    monkeypatch.setattr(machine, "CUDA_DEVICE_FILES", ("/nonexistent/nvidiactl", __file__))
+    assert machine.cuda_available() is True and asked == [True]
+    monkeypatch.setattr(machine.sys, "platform", "darwin")
+    assert machine.cuda_available() is False and asked == [True]
+
+
 @pytest.fixture
 def fake_control(tmp_path, monkeypatch):
     def install(code: int = 0):

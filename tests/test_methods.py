@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from clients.declarations import MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec
 from strategies.config import SCHEMA, validate_run_config
 from strategies.methods import METHOD_MODULES, METHODS, PYPROJECT, method_options, pyproject_block
 
@@ -30,7 +30,7 @@ def _declaring_files() -> dict[str, set[Path]]:
     for module_name in METHOD_MODULES:
         for spec in importlib.import_module(module_name).METHODS:
             parts = [spec.objective, *spec.client_components] if spec.objective else list(spec.client_components)
-            modules = {module_name, *(part.__module__ for part in parts)}
+            modules = {module_name, *(part.module if isinstance(part, ImplementedIn) else part.__module__ for part in parts)}
             files[spec.name] = {Path(importlib.import_module(m).__file__).resolve() for m in modules}
     return files
 
@@ -105,11 +105,71 @@ def test_every_method_builds_its_strategy_from_the_default_config(name):
 
 
 def test_a_key_shared_by_two_methods_is_one_declaration():
-    from clients.objectives.sam import SAM_RHO
+    from clients.objectives.declarations import SAM_RHO
     from strategies.fedcm import FEDCM_OPTIONS
 
     assert METHODS["fedsam"].options["sam-rho"] is METHODS["mofedsam"].options["sam-rho"] is SAM_RHO
     assert METHODS["mofedsam"].options["fedcm-alpha"] is FEDCM_OPTIONS["fedcm-alpha"]
+
+
+def test_the_launchers_checks_load_no_torch(tmp_path):
+    """Before Flower starts the launcher validates the run against every declaration,
+    checks the machine, the data's partition and the checkpoint: none of it imports torch
+    (~2 s of every command on 2 CPU cores). The client halves are imported when first
+    called (ImplementedIn), in the client processes."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+from pathlib import Path
+from experiments.runtime import machine
+machine.CUDA_DEVICE_FILES = ("/nonexistent/nvidiactl",)  # as on this CPU machine, also on a GPU one
+import experiments.run, experiments.sweep
+from experiments.api import run_job
+from experiments.runtime.launch import launch
+from experiments.runtime.report import method_label
+from experiments.runtime.run_config import resolve_config
+from strategies.checkpoint import read_checkpoint
+from strategies.methods import METHODS, client_halves
+configs = []
+for name, spec in METHODS.items():
+    overrides = {{"strategy": name, "momentum": 0.0}}
+    if spec.model_needs == "slimmable-residual":
+        overrides["model"] = "resnet20-gn"
+    configs.append(resolve_config(overrides))
+    method_label(configs[-1])
+machine.check_machine(configs, machine.client_resources(configs, 1.0, None))
+assert read_checkpoint(Path({str(tmp_path)!r}), configs[0]) is None
+assert client_halves().objectives and client_halves().components
+print(sorted(name for name in sys.modules if name == "torch" or name.startswith("torch.")))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_client_half_named_where_it_is_defined_is_imported_at_its_first_call(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "half_module.py").write_text(
+        "def builder(*args):\n    return ('built', args)\n\n"
+        "def factory(key):\n    return lambda *args: (key, args)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "half_module", raising=False)
+    builder = ImplementedIn("half_module:builder")
+    assert "half_module" not in sys.modules and builder.module == "half_module"
+    assert builder(1, 2) == ("built", (1, 2)) and "half_module" in sys.modules
+    made = ImplementedIn("half_module:factory", ("server-key",))
+    assert made("model") == ("server-key", ("model",))
+    # Equal where they name the same builder: one component per message, however many methods share it.
+    assert builder == ImplementedIn("half_module:builder") and len({builder, ImplementedIn("half_module:builder")}) == 1
+    assert made != ImplementedIn("half_module:factory", ("other-key",))
+    from strategies.methods import client_components
+
+    proximal = ImplementedIn("clients.components:proximal")
+    assert METHODS["fedprox"].client_components == METHODS["fedacg"].client_components == (proximal,)
+    assert client_components().count(proximal) == 1
 
 
 # -- the worked examples of docs/extending.md ----------------------------------------------

@@ -28,9 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from clients.declarations import objective_method
 from clients.models.slimmable import StagedNet, sliced_channels, slimmable_width
-from clients.options import Option
 from clients.training import LocalObjective
 
 POWER_ITERATIONS = 10
@@ -98,22 +96,6 @@ class FedAlign(LocalObjective):
         return loss.detach()
 
 
-METHODS = (
-    objective_method(
-        "fedalign", "FedAlign",
-        lambda settings, model, state, rng, records: FedAlign(float(settings["fedalign-mu"]),
-                                                              float(settings["fedalign-width"])),
-        ("fedalign-mu", "fedalign-width"),
-        # FedAlign clips its own gradients (the authors' methods/fedalign.py), not its baselines'.
-        grad_clip=lambda config: config["fedalign-grad-clip"],
-        options={
-            "fedalign-mu": Option(float, "a number >= 0 (FedAlign's μ)", lambda v: v >= 0, default=0.45),
-            "fedalign-width": Option(float, "a number in (0, 1) (FedAlign's slim width ω_S)", lambda v: 0 < v < 1,
-                                     default=0.25),
-            "fedalign-grad-clip": Option(float,
-                "a number >= 0 (FedAlign's own gradient-norm clip, the authors' methods/fedalign.py; used by strategy"
-                " = fedalign instead of grad-clip; 0 = none)", lambda v: v >= 0, default=10.0),
-        },
-        model_needs="slimmable-residual", cost_table={"fedalign": {}},
-    ),
-)
+def fedalign_objective(settings, model: nn.Module, state, rng, records) -> FedAlign:
+    """FedAlign's objective with the round's μ and ω_S (the declaration: clients/objectives/declarations.py)."""
+    return FedAlign(float(settings["fedalign-mu"]), float(settings["fedalign-width"]))

@@ -23,9 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from clients.declarations import objective_method
 from clients.models.slimmable import StagedNet, slimmable_width
-from clients.options import Option
 from clients.training import LocalObjective
 
 RESOLUTION_SCALES = (1.0, 0.875, 0.75, 0.625)  # 32, 28, 24, 20 of a 32-pixel image
@@ -64,18 +62,7 @@ class GradAug(LocalObjective):
         return total
 
 
-METHODS = (
-    objective_method(
-        "gradaug", "GradAug",
-        lambda settings, model, state, rng, records: GradAug(
-            int(settings["gradaug-subnets"]), float(settings["gradaug-min-width"]), float(settings["gradaug-mu"]), rng),
-        ("gradaug-subnets", "gradaug-min-width", "gradaug-mu"),
-        options={
-            "gradaug-subnets": Option(int, "an integer >= 1 (GradAug's n)", lambda v: v >= 1, default=2),
-            "gradaug-min-width": Option(float, "a number in (0, 1] (GradAug's ω_b)", lambda v: 0 < v <= 1, default=0.8),
-            "gradaug-mu": Option(float, "a number >= 0 (GradAug's distillation weight μ)", lambda v: v >= 0,
-                                 default=1.75),
-        },
-        model_needs="slimmable-residual", cost_table={"gradaug-n1": {"gradaug-subnets": 1}, "gradaug-n2": {"gradaug-subnets": 2}},
-    ),
-)
+def gradaug_objective(settings, model: nn.Module, state, rng: np.random.Generator, records) -> GradAug:
+    """GradAug with the round's n, ω_b and μ (the declaration: clients/objectives/declarations.py)."""
+    return GradAug(int(settings["gradaug-subnets"]), float(settings["gradaug-min-width"]), float(settings["gradaug-mu"]),
+                   rng)

@@ -16,8 +16,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from clients.declarations import objective_method
-from clients.options import Option
 from clients.training import LocalObjective
 
 
@@ -35,12 +33,6 @@ class LabelSmoothing(LocalObjective):
         return loss.detach()
 
 
-METHODS = (
-    objective_method(
-        "label-smoothing", "FedAvg+LS",
-        lambda settings, model, state, rng, records: LabelSmoothing(float(settings["label-smoothing"])),
-        ("label-smoothing",),
-        options={"label-smoothing": Option(float, "a number in [0, 1) (label smoothing's ε)", lambda v: 0 <= v < 1,
-                                           default=0.1)},
-    ),
-)
+def label_smoothing_objective(settings, model: nn.Module, state, rng, records) -> LabelSmoothing:
+    """Label smoothing with the round's ε (the declaration: clients/objectives/declarations.py)."""
+    return LabelSmoothing(float(settings["label-smoothing"]))

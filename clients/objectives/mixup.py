@@ -12,8 +12,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from clients.declarations import objective_method
-from clients.options import Option
 from clients.training import LocalObjective
 
 
@@ -31,11 +29,6 @@ class Mixup(LocalObjective):
         return loss.detach()
 
 
-METHODS = (
-    objective_method(
-        "mixup", "Mixup", lambda settings, model, state, rng, records: Mixup(float(settings["mixup-gamma"]), rng),
-        ("mixup-gamma",),
-        options={"mixup-gamma": Option(float, "a number > 0 (Mixup's Beta(γ, γ))", lambda v: v > 0, default=0.1)},
-        model_needs="image",
-    ),
-)
+def mixup_objective(settings, model: nn.Module, state, rng: np.random.Generator, records) -> Mixup:
+    """Mixup with the round's γ (the declaration: clients/objectives/declarations.py)."""
+    return Mixup(float(settings["mixup-gamma"]), rng)

@@ -21,8 +21,6 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
-from clients.declarations import objective_method
-from clients.options import Option
 from clients.protocol import MOON_PREVIOUS_MODEL
 from clients.training import LocalObjective
 
@@ -68,16 +66,6 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     return clone
 
 
-METHODS = (
-    objective_method(
-        "moon", "MOON",
-        lambda settings, model, state, rng, records: Moon(model, state, float(settings["moon-mu"]),
-                                                          float(settings["moon-temperature"])),
-        ("moon-mu", "moon-temperature"),
-        options={
-            "moon-mu": Option(float, "a number >= 0 (MOON's contrastive weight μ)", lambda v: v >= 0, default=1.0),
-            "moon-temperature": Option(float, "a number > 0 (MOON's τ)", lambda v: v > 0, default=0.5),
-        },
-        client_state=True, model_needs="image", projection_head=True, cost_table={"moon": {}},
-    ),
-)
+def moon_objective(settings, model: nn.Module, state: RecordDict, rng, records) -> Moon:
+    """MOON's objective with the round's μ and τ (the declaration: clients/objectives/declarations.py)."""
+    return Moon(model, state, float(settings["moon-mu"]), float(settings["moon-temperature"]))

@@ -17,9 +17,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from clients.declarations import objective_method
-from clients.models import resolve_model_name
-from clients.options import Option
 from clients.training import LocalObjective
 
 
@@ -60,39 +57,16 @@ class SharpnessAware(LocalObjective):
         return perturbations
 
 
-# Models the SAM papers call CNNs (their larger ASAM radius applies to them).
-SAM_CNN_MODELS = ("mlp", "fmnist-cnn", "cifar-cnn")
-SAM_RHO = Option(float,
-        "a number >= 0 (SAM/ASAM radius ρ; 0 = the method's default: FedSAM 0.05, MoFedSAM and FedLESAM 0.1, "
-        "FedASAM 0.7 on CNNs else 0.2)", lambda v: v >= 0, default=0.0)
-ASAM_ETA = Option(float, "a number >= 0 (ASAM's η; 0 = the method's default)", lambda v: v >= 0, default=0.0)
-
-
-def sam_settings(config: Mapping[str, Any]) -> dict[str, float]:
-    """ρ and η with their defaults resolved: FedASAM ρ = 0.7, η = 0.2 on CNNs, else ρ = 0.2,
-    η = 0.05; FedSAM ρ = 0.05."""
-    cnn = resolve_model_name(config["model"], config["dataset"]) in SAM_CNN_MODELS
-    default_rho = (0.7 if cnn else 0.2) if config["strategy"] == "fedasam" else 0.05
-    settings = {"sam-rho": config["sam-rho"] or default_rho}
-    if config["strategy"] == "fedasam":
-        settings["asam-eta"] = config["asam-eta"] or (0.2 if cnn else 0.05)
-    return settings
-
-
 def esam_objective(settings: Mapping[str, Any], model: nn.Module, state, rng, records) -> SharpnessAware:
     """MoFedSAM's SAM step, with ESAM's norm guard (strategies/mofedsam.py)."""
     return SharpnessAware(float(settings["sam-rho"]), norm_guard=1e-7)
 
 
-METHODS = (
-    objective_method(
-        "fedsam", "FedSAM", lambda settings, model, state, rng, records: SharpnessAware(float(settings["sam-rho"])),
-        ("sam-rho",), settings=sam_settings, options={"sam-rho": SAM_RHO}, cost_table={"fedsam": {}},
-    ),
-    objective_method(
-        "fedasam", "FedASAM",
-        lambda settings, model, state, rng, records: SharpnessAware(
-            float(settings["sam-rho"]), adaptive=True, eta=float(settings["asam-eta"])),
-        ("sam-rho", "asam-eta"), settings=sam_settings, options={"sam-rho": SAM_RHO, "asam-eta": ASAM_ETA},
-    ),
-)
+def fedsam_objective(settings: Mapping[str, Any], model: nn.Module, state, rng, records) -> SharpnessAware:
+    """FedSAM's SAM step with the round's ρ (the declaration: clients/objectives/declarations.py)."""
+    return SharpnessAware(float(settings["sam-rho"]))
+
+
+def fedasam_objective(settings: Mapping[str, Any], model: nn.Module, state, rng, records) -> SharpnessAware:
+    """FedASAM's adaptive SAM step with the round's ρ and η."""
+    return SharpnessAware(float(settings["sam-rho"]), adaptive=True, eta=float(settings["asam-eta"]))

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from clients.declarations import objective_method
 from clients.models.slimmable import StagedNet
-from clients.options import Option
 from clients.training import LocalObjective
 
 
@@ -41,13 +39,6 @@ class StochasticDepth(LocalObjective):
             block.drop_rate = 0.0
 
 
-METHODS = (
-    objective_method(
-        "stochastic-depth", "Stochastic Depth",
-        lambda settings, model, state, rng, records: StochasticDepth(model, float(settings["stochdepth-survival"])),
-        ("stochdepth-survival",),
-        options={"stochdepth-survival": Option(float, "a number in (0, 1] (survival probability of the last block)",
-                                               lambda v: 0 < v <= 1, default=0.9)},
-        model_needs="slimmable-residual",
-    ),
-)
+def stochastic_depth_objective(settings, model: nn.Module, state, rng, records) -> StochasticDepth:
+    """Stochastic Depth with the round's p_L (the declaration: clients/objectives/declarations.py)."""
+    return StochasticDepth(model, float(settings["stochdepth-survival"]))

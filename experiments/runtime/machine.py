@@ -99,6 +99,23 @@ def machine_cpus() -> int:
     return cores
 
 
+# Where torch.cuda.is_available() needs a driver's device files (Linux: the NVIDIA driver's
+# control device, or WSL's GPU device); macOS has no CUDA.
+CUDA_DEVICE_FILES = ("/dev/nvidiactl", "/dev/dxg")
+
+
+def cuda_available() -> bool:
+    """``torch.cuda.is_available()``, without importing torch (~2 s on 2 CPU cores, before
+    Flower starts) where no CUDA device can be there: on macOS, and on Linux without the
+    driver's device files (:data:`CUDA_DEVICE_FILES`)."""
+    if sys.platform == "darwin" or (sys.platform.startswith("linux")
+                                    and not any(os.path.exists(path) for path in CUDA_DEVICE_FILES)):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def check_machine(
     configs: Iterable[Mapping[str, Any]], resources: ClientResources, ray_address: str | None = None
 ) -> None:
@@ -106,9 +123,7 @@ def check_machine(
     for what it lacks: a CUDA device, or more CPU cores or GPU share per client than it has
     (Ray would place no client and the run would fail inside Flower). On an existing Ray
     cluster (``ray_address``) the clients' resources are the cluster's to judge."""
-    import torch
-
-    cuda = torch.cuda.is_available()
+    cuda = cuda_available()
     for config in configs:
         if config["device"] == "cuda" and not cuda and ray_address is None:
             raise ConfigError(
@@ -150,9 +165,7 @@ def client_resources(
     if ray_address is not None:
         return ClientResources(cpus_per_client, 0.0)
     ClientResources(cpus_per_client, 0.0)  # a bad --cpus-per-client is refused here, before it is divided by
-    import torch
-
-    on_cuda = torch.cuda.is_available() and any(c["device"] in ("cuda", "auto") for c in configs)
+    on_cuda = cuda_available() and any(c["device"] in ("cuda", "auto") for c in configs)
     cohort = max(cohort_size(c) for c in configs)
     by_cores = max(1, machine_cpus() // (int(cpus_per_client) * parallel))
     if not on_cuda:
@@ -162,6 +175,8 @@ def client_resources(
               f"{by_cores} by CPU cores (--cpus-per-client {cpus_per_client:g} each)"
               + (f" for {parallel} runs at once" if parallel > 1 else ""), file=sys.stderr, flush=True)
         return ClientResources(cpus_per_client, 0.0)
+    import torch
+
     free_bytes, _ = torch.cuda.mem_get_info()
     by_memory = max(1, free_bytes // (CLIENT_PROCESS_GPU_BYTES * parallel))
     processes = min(cohort, by_cores, by_memory)

@@ -45,9 +45,9 @@ def check_mps(enabled: bool) -> None:
     """Raise UsageError when ``--mps`` cannot work here (called before anything is created)."""
     if not enabled:
         return
-    import torch
+    from experiments.runtime.machine import cuda_available
 
-    if not torch.cuda.is_available():
+    if not cuda_available():
         raise UsageError("--mps needs a CUDA GPU; this machine has none (allowed here: without --mps)")
     if running_daemon() is None and shutil.which(CONTROL) is None:
         raise UsageError(f"--mps: {CONTROL} is not on PATH (it ships with the NVIDIA driver utilities); "

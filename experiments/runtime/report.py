@@ -42,7 +42,7 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
 
 def method_label(config: Mapping[str, Any], extra_keys: Iterable[str] = ()) -> str:
     """What ran, as the papers write it: "FedAvg+IMA", then ``extra_keys`` as key=value."""
-    from strategies.methods import AVERAGINGS, METHODS  # the declarations import torch: only when asked for
+    from strategies.methods import AVERAGINGS, METHODS  # every method's declaration: only when asked for
 
     name = METHODS[config["strategy"]].display_name if config["strategy"] in METHODS else config["strategy"]
     if config["averaging"] != "none":

@@ -33,6 +33,7 @@ from experiments.runtime.machine import (
     check_machine,
     check_trackers,
     client_resources,
+    cuda_available,
     data_problem_of,
     machine_cpus,
 )
@@ -335,10 +336,10 @@ def auto_parallel(sweep: Sweep) -> int:
     """``--parallel auto``: 1 on CPU (one run's clients already use every core); on a GPU
     up to AUTO_PARALLEL_MAX runs, as many as fit in free GPU memory with a whole cohort
     each (launch.CLIENT_PROCESS_GPU_BYTES per client process); printed."""
+    if not cuda_available() or all(run.config["device"] == "cpu" for run in sweep.runs):
+        return 1
     import torch
 
-    if not torch.cuda.is_available() or all(run.config["device"] == "cpu" for run in sweep.runs):
-        return 1
     cohort = max(cohort_size(run.config) for run in sweep.runs)
     free_bytes, _ = torch.cuda.mem_get_info()
     parallel = max(1, min(AUTO_PARALLEL_MAX, len(sweep.runs), free_bytes // (CLIENT_PROCESS_GPU_BYTES * cohort)))
