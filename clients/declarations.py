@@ -5,8 +5,8 @@ Each method's own module ends with ``METHODS = (MethodSpec(...), ...)``; strateg
 the registry above both halves, lists those modules, and every table that used to name
 methods — config validation and ``--list-keys``, the checkpoint, reports, the cost table,
 the clients' objectives and components — iterates over the declarations instead. A method
-whose only change is the clients' objective (clients/objectives/) declares it with
-:func:`objective_method`; the registry gives it its server (FedAvg sending the objective,
+whose only change is the clients' objective is declared with :func:`objective_method` in
+clients/objectives/declarations.py; the registry gives it its server (FedAvg sending the objective,
 strategies/client_objective.py), so clients/ never imports strategies/.
 
 A declaration says:

@@ -1,9 +1,10 @@
 """Every method Basin knows: the modules that declare one, and what is derived from them.
 
 A method is declared once, in its own module (``METHODS = (MethodSpec(...),)``, see
-strategies/method.py); adding one is adding its module to :data:`METHOD_MODULES`. The order
-here is the order of ``strategy``'s allowed values: server-side methods, then methods that
-only change the clients' local objective.
+clients/declarations.py); adding one is adding its module to :data:`METHOD_MODULES`. The
+methods that only change the clients' local objective are declared together, in
+clients/objectives/declarations.py, each objective in a module of its own. The order here
+is the order of ``strategy``'s allowed values: server-side methods, then those.
 
     python -m strategies.methods --write-pyproject   # regenerate pyproject.toml's method keys
 """
