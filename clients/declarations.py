@@ -39,12 +39,12 @@ on 2 CPU cores (a test keeps it torch-free).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from clients.flower_internals import resolve
 from clients.options import Option
 
 if TYPE_CHECKING:
@@ -87,8 +87,7 @@ class ImplementedIn:
 
 @cache
 def _implementation(target: str, arguments: tuple[Any, ...]) -> Callable[..., Any]:
-    module, _, name = target.partition(":")
-    implementation = getattr(importlib.import_module(module), name)
+    implementation = resolve(target)
     return implementation(*arguments) if arguments else implementation
 
 

@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from experiments.runtime.cli import UsageError
+from experiments.runtime.machine import cuda_available
 
 CONTROL = "nvidia-cuda-mps-control"
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
@@ -45,8 +46,6 @@ def check_mps(enabled: bool) -> None:
     """Raise UsageError when ``--mps`` cannot work here (called before anything is created)."""
     if not enabled:
         return
-    from experiments.runtime.machine import cuda_available
-
     if not cuda_available():
         raise UsageError("--mps needs a CUDA GPU; this machine has none (allowed here: without --mps)")
     if running_daemon() is None and shutil.which(CONTROL) is None:
