@@ -243,6 +243,36 @@ def test_runs_on_the_jobs_ray_cluster_equal_runs_with_their_own_ray(tmp_path):
     assert "training round 1" in stages
 
 
+def _kept_client_processes() -> set[int]:
+    """PIDs of the client processes a job's cluster keeps between runs (clients/client_actor.py)."""
+    from experiments.runtime.processes import process_table
+
+    return {pid for pid, (_, _, command) in process_table().items() if command.startswith("ray::KeptClientAppActor")}
+
+
+@pytest.mark.slow
+def test_a_jobs_runs_keep_their_client_processes_which_import_from_each_runs_app(tmp_path):
+    """On the job's cluster the second run's clients run in the first run's processes (no
+    new process imports torch in its round 1). They import what only the second run needs
+    (MOON's objective) from its app, the first run's being removed, and give the bits of
+    the same run alone. A run with another process-wide setting gets processes of its own;
+    all end with the job's cluster."""
+    with LocalRayCluster(True, 2) as address:
+        launch(resolve_config(SMALL), tmp_path / "fedavg", progress=False, ray_address=address)
+        first = _kept_client_processes()
+        assert len(first) == 2  # one per core, alive after their run
+        launch(resolve_config({**SMALL, "strategy": "moon"}), tmp_path / "moon", progress=False, ray_address=address)
+        assert _kept_client_processes() == first
+        launch(resolve_config({**SMALL, "cuda-deterministic": False}), tmp_path / "other", progress=False,
+               ray_address=address)
+        others = _kept_client_processes()
+        assert len(others) == 2 and not others & first
+    assert not _kept_client_processes()
+    launch(resolve_config({**SMALL, "strategy": "moon"}), tmp_path / "alone", progress=False)
+    comparison = compare_runs(tmp_path / "moon", tmp_path / "alone")
+    assert comparison.identical and comparison.tensors > 0, comparison.report(tmp_path / "moon", tmp_path / "alone")
+
+
 def test_a_job_cluster_that_does_not_start_in_time_is_refused_and_its_holder_stopped():
     cluster = LocalRayCluster(True, 1, timeout=0.01)
     address = cluster.__enter__()  # at once: the cluster starts beside the job's first run
