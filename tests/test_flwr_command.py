@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.server
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -139,20 +140,28 @@ def test_ports_handed_out_at_once_are_never_the_same_one_twice():
     assert len(set(ports)) == len(ports)
 
 
+def _fake_app(tmp_path: Path, simulation_engine: str) -> Path:
+    """A staged app whose clients/simulation_engine.py is ``simulation_engine`` (and the real
+    clients/warm_simulation.py, which the run's command loads first)."""
+    app = tmp_path / "app"
+    (app / "clients").mkdir(parents=True)
+    (app / "clients" / "__init__.py").write_text("")
+    (app / "clients" / "simulation_engine.py").write_text(simulation_engine)
+    shutil.copy(Path(__file__).parents[1] / "clients" / "warm_simulation.py", app / "clients")
+    (app / "preloaded.py").write_text("")
+    return app
+
+
 def test_the_runs_flwr_simulation_is_found_first_and_runs_basins_entry_point_from_the_staged_app(tmp_path):
     """The SuperExec starts `flwr-simulation` by name: the run's PATH finds the launcher's,
     which runs clients.simulation_engine.run_flower_simulation from the staged app (the
     FAB's sources), passes Flower's arguments through, and exits with its status."""
     from experiments.runtime.launch import write_simulation_command
 
-    app = tmp_path / "app"
-    (app / "clients").mkdir(parents=True)
-    (app / "clients" / "__init__.py").write_text("")
-    (app / "clients" / "simulation_engine.py").write_text(
-        "import sys\n"
-        "def run_flower_simulation():\n"
-        "    print(__file__, sys.argv[0].endswith('/flwr-simulation'), sys.argv[1:])\n"
-        "    return 3\n")
+    app = _fake_app(tmp_path, "import sys\n"
+                              "def run_flower_simulation():\n"
+                              "    print(__file__, sys.argv[0].endswith('/flwr-simulation'), sys.argv[1:])\n"
+                              "    return 3\n")
     home = tmp_path / "home"
     home.mkdir()
     bin_dir = write_simulation_command(home, app)
@@ -163,3 +172,84 @@ def test_the_runs_flwr_simulation_is_found_first_and_runs_basins_entry_point_fro
     assert result.returncode == 3, result.stderr
     assert result.stdout.split(" ", 2) == [str(app / "clients" / "simulation_engine.py"), "True",
                                            "['--runtime-api-address', '127.0.0.1:1']\n"]
+
+
+REPORTING_SIMULATION = ("import os, sys, time\n"
+                        "def run_flower_simulation():\n"
+                        "    print(os.getpid(), os.getcwd(), os.environ.get('RUN_ONLY'), 'preloaded' in sys.modules,\n"
+                        "          sys.argv[1:], flush=True)\n"
+                        "    time.sleep(float(os.environ.get('SIMULATE_SECONDS', '0')))\n"
+                        "    return 3\n")
+
+
+@pytest.fixture
+def warm_processes():
+    """Warm processes a test starts, killed at its end whatever happened."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+def _wait_for_socket(home: Path) -> None:
+    """Until the warm process listens (in a run, it does long before Flower starts the command)."""
+    deadline = time.monotonic() + 30
+    while not (home / "warm-simulation.sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _run_command(home: Path, app: Path, cwd: Path, **env: str) -> subprocess.Popen:
+    from experiments.runtime.launch import write_simulation_command
+
+    if not (home / "bin").exists():
+        write_simulation_command(home, app)
+    return subprocess.Popen([str(home / "bin" / "flwr-simulation"), "--token", "t"], cwd=cwd, env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_the_runs_simulation_command_hands_itself_over_to_the_warm_process_with_its_streams_and_environment(
+        tmp_path, warm_processes):
+    """The launcher's warm process (clients/warm_simulation.py) imports first, then runs the
+    simulation for the run's command: with the command's arguments, environment, working
+    folder and standard output, and the command exits with its status. Without one, the
+    command runs the simulation itself."""
+    from experiments.runtime.launch import start_warm_simulation
+
+    app = _fake_app(tmp_path, REPORTING_SIMULATION)
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    warm = start_warm_simulation(home, app, dict(os.environ), imports=("preloaded",))
+    warm_processes.append(warm)
+    _wait_for_socket(home)
+    command = _run_command(home, app, elsewhere, RUN_ONLY="from the command")
+    out, err = command.communicate(timeout=60)
+    assert command.returncode == 3, err
+    pid, cwd, value, preloaded, argv = out.split(" ", 4)
+    assert (int(pid), cwd, value, preloaded) == (warm.pid, str(elsewhere), "from", "the")  # split of "from the command"
+    assert argv.strip().endswith("True ['--token', 't']")
+    assert warm.wait(timeout=10) == 3 and not (home / "warm-simulation.sock").exists()
+    alone = _run_command(home, app, elsewhere, RUN_ONLY="x")  # no warm process: the command runs it
+    out, err = alone.communicate(timeout=60)
+    assert alone.returncode == 3 and int(out.split()[0]) == alone.pid and out.split()[3] == "False", err
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGKILL])
+def test_the_warm_process_gets_the_commands_signals_and_ends_with_it(tmp_path, signal_number, warm_processes):
+    """Flower's SuperExec and Basin's clean-up stop the simulation by signalling its
+    command: a signal it can catch reaches the warm process, and where the command is
+    killed the warm process ends at once."""
+    from experiments.runtime.launch import start_warm_simulation
+
+    app = _fake_app(tmp_path, REPORTING_SIMULATION)
+    home = tmp_path / "home"
+    home.mkdir()
+    warm = start_warm_simulation(home, app, dict(os.environ), imports=("preloaded",))
+    warm_processes.append(warm)
+    _wait_for_socket(home)
+    command = _run_command(home, app, tmp_path, SIMULATE_SECONDS="60")
+    assert int(command.stdout.readline().split()[0]) == warm.pid  # the warm process runs it
+    command.send_signal(signal_number)
+    assert warm.wait(timeout=10) == (-signal.SIGTERM if signal_number == signal.SIGTERM else -signal.SIGKILL)
+    assert command.wait(timeout=10) != 0

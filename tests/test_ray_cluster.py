@@ -268,7 +268,9 @@ def test_a_jobs_runs_keep_their_client_processes_which_import_from_each_runs_app
         others = _kept_client_processes()
         assert len(others) == 2 and not others & first
     assert not _kept_client_processes()
-    launch(resolve_config({**SMALL, "strategy": "moon"}), tmp_path / "alone", progress=False)
+    alone = launch(resolve_config({**SMALL, "strategy": "moon"}), tmp_path / "alone", progress=False)
+    # Its simulation ran in the warm process the launcher started (clients/warm_simulation.py).
+    assert alone["warm-simulation-process"] is True
     comparison = compare_runs(tmp_path / "moon", tmp_path / "alone")
     assert comparison.identical and comparison.tensors > 0, comparison.report(tmp_path / "moon", tmp_path / "alone")
 

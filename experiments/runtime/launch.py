@@ -24,7 +24,9 @@ from typing import Any
 
 import tomli_w
 
+from clients.flower_internals import ENGINE_MODULE
 from clients.simulation_engine import KEEP_CLIENT_PROCESSES
+from clients.warm_simulation import socket_path
 from experiments.runtime.cli import NO_SPACE, DiskFull, is_disk_full
 from experiments.runtime.flower_log import count_rounds, flower_failure_reason, follow_run, read_summary
 from experiments.runtime.machine import ClientResources, gpu_memory_advice
@@ -89,7 +91,8 @@ def write_simulation_command(flwr_home: Path, app: Path) -> Path | None:
     starts (``clients.simulation_engine.run_flower_simulation``), loaded from the staged
     app, the sources of the run's FAB. None where a script cannot name this Python on its
     first line (a space in its path): Flower's own command runs, the replacements installed
-    as the ServerApp loads."""
+    as the ServerApp loads. The command hands itself over to the run's warm simulation
+    process where one answers (:func:`start_warm_simulation`)."""
     if any(character.isspace() for character in sys.executable):
         return None
     bin_dir = flwr_home / "bin"
@@ -98,8 +101,12 @@ def write_simulation_command(flwr_home: Path, app: Path) -> Path | None:
     command.write_text(f"#!{sys.executable}\n"
                        "import sys\n"
                        f"sys.path.insert(0, {str(app)!r})\n"
-                       "from clients.simulation_engine import run_flower_simulation\n"
-                       "sys.exit(run_flower_simulation())\n")
+                       "from clients.warm_simulation import hand_over\n"
+                       f"status = hand_over({socket_path(str(flwr_home))!r})\n"
+                       "if status is None:\n"
+                       "    from clients.simulation_engine import run_flower_simulation\n"
+                       "    status = run_flower_simulation()\n"
+                       "sys.exit(status)\n")
     command.chmod(0o755)
     return bin_dir
 
@@ -119,6 +126,26 @@ def kept_processes_key(app: Path, config: Mapping[str, Any]) -> str:
             digest.update(f"{path.relative_to(app)}\0{path.stat().st_size}\0".encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+# What the warm simulation process imports before Flower asks for it: Flower's simulation
+# engine and command, Basin's replacements, and the ServerApp's work (torch, the server side).
+WARM_SIMULATION_IMPORTS = (ENGINE_MODULE, "flwr.simulation.app", "clients.simulation_engine", "strategies.server_work")
+WARM_SIMULATION_SWITCH = "BASIN_WARM_SIMULATION"
+
+
+def start_warm_simulation(flwr_home: Path, app: Path, env: Mapping[str, str],
+                          imports: tuple[str, ...] = WARM_SIMULATION_IMPORTS) -> subprocess.Popen | None:
+    """Start the run's warm simulation process (clients/warm_simulation.py), which makes the
+    simulation's ``imports`` while the SuperLink and the SuperExec start; None where the
+    run's ``flwr-simulation`` cannot reach one, or ``BASIN_WARM_SIMULATION=off``. It has
+    the run's environment (FLWR_HOME: stopped with the run's processes)."""
+    path = socket_path(str(flwr_home))
+    if path is None or os.environ.get(WARM_SIMULATION_SWITCH, "on") == "off":
+        return None
+    return subprocess.Popen([sys.executable, "-m", "clients.warm_simulation", path, *imports],
+                            cwd=app, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
 
 
 def check_folder_reuse(out_dir: Path, config: Mapping[str, Any], overwrite: bool = False) -> None:
@@ -269,8 +296,10 @@ def _launch_locked(
         env = flower_environment(bin_dir, flwr_home, http_port, control_port, ray_address)
         if job_cluster(ray_address) is not None:
             env[KEEP_CLIENT_PROCESSES] = kept_processes_key(app, config)
+        warm_simulation = None
         if (simulation_bin := write_simulation_command(Path(flwr_home), app)) is not None:
             env["PATH"] = f"{simulation_bin}{os.pathsep}{env['PATH']}"
+            warm_simulation = start_warm_simulation(Path(flwr_home), app, env)
         command = [
             *FLWR_COMMAND, "run", str(app), "--stream",
             "--run-config", str(run_config_path),
@@ -284,6 +313,8 @@ def _launch_locked(
                 stages_seen = follow_run(process, out_dir, config["num-rounds"], progress, label, leave,
                                          server_alive=lambda: simulation_running(http_port), stop=stop,
                                          check=cluster.raise_if_failed if cluster is not None else None)
+                # The warm process removes its socket when the run's simulation command hands over.
+                warm_ran = warm_simulation is not None and not os.path.exists(socket_path(flwr_home) or "")
         except KeyboardInterrupt:
             interrupted = True
             raise
@@ -299,6 +330,9 @@ def _launch_locked(
                 stop_home(flwr_home, grace=0.0 if completed else 1.0)
                 if interrupted:  # recorded once the ServerApp is stopped: its rows are final
                     end_summary(out_dir, config, "interrupted", "stopped by Ctrl-C or SIGTERM")
+                if warm_simulation is not None:  # stopped with the run's processes (or never handed the run)
+                    warm_simulation.kill()
+                    warm_simulation.wait()
                 remove_finished_ray_sessions(sessions_before)  # Ray's logs and sockets of this run
                 guardian.stop()
 
@@ -312,6 +346,7 @@ def _launch_locked(
     if summary.get("training-started-at"):
         summary["startup-seconds"] = summary["training-started-at"] - launched_at
     summary["startup-stages"] = {stage: round(seen - launched_at, 2) for stage, seen in stages_seen.items()}
+    summary["warm-simulation-process"] = warm_ran
     write_json_atomic(out_dir / "summary.json", summary)
     return summary
 

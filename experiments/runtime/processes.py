@@ -163,8 +163,9 @@ def ancestry(pid: int) -> set[int]:
         return {pid}
 
 
-# The process that hosts a run's ServerApp: the simulation process, or a deployment's.
-SERVER_APP_COMMANDS = ("flwr-simulation", "flwr-serverapp")
+# The process that hosts a run's ServerApp: the simulation process (or the warm one that the run's
+# simulation command handed itself over to, clients/warm_simulation.py), or a deployment's.
+SERVER_APP_COMMANDS = ("flwr-simulation", "flwr-serverapp", "clients.warm_simulation")
 
 
 def stop_home(home: Path | str, grace: float = 1.0) -> list[int]:
