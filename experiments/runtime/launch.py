@@ -9,7 +9,6 @@ ServerApp failed, so success is read from the run's ``summary.json`` instead.
 from __future__ import annotations
 
 import csv
-import hashlib
 import os
 import shutil
 import subprocess
@@ -25,7 +24,6 @@ from typing import Any
 import tomli_w
 
 from clients.flower_internals import ENGINE_MODULE
-from clients.simulation_engine import KEEP_CLIENT_PROCESSES
 from clients.warm_simulation import socket_path
 from experiments.runtime.cli import NO_SPACE, DiskFull, is_disk_full
 from experiments.runtime.flower_log import count_rounds, flower_failure_reason, follow_run, read_summary
@@ -109,23 +107,6 @@ def write_simulation_command(flwr_home: Path, app: Path) -> Path | None:
                        "sys.exit(status)\n")
     command.chmod(0o755)
     return bin_dir
-
-
-# Run-config keys a client process fixes once (cuBLAS reads its workspace setting when it
-# starts): runs that differ in them do not share client processes.
-PROCESS_WIDE_KEYS = ("cuda-deterministic",)
-
-
-def kept_processes_key(app: Path, config: Mapping[str, Any]) -> str:
-    """The key under which the runs of a job on its own Ray cluster keep their client
-    processes (clients/client_actor.py): a digest of the staged app's files and of the
-    settings a process fixes once, so a process serves only runs of the same sources."""
-    digest = hashlib.sha256(repr([config.get(key) for key in PROCESS_WIDE_KEYS]).encode())
-    for path in sorted(app.rglob("*")):
-        if path.is_file():
-            digest.update(f"{path.relative_to(app)}\0{path.stat().st_size}\0".encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 # What the warm simulation process imports before Flower asks for it: Flower's simulation
@@ -294,8 +275,6 @@ def _launch_locked(
         record_holder(out_dir, flwr_home)
         guardian = Guardian(Path(flwr_home), out_dir)
         env = flower_environment(bin_dir, flwr_home, http_port, control_port, ray_address)
-        if job_cluster(ray_address) is not None:
-            env[KEEP_CLIENT_PROCESSES] = kept_processes_key(app, config)
         warm_simulation = None
         if (simulation_bin := write_simulation_command(Path(flwr_home), app)) is not None:
             env["PATH"] = f"{simulation_bin}{os.pathsep}{env['PATH']}"
