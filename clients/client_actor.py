@@ -9,15 +9,36 @@ actor, method for method (``VirtualClientEngineActor.run`` and ``terminate``, an
 ``on_actor_init_fn`` hook), defined here; the simulation engine
 (clients/simulation_engine.py) has Flower's Ray backend build its pool of it, through
 ``clients/flower_internals.py``, only where that backend is 1.41.0's.
+
+On a job's own Ray cluster (``experiments/runtime/ray_cluster.py``: the runs of a job, one
+after another) the client processes are kept from one run to the next
+(:class:`KeptClientActors`): a new client process spends ~4 s of CPU on 2 cores starting
+Ray's worker and importing torch and the ClientApp, in every run's round 1. The first run
+creates its actors as detached, named ones; a later run of the same job takes them by
+name. Kept are only processes that run the same sources under the same process-wide
+settings (the key the launcher gives, ``BASIN_KEEP_CLIENT_PROCESSES``) with the same
+resources: others are ended first. A kept process serves a new run as it serves another
+client of its run, every setting coming with the message (its caches are keyed by what
+they hold), so results are the same bit for bit. It goes on importing from the app
+folder of the run that started it (the same sources), so that run's FLWR_HOME, which
+holds it, stays until the job ends (the run marks it, ``KEPT_PROCESSES_STARTED``; see
+``LocalRayCluster.end_run_home``): its modules, and code that reads its own sources,
+need those files. Its printed lines reach the first run's log only, and once per process
+lines are said once per job. The job's cluster ends them when it stops.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import ray
 from flwr.app import Context, Message
 from flwr.clientapp.client_app import ClientApp, ClientAppException, LoadClientAppError
+
+from clients.simulation_engine import KEPT_PROCESSES_STARTED
 
 
 class ClientAppActor:
@@ -48,3 +69,62 @@ class ClientAppActor:
 
 # The Ray actor class that RayBackend.build makes its pool of.
 RemoteClientAppActor = ray.remote(ClientAppActor)
+
+
+# Where kept client processes are named (a Ray namespace of the job's cluster).
+KEPT_NAMESPACE = "basin-client-processes"
+
+
+class KeptClientAppActor(ClientAppActor):
+    """A :class:`ClientAppActor` that outlives its run: ``terminate`` leaves it for the
+    job's next run (its cluster ends it)."""
+
+    def terminate(self) -> None:
+        """Stay for the job's next run."""
+
+
+RemoteKeptClientAppActor = ray.remote(KeptClientAppActor)
+
+
+class KeptClientActors:
+    """What Flower's Ray backend builds its pool of on a job's cluster, in place of the actor
+    class: ``options(**resources).remote(**kwargs)``, as the backend calls it, returns the
+    job's kept client process of that number and resources, created (detached) where there
+    is none. ``key`` names the sources and settings a process
+    may be kept across (see the module docstring)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.made = 0
+
+    def options(self, **resources: Any) -> KeptClientActors._Maker:
+        return KeptClientActors._Maker(self, resources)
+
+    class _Maker:
+        def __init__(self, actors: KeptClientActors, resources: dict[str, Any]) -> None:
+            self.actors, self.resources = actors, resources
+
+        def remote(self, **actor_kwargs: Any) -> Any:
+            prefix = self.actors.key + "".join(f"-{name}={value}" for name, value in sorted(self.resources.items()))
+            if self.actors.made == 0:
+                end_other_kept_processes(prefix)
+            name = f"{prefix}-{self.actors.made}"
+            self.actors.made += 1
+            try:
+                return ray.get_actor(name, namespace=KEPT_NAMESPACE)
+            except ValueError:  # none yet: this run starts it, and its app folder must stay
+                (Path(os.environ["FLWR_HOME"]) / KEPT_PROCESSES_STARTED).touch()
+            return RemoteKeptClientAppActor.options(
+                name=name, namespace=KEPT_NAMESPACE, lifetime="detached", get_if_exists=True, **self.resources,
+            ).remote(**actor_kwargs)
+
+
+def end_other_kept_processes(prefix: str) -> None:
+    """End the kept client processes whose names do not start with ``prefix`` (other
+    sources, settings or resources), freeing their resources for this run's."""
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry["namespace"] == KEPT_NAMESPACE and not entry["name"].startswith(f"{prefix}-"):
+            try:
+                ray.kill(ray.get_actor(entry["name"], namespace=KEPT_NAMESPACE))
+            except ValueError:  # ended meanwhile
+                pass

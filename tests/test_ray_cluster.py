@@ -232,9 +232,7 @@ def test_runs_on_the_jobs_ray_cluster_equal_runs_with_their_own_ray(tmp_path):
     assert run.main([*arguments, "--compare", "averaging=none,ima", "--set", "window=2", "--out",
                      str(tmp_path / "job")]) == 0
     alone = resolve_config({**SMALL, "averaging": "none", "window": 2})
-    summary = launch(alone, tmp_path / "alone", progress=False)
-    # Its simulation ran in the warm process the launcher started (clients/warm_simulation.py).
-    assert summary["warm-simulation-process"] is True
+    launch(alone, tmp_path / "alone", progress=False)
     columns = ["round", "test-accuracy", "test-loss", "train-loss", "local-steps"]
     shared_rows = pd.read_csv(tmp_path / "job" / "none" / "results.csv")[columns]
     alone_rows = pd.read_csv(tmp_path / "alone" / "results.csv")[columns]
@@ -243,6 +241,45 @@ def test_runs_on_the_jobs_ray_cluster_equal_runs_with_their_own_ray(tmp_path):
     assert comparison.identical and comparison.tensors > 0, comparison.report(tmp_path / "job" / "none", tmp_path / "alone")
     stages = json.loads((tmp_path / "job" / "none" / "summary.json").read_text())["startup-stages"]
     assert "training round 1" in stages
+
+
+def _kept_client_processes() -> set[int]:
+    """PIDs of the client processes a job's cluster keeps between runs (clients/client_actor.py)."""
+    from experiments.runtime.processes import process_table
+
+    return {pid for pid, (_, _, command) in process_table().items() if command.startswith("ray::KeptClientAppActor")}
+
+
+@pytest.mark.slow
+def test_a_jobs_runs_keep_their_client_processes_whose_sources_stay_until_the_job_ends(tmp_path):
+    """On the job's cluster the second run's clients run in the first run's processes (no
+    new process imports torch in its round 1). A second run with another partition (alpha)
+    and method (MOON) has them import what only it needs and read their own sources (the
+    partition cache's key), from the first run's app: its folder stays until the job ends
+    (it was removed with its run once, and a sweep's second run failed in CI), while the
+    second run's, which started no process, goes with its run. They give the bits of
+    the same run alone. A run with another process-wide setting gets processes of its own;
+    all end with the job's cluster, and the job's folder goes with them."""
+    second = {**SMALL, "strategy": "moon", "alpha": 0.7}
+    cluster = LocalRayCluster(True, 2)
+    with cluster as address:
+        launch(resolve_config(SMALL), tmp_path / "fedavg", progress=False, ray_address=address)
+        first = _kept_client_processes()
+        assert len(first) == 2  # one per core, alive after their run
+        moon = launch(resolve_config(second), tmp_path / "moon", progress=False, ray_address=address)
+        assert moon["client-failures"] == 0 and _kept_client_processes() == first
+        launch(resolve_config({**SMALL, "cuda-deterministic": False}), tmp_path / "other", progress=False,
+               ray_address=address)
+        others = _kept_client_processes()
+        assert len(others) == 2 and not others & first
+        # The runs that started kept processes keep their FLWR_HOME (and app) until the job ends.
+        assert sorted(path.name for path in cluster.folder.iterdir()) == ["run-1", "run-3"]
+    assert not _kept_client_processes() and not cluster.folder.exists()
+    alone = launch(resolve_config(second), tmp_path / "alone", progress=False)
+    # Its simulation ran in the warm process the launcher started (clients/warm_simulation.py).
+    assert alone["warm-simulation-process"] is True
+    comparison = compare_runs(tmp_path / "moon", tmp_path / "alone")
+    assert comparison.identical and comparison.tensors > 0, comparison.report(tmp_path / "moon", tmp_path / "alone")
 
 
 def test_a_job_cluster_that_does_not_start_in_time_is_refused_and_its_holder_stopped():

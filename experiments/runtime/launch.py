@@ -8,7 +8,9 @@ ServerApp failed, so success is read from the run's ``summary.json`` instead.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import hashlib
 import os
 import shutil
 import subprocess
@@ -24,6 +26,7 @@ from typing import Any
 import tomli_w
 
 from clients.flower_internals import ENGINE_MODULE
+from clients.simulation_engine import KEEP_CLIENT_PROCESSES
 from clients.warm_simulation import socket_path
 from experiments.runtime.cli import NO_SPACE, DiskFull, is_disk_full
 from experiments.runtime.flower_log import count_rounds, flower_failure_reason, follow_run, read_summary
@@ -38,7 +41,7 @@ from experiments.runtime.processes import (
     simulation_running,
     stop_home,
 )
-from experiments.runtime.ray_cluster import check_ray_address, job_cluster
+from experiments.runtime.ray_cluster import LocalRayCluster, check_ray_address, job_cluster
 from experiments.runtime.run_config import APP_DIR
 from strategies.checkpoint import read_checkpoint, run_identity
 from strategies.config import summary_horizon, validate_run_config
@@ -82,6 +85,15 @@ def stage_in_temporary_directory(flwr_home: Path) -> Path:
                        "free space there, or set TMPDIR to a folder with space,") from None
 
 
+def run_home(cluster: LocalRayCluster | None) -> contextlib.AbstractContextManager[str]:
+    """The run's FLWR_HOME: a temporary directory removed when the run ends, or on its job's
+    own Ray cluster, a folder in the job's that stays until the job ends where the run
+    started the client processes the job keeps (:meth:`LocalRayCluster.run_home`)."""
+    if cluster is None:
+        return tempfile.TemporaryDirectory(prefix="basin-flwr-home-")
+    return cluster.run_home()
+
+
 def write_simulation_command(flwr_home: Path, app: Path) -> Path | None:
     """Write the run's ``flwr-simulation`` into ``flwr_home/bin`` and return that folder (it
     goes first on the run's ``PATH``; the SuperExec starts the command by name): Flower's
@@ -107,6 +119,23 @@ def write_simulation_command(flwr_home: Path, app: Path) -> Path | None:
                        "sys.exit(status)\n")
     command.chmod(0o755)
     return bin_dir
+
+
+# Run-config keys a client process fixes once (cuBLAS reads its workspace setting when it
+# starts): runs that differ in them do not share client processes.
+PROCESS_WIDE_KEYS = ("cuda-deterministic",)
+
+
+def kept_processes_key(app: Path, config: Mapping[str, Any]) -> str:
+    """The key under which the runs of a job on its own Ray cluster keep their client
+    processes (clients/client_actor.py): a digest of the staged app's files and of the
+    settings a process fixes once, so a process serves only runs of the same sources."""
+    digest = hashlib.sha256(repr([config.get(key) for key in PROCESS_WIDE_KEYS]).encode())
+    for path in sorted(app.rglob("*")):
+        if path.is_file():
+            digest.update(f"{path.relative_to(app)}\0{path.stat().st_size}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 # What the warm simulation process imports before Flower asks for it: Flower's simulation
@@ -266,7 +295,8 @@ def _launch_locked(
     http_port, control_port = free_port(), free_port()
     bin_dir = Path(sys.executable).parent
     log_path = out_dir / "flwr.log"
-    with tempfile.TemporaryDirectory(prefix="basin-flwr-home-") as flwr_home:
+    cluster = job_cluster(ray_address)  # the job's own, maybe still starting beside this run
+    with run_home(cluster) as flwr_home:
         # The app is staged before anything starts: a full temporary directory stops the
         # launch here, with nothing to stop.
         app = stage_in_temporary_directory(Path(flwr_home))
@@ -275,6 +305,8 @@ def _launch_locked(
         record_holder(out_dir, flwr_home)
         guardian = Guardian(Path(flwr_home), out_dir)
         env = flower_environment(bin_dir, flwr_home, http_port, control_port, ray_address)
+        if cluster is not None:
+            env[KEEP_CLIENT_PROCESSES] = kept_processes_key(app, config)
         warm_simulation = None
         if (simulation_bin := write_simulation_command(Path(flwr_home), app)) is not None:
             env["PATH"] = f"{simulation_bin}{os.pathsep}{env['PATH']}"
@@ -288,7 +320,6 @@ def _launch_locked(
         try:
             with open(log_path, "w") as log:
                 process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=APP_DIR)
-                cluster = job_cluster(ray_address)  # the job's own, maybe still starting beside this run
                 stages_seen = follow_run(process, out_dir, config["num-rounds"], progress, label, leave,
                                          server_alive=lambda: simulation_running(http_port), stop=stop,
                                          check=cluster.raise_if_failed if cluster is not None else None)

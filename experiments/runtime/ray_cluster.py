@@ -32,14 +32,20 @@ with RayClusterUnreachable if the cluster cannot start
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
+from clients.simulation_engine import KEPT_PROCESSES_STARTED
 from experiments.runtime.processes import free_port, ray_sessions, remove_finished_ray_sessions
 
 
@@ -86,6 +92,8 @@ class LocalRayCluster:
         self.timeout = timeout
         self.holder: subprocess.Popen | None = None
         self.address = ""
+        self.folder: Path | None = None
+        self.runs = 0
         self.up = False
         self._lock = threading.Lock()
 
@@ -96,8 +104,10 @@ class LocalRayCluster:
         port = free_port()
         env = {**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",  # as the launcher gives `flwr run`
                "RAY_GCS_SERVER_PORT": str(port)}
+        self.folder = Path(tempfile.mkdtemp(prefix="basin-ray-job-"))
         self.holder = subprocess.Popen(
-            [sys.executable, "-m", "experiments.runtime.ray_cluster", str(self.num_cpus)], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "experiments.runtime.ray_cluster", str(self.num_cpus), str(self.folder)],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
         )
@@ -131,6 +141,22 @@ class LocalRayCluster:
             self.raise_if_failed()
             time.sleep(0.05)
 
+    @contextlib.contextmanager
+    def run_home(self) -> Iterator[str]:
+        """A new, empty FLWR_HOME for a run of the job. When the run ends it is removed,
+        unless the run started client processes the job keeps (its simulation marked it,
+        ``KEPT_PROCESSES_STARTED``): they import from the run's app in it, in the job's
+        later runs too, so it stays until the job's folder is removed with the cluster."""
+        assert self.folder is not None, "the cluster is not started"
+        self.runs += 1
+        home = self.folder / f"run-{self.runs}"
+        home.mkdir()
+        try:
+            yield str(home)
+        finally:
+            if not (home / KEPT_PROCESSES_STARTED).exists():
+                shutil.rmtree(home, ignore_errors=True)
+
     def __exit__(self, *exc_info) -> None:
         _job_clusters.pop(self.address, None)
         if self.holder is None:
@@ -142,6 +168,8 @@ class LocalRayCluster:
         except subprocess.TimeoutExpired:
             holder.kill()
             holder.wait()
+        if self.folder is not None:  # the holder removes it too: also where this process died
+            shutil.rmtree(self.folder, ignore_errors=True)
         remove_finished_ray_sessions(self.sessions_before)
 
 
@@ -154,19 +182,23 @@ def job_cluster(address: str | None) -> LocalRayCluster | None:
     return _job_clusters.get(address) if address is not None else None
 
 
-def hold_cluster(num_cpus: int) -> None:
-    """Start a Ray cluster, print its address, and keep it until stdin closes."""
+def hold_cluster(num_cpus: int, folder: Path) -> None:
+    """Start a Ray cluster, print its address, and keep it until stdin closes (the launcher
+    closed it, or died); then stop it and remove the job's ``folder``."""
     import logging
 
     import ray
 
     from clients.flower_internals import init_ray
 
-    init_ray(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
-    print(ray.get_runtime_context().gcs_address, flush=True)
-    sys.stdin.read()
-    ray.shutdown()
+    try:
+        init_ray(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+        print(ray.get_runtime_context().gcs_address, flush=True)
+        sys.stdin.read()
+        ray.shutdown()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    hold_cluster(int(sys.argv[1]))
+    hold_cluster(int(sys.argv[1]), Path(sys.argv[2]))
