@@ -22,7 +22,7 @@ client of its run, every setting coming with the message (its caches are keyed b
 they hold), so results are the same bit for bit. It goes on importing from the app
 folder of the run that started it (the same sources), so that run's FLWR_HOME, which
 holds it, stays until the job ends (the run marks it, ``KEPT_PROCESSES_STARTED``; see
-``LocalRayCluster.end_run_home``): its modules, and code that reads its own sources,
+``LocalRayCluster.run_home``): its modules, and code that reads its own sources,
 need those files. Its printed lines reach the first run's log only, and once per process
 lines are said once per job. The job's cluster ends them when it stops.
 """
@@ -90,8 +90,8 @@ class KeptClientActors:
     """What Flower's Ray backend builds its pool of on a job's cluster, in place of the actor
     class: ``options(**resources).remote(**kwargs)``, as the backend calls it, returns the
     job's kept client process of that number and resources, created (detached) where there
-    is none. ``key`` names the sources and settings a process
-    may be kept across (see the module docstring)."""
+    is none. ``key`` names the sources and settings a process may be kept across (see the
+    module docstring)."""
 
     def __init__(self, key: str) -> None:
         self.key = key
