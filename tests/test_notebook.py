@@ -118,6 +118,7 @@ def test_an_interrupted_cell_stops_its_run_and_the_same_call_resumes_it(tmp_path
     assert errors == ["KeyboardInterrupt"], run_cell.outputs
     assert any("resume with: the same call with out=" in o.get("text", "") for o in run_cell.outputs)
     assert alive.outputs and "pid" in alive.outputs[0]["text"]  # the kernel survived the interrupt
+    assert checkpoint.is_file()
     result = [o for o in after.outputs if o.output_type == "stream" and o.get("name") == "stdout"][-1]["text"]
     assert '"identical": true' in result and '"rounds": 150' in result, after.outputs
     assert not wait_for_no_processes(scope)

@@ -107,8 +107,7 @@ class LocalRayCluster:
         self.folder = Path(tempfile.mkdtemp(prefix="basin-ray-job-"))
         self.holder = subprocess.Popen(
             [sys.executable, "-m", "experiments.runtime.ray_cluster", str(self.num_cpus), str(self.folder)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
         )
         self.started_at = time.monotonic()
