@@ -1,20 +1,25 @@
 """One local SGD step, run eagerly, from static buffers, or replayed as a CUDA graph.
 
-A step is: the local objective's loss and gradient on the batch, the gradient terms
+A step is: the augmentation of the batch (crop and flip, when the run has it), the local
+objective's loss and gradient on it, the gradient terms
 (FedProx, SCAFFOLD, FedDyn, …), clipping to ``grad_clip`` in global 2-norm when > 0, the
 post-clip terms, then SGD (momentum, Nesterov, weight decay: clients/sgd.py, ``torch.optim.SGD``'s
 fused kernel) with the step's learning rate read from a one-element tensor on the device,
-and the loss added to a device-resident sum. The fused SGD kernel is used in every mode: it
+the objective's ``after_step`` (FedFA's calibration), and the loss added to a
+device-resident sum. A step's inputs are its batch and its random draws (the crop offsets
+and flips, Mixup's λ and pairing, Stochastic Depth's drops), all drawn before the round. The fused SGD kernel is used in every mode: it
 accepts that lr tensor, so a captured step reads each step's η_k instead of a float frozen
 at capture.
 
 Modes (:func:`step_mode`):
 
 - ``eager``: every batch as it comes (on the CPU, and where capture cannot be used).
-- ``static``: full batches are copied into fixed buffers and the step reads only those
-  (the gradient terms read static copies of their per-round inputs, refreshed in place
-  every round); the step object lives as long as the process and its model. On the CPU it
-  runs without capture and is bitwise the eager step (tests/test_client_step.py).
+- ``static``: full batches and their draws are copied into fixed buffers and the step
+  reads only those (the gradient terms read static copies of their per-round inputs,
+  refreshed in place every round; the objective is the first round's, whose round state
+  later rounds' objectives write into and share: ``LocalObjective.adopt``); the step
+  object lives as long as the process and its model. On the CPU it runs without capture
+  and is bitwise the eager step (tests/test_client_step.py, one test per objective).
 - ``graph``: ``static`` on CUDA, captured once per process, model and step signature
   (after :data:`WARMUP_STEPS` real steps on a side stream, as PyTorch's CUDA-graph notes
   ask) and replayed for every full batch: one launch instead of hundreds per step.
@@ -35,7 +40,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -65,17 +69,15 @@ class GradientTerm:
         self.apply(params, self.inputs)
 
 
-def step_mode(device: torch.device, graphs: bool, objective, terms: Sequence, augment) -> tuple[str, str]:
+def step_mode(device: torch.device, graphs: bool, objective, terms: Sequence, augment=None) -> tuple[str, str]:
     """(mode, why): ``graph`` on CUDA when asked for and every part of the step has static
     shapes and no host work per step; else ``eager``, and why not graph."""
     if device.type != "cuda":
         return "eager", "not on CUDA"
     if not graphs:
         return "eager", "cuda-graphs = false"
-    if not type(objective).capturable:
-        return "eager", f"the {type(objective).__name__} objective is not captured (host work or varying shapes per step)"
-    if augment is not None:
-        return "eager", "augmentation draws on the host every step"
+    if not objective.capturable:
+        return "eager", f"the {type(objective).__name__} objective is not captured: {objective.not_captured_because}"
     plain = [getattr(term, "__qualname__", repr(term)) for term in terms if not isinstance(term, GradientTerm)]
     if plain:
         return "eager", f"gradient hooks {plain} have no static inputs"
@@ -86,12 +88,13 @@ class ClientStep:
     """The local SGD step of one model with one configuration (see the module docstring)."""
 
     def __init__(self, model: nn.Module, config, objective, terms: Sequence, post_clip_terms: Sequence,
-                 mode: str, batch_example: tuple[torch.Tensor, torch.Tensor] | None = None):
+                 mode: str, example: Sequence[torch.Tensor] = (), augment=None):
         self.model = model
         self.params = list(model.parameters())
         self.device = self.params[0].device
         self.config = config
         self.objective = objective
+        self.augment = augment
         self.mode = mode
         self.lr = torch.zeros((), device=self.device)
         self.loss_sum = torch.zeros((), device=self.device)
@@ -100,18 +103,18 @@ class ClientStep:
         static = mode != "eager"
         self.terms = [_bound(t, static) for t in terms]
         self.post_clip_terms = [_bound(t, static) for t in post_clip_terms]
-        self.static_x = self.static_y = None
-        if static:
-            x, y = batch_example
-            self.static_x, self.static_y = torch.empty_like(x), torch.empty_like(y)
+        # The step's inputs (x, y, draws …) as fixed buffers: a full batch is copied into them.
+        self.static_inputs = [torch.empty_like(t) for t in example] if static else []
         self.graph: torch.cuda.CUDAGraph | None = None
         self.side_stream = side_stream(self.device) if mode == "graph" else None
         self.eager_steps = 0
 
     def start_round(self, objective, terms: Sequence, post_clip_terms: Sequence) -> None:
-        """Reuse this step for a new round: a fresh objective, the terms' new inputs copied
-        into the static ones, momentum from zero, the loss sum from zero."""
-        self.objective = objective
+        """Reuse this step for a new round: the new objective takes over the step's round
+        state with its values, the terms' new inputs are copied into the static ones,
+        momentum and the loss sum start from zero."""
+        if objective is not self.objective:
+            objective.adopt(self.objective)
         with torch.no_grad():
             for (_, static), term in zip(self.terms + self.post_clip_terms, [*terms, *post_clip_terms]):
                 for buffer, value in zip(static, term.inputs):
@@ -121,27 +124,28 @@ class ClientStep:
                     buffer.zero_()  # μ·0 + g = g: as a fresh optimizer's first step
             self.loss_sum.zero_()
 
-    def run(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> None:
-        """One step on the batch (x, y) with learning rate ``lr``."""
+    def run(self, x: torch.Tensor, y: torch.Tensor, lr: float, draws: Sequence[torch.Tensor] = ()) -> None:
+        """One step on the batch (x, y) and its draws with learning rate ``lr``."""
         self.lr.fill_(lr)
-        if self.static_x is None or len(y) != len(self.static_y):
-            self._eager(x, y)
+        inputs = (x, y, *draws)
+        if not self.static_inputs or len(y) != len(self.static_inputs[1]):
+            self._eager(inputs)
             return
-        self.static_x.copy_(x)
-        self.static_y.copy_(y)
+        for buffer, value in zip(self.static_inputs, inputs, strict=True):
+            buffer.copy_(value)
         if self.graph is not None:
             self.graph.replay()
         elif self.mode == "graph" and self.eager_steps >= WARMUP_STEPS:
             self._capture_checked()
         else:
-            self._eager(self.static_x, self.static_y)
+            self._eager(self.static_inputs)
 
     def _capture_checked(self) -> None:
         """This step as a captured graph's first replay, checked against the same step run
         eagerly; on a capture that raises or a replay that differs, the eager result is
         kept and the process trains eagerly from then on (:func:`fall_back_to_eager`)."""
         before = self._snapshot()
-        self._eager(self.static_x, self.static_y)
+        self._eager(self.static_inputs)
         eager = self._snapshot()
         self._restore(before)
         try:
@@ -159,7 +163,8 @@ class ClientStep:
                                        f"{len(eager)} tensors, beyond rtol {REPLAY_RTOL:g}, atol {REPLAY_ATOL:g})")
 
     def _snapshot(self) -> list[torch.Tensor]:
-        """Copies of what a step changes: parameters, momentum buffers, the loss sum."""
+        """Copies of what a step changes: parameters, buffers, momentum buffers, the loss
+        sum and the objective's round state."""
         synchronize(self.device)
         return [t.detach().clone() for t in self._step_state()]
 
@@ -171,7 +176,8 @@ class ClientStep:
 
     def _step_state(self) -> list[torch.Tensor]:
         buffers = self.optimizer.momentum_buffers
-        return [*self.params, *(b for b in buffers if b is not None), self.loss_sum]
+        return [*self.params, *self.model.buffers(), *(b for b in buffers if b is not None), self.loss_sum,
+                *_tensors_of([getattr(self.objective, name) for name in self.objective.round_state])]
 
     def _use_eager(self, eager: list[torch.Tensor], why: str) -> None:
         """Keep the eager step's result and train eagerly from now on, this process too."""
@@ -180,26 +186,31 @@ class ClientStep:
         self._restore(eager)
         fall_back_to_eager(why)
 
-    def _eager(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def _eager(self, inputs: Sequence[torch.Tensor]) -> None:
         if self.mode != "graph":
             self.optimizer.zero_grad(set_to_none=True)
-            self._body(x, y)
+            self._body(inputs)
         else:  # warm-up and short batches: on a side stream, as CUDA-graph capture asks
             with on_side_stream(self.side_stream, self.device):
                 # After capture the gradients are the graph's own tensors: zeroed, not replaced.
                 self.optimizer.zero_grad(set_to_none=self.graph is None)
-                self._body(x, y)
+                self._body(inputs)
         self.eager_steps += 1
 
-    def _body(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        loss = self.objective.backward(self.model, x, y)
-        for apply, inputs in self.terms:
-            apply(self.params, inputs)
+    def _body(self, inputs: Sequence[torch.Tensor]) -> None:
+        x, y, *draws = inputs
+        if self.augment is not None:
+            x = self.augment(x, *draws[:AUGMENT_DRAWS])
+            draws = draws[AUGMENT_DRAWS:]
+        loss = self.objective.backward(self.model, x, y, *draws)
+        for apply, term_inputs in self.terms:
+            apply(self.params, term_inputs)
         if self.config.grad_clip > 0:
             nn.utils.clip_grad_norm_(self.params, self.config.grad_clip)
-        for apply, inputs in self.post_clip_terms:
-            apply(self.params, inputs)
+        for apply, term_inputs in self.post_clip_terms:
+            apply(self.params, term_inputs)
         self.optimizer.step()
+        self.objective.after_step(self.model)
         self.loss_sum += loss
 
     def _capture(self) -> None:
@@ -207,8 +218,40 @@ class ClientStep:
         self.optimizer.zero_grad(set_to_none=True)  # the graph's backward allocates its own gradients
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self._body(self.static_x, self.static_y)
+            self._body(self.static_inputs)
         self.graph = graph
+
+
+# The augmentation's draws per step: the crop's row and column offsets and the flip bits.
+AUGMENT_DRAWS = 3
+
+
+def per_step_on(device: torch.device, per_step: Sequence[tuple[torch.Tensor, ...]]) -> list[tuple[torch.Tensor, ...]]:
+    """The round's per-step draws (CPU tensors) on ``device``, moved in one copy per kind
+    (a step's k-th tensors of all steps together), each step's a view of those copies."""
+    if not per_step or not per_step[0]:
+        return list(per_step)
+    moved = []
+    for kind in zip(*per_step, strict=True):
+        flat = torch.cat([t.reshape(-1) for t in kind]).to(device)
+        moved.append([piece.view(t.shape) for piece, t in zip(flat.split([t.numel() for t in kind]), kind)])
+    return list(zip(*moved))
+
+
+def _tensors_of(values) -> list[torch.Tensor]:
+    """The tensors in a list of tensors, modules (parameters and buffers), optimizers
+    (their state), lists of those, or None."""
+    found = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, nn.Module):
+            found += [*value.parameters(), *value.buffers()]
+        elif isinstance(value, torch.optim.Optimizer):
+            found += [t for state in value.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+        elif isinstance(value, (list, tuple)):
+            found += _tensors_of(value)
+    return found
 
 
 def side_stream(device: torch.device) -> torch.cuda.Stream | None:
@@ -265,10 +308,10 @@ _EAGER_NOTED: set[str] = set()
 
 
 def client_step(model: nn.Module, config, objective, terms: Sequence, post_clip_terms: Sequence,
-                batch_example: tuple[torch.Tensor, torch.Tensor], graphs: bool, augment: Any = None,
-                mode: str | None = None) -> ClientStep:
+                example: Sequence[torch.Tensor], graphs: bool, augment=None, mode: str | None = None) -> ClientStep:
     """The step for this round: a new eager one, or the process's static/graph step for
-    this model and signature (``mode`` forces one, for tests and benchmarks)."""
+    this model and signature (``mode`` forces one, for tests and benchmarks). ``example``:
+    a full batch's inputs, (x, y, draws …)."""
     device = next(model.parameters()).device
     chosen, why = step_mode(device, graphs, objective, [*terms, *post_clip_terms], augment)
     if chosen == "graph" and _graphs_failed:
@@ -278,15 +321,15 @@ def client_step(model: nn.Module, config, objective, terms: Sequence, post_clip_
         if device.type == "cuda" and why not in _EAGER_NOTED:
             _EAGER_NOTED.add(why)
             print(f"[basin] client step: eager, not a CUDA graph: {why}", flush=True)
-        return ClientStep(model, config, objective, terms, post_clip_terms, "eager")
+        return ClientStep(model, config, objective, terms, post_clip_terms, "eager", augment=augment)
     if not all(isinstance(t, GradientTerm) for t in [*terms, *post_clip_terms]):
         raise ValueError(f"a {mode} step needs every gradient hook as a GradientTerm (static inputs)")
-    x, y = batch_example
-    key = (id(model), mode, type(objective), tuple(x.shape), x.dtype, tuple(y.shape), y.dtype,
+    key = (id(model), mode, type(objective), objective.signature(), None if augment is None else augment.signature(),
+           tuple((tuple(t.shape), t.dtype) for t in example),
            config.momentum, config.weight_decay, config.nesterov, config.grad_clip,
            tuple(t.name for t in terms), tuple(t.name for t in post_clip_terms))
     step = _PROCESS_STEPS.get(key)
     if step is None or step.model is not model:
-        step = _PROCESS_STEPS[key] = ClientStep(model, config, objective, terms, post_clip_terms, mode, batch_example)
+        step = _PROCESS_STEPS[key] = ClientStep(model, config, objective, terms, post_clip_terms, mode, example, augment)
     step.start_round(objective, terms, post_clip_terms)
     return step

@@ -7,7 +7,7 @@ exactly the same local computation.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from clients import protocol
-from clients.augmentation import crop_flip
+from clients.augmentation import CropFlip
 from clients.halves import installed
 from clients.training import LocalObjective, LocalTrainingConfig, LocalTrainingResult, momentum_a_norm, train_local
 
@@ -37,12 +37,11 @@ def training_config(round_config: Mapping[str, Any]) -> LocalTrainingConfig:
     )
 
 
-def batch_augmentation(round_config: Mapping[str, Any]) -> Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None:
+def batch_augmentation(round_config: Mapping[str, Any]) -> CropFlip | None:
     """The round's data augmentation (``augment``), or None."""
     if str(round_config.get("augment", "none")) == "none":
         return None
-    pad_value = torch.tensor(list(round_config[protocol.AUGMENT_PAD]), dtype=torch.float32)
-    return lambda x, generator: crop_flip(x, generator, pad_value)
+    return CropFlip(list(round_config[protocol.AUGMENT_PAD]))
 
 
 def round_randomness(seed: int, server_round: int, partition_id: int) -> tuple[torch.Generator, np.random.Generator]:

@@ -47,6 +47,9 @@ def full_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size
 class MimeObjective(LocalObjective):
     """g̃ = ∇ℓ(y; ζ) − ∇ℓ(θ; ζ) + c, θ the model received this round."""
 
+    capturable = True  # a second forward-backward at θ, static shapes
+    round_state = ("anchor", "correction")  # θ and c: loaded into the first round's copies
+
     def __init__(self, model: nn.Module, full_gradient_mean: Mapping[str, torch.Tensor]):
         self.anchor = copy.deepcopy(model)  # θ, frozen: its gradients are taken, never applied
         device = next(model.parameters()).device

@@ -32,7 +32,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from clients.client_step import GradientTerm, client_step
+from clients.augmentation import CropFlip
+from clients.client_step import GradientTerm, client_step, per_step_on
 from partitions.text import IGNORE_INDEX
 
 
@@ -100,7 +101,7 @@ def train_local(
     generator: torch.Generator,
     gradient_hooks: Sequence[Callable[[list[nn.Parameter]], None]] = (),
     objective: LocalObjective | None = None,
-    augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None,
+    augment: CropFlip | None = None,
     post_clip_hooks: Sequence[Callable[[list[nn.Parameter]], None]] = (),
     graphs: bool = True,
     mode: str | None = None,
@@ -108,9 +109,10 @@ def train_local(
     """Run local SGD on (x, y), which live on the model's device; return loss and steps.
 
     ``objective`` computes each batch's loss and gradient (default: cross-entropy); each
-    of ``gradient_hooks`` is then called with the parameters. ``augment`` (e.g.
-    clients/augmentation.py's crop and flip) transforms each batch of images with its own
-    generator, seeded by one draw from ``generator`` before the first batch.
+    of ``gradient_hooks`` is then called with the parameters. ``augment``
+    (clients/augmentation.py's crop and flip) transforms each batch of images inside the
+    step; its draws come from a generator of its own, seeded by one draw from
+    ``generator`` before the first batch.
     ``post_clip_hooks`` run after gradient clipping (FedMoSWA's official code adds its
     control-variate correction there). Each step is clients/client_step.py's: on CUDA
     replayed as a CUDA graph where the step allows it and ``graphs`` (run-config
@@ -120,20 +122,30 @@ def train_local(
     model.train()
     num_steps = config.num_steps(len(y))
     lrs = in_round_lrs(config.lr, num_steps, config.step_lr_start, config.step_lr_end)
-    augment_generator = None
+    sizes = batch_sizes(len(y), config.batch_size, num_steps)
+    draws = [()] * num_steps
     if augment is not None:
         augment_generator = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
+        draws = augment.draws(sizes, augment_generator)
+    # Every random draw of the round is made here, in step order, and moved to the device at once:
+    # a step then reads its draws like its batch, and a captured step replays them (clients/client_step.py).
+    draws = per_step_on(x.device, [(*a, *o) for a, o in zip(draws, objective.draws(sizes))])
     full_batch = slice(0, min(config.batch_size, len(y)))
-    step = client_step(model, config, objective, gradient_hooks, post_clip_hooks, (x[full_batch], y[full_batch]),
-                       graphs, augment, mode)
+    step = client_step(model, config, objective, gradient_hooks, post_clip_hooks,
+                       (x[full_batch], y[full_batch], *draws[0]), graphs, augment, mode)
     steps_per_epoch = -(-len(y) // config.batch_size)
     for k, batch in enumerate(batches(len(y), config.batch_size, num_steps, generator, x.device)):
-        inputs = x[batch] if augment is None else augment(x[batch], augment_generator)
-        step.run(inputs, y[batch], lrs[k])
-        objective.after_step(model)
+        step.run(x[batch], y[batch], lrs[k], draws[k])
         if (k + 1) % steps_per_epoch == 0 or k + 1 == num_steps:
             objective.end_epoch()
     return LocalTrainingResult(float(step.loss_sum) / max(num_steps, 1), num_steps, len(y), sum(lrs))
+
+
+def batch_sizes(num_examples: int, batch_size: int, num_steps: int) -> list[int]:
+    """The size of each of :func:`batches`' ``num_steps`` batches (an epoch's last one may be short)."""
+    steps_per_epoch = -(-num_examples // batch_size)
+    last = num_examples - (steps_per_epoch - 1) * batch_size
+    return [last if k % steps_per_epoch == steps_per_epoch - 1 else batch_size for k in range(num_steps)]
 
 
 class LocalObjective:
@@ -142,23 +154,55 @@ class LocalObjective:
     Subclasses (clients/objectives/) override :meth:`backward`, which must leave the
     batch gradient in ``.grad`` (zeroed before the call) and return the detached loss, and
     :meth:`finish`, called once after the round (to keep client state, undo model changes);
-    :meth:`after_step` and :meth:`end_epoch` run after each step and each epoch, and
-    :meth:`reply_tensors` names what the reply carries besides the model.
-    ``capturable``: whether :meth:`backward` may be captured in a CUDA graph (static
-    shapes, no host work per step, no per-round Python state it reads); a subclass is not
-    unless it says so.
+    :meth:`after_step` runs after each optimizer step, inside the step (FedFA's
+    calibration), :meth:`end_epoch` after each epoch, and :meth:`reply_tensors` names what
+    the reply carries besides the model.
+
+    What a step may be captured as a CUDA graph (clients/client_step.py) asks of an objective:
+
+    - ``capturable``: :meth:`backward` and :meth:`after_step` have static shapes, no host
+      synchronisation and no Python branching on tensor values. A subclass is not unless it
+      says so; ``not_captured_because`` then says why (the step's log and the benchmark show it).
+    - :meth:`signature`: every Python value the step bakes in (hyperparameters, switches);
+      a step is reused only by an objective of the same type and signature.
+    - ``round_state`` / :meth:`adopt`: the tensors (or modules, or lists of tensors) that
+      the step reads or writes and whose values change each round. A reused step keeps the
+      first round's objects; a later round's objective copies its values into them and
+      takes them over, so the captured step sees them and :meth:`end_epoch`,
+      :meth:`finish` and :meth:`reply_tensors` see what the step wrote.
+    - :meth:`draws`: randomness per step is drawn for the whole round before its first
+      step, in step order, and passed to :meth:`backward` as extra tensors (``*draws``),
+      which a captured step copies into static inputs like the batch.
     """
 
     capturable = True
+    not_captured_because = "it does not declare itself capturable"
+    round_state: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.capturable = cls.__dict__.get("capturable", False)
 
-    def backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *draws: torch.Tensor) -> torch.Tensor:
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         return loss.detach()
+
+    def signature(self) -> tuple:
+        """The Python values :meth:`backward` and :meth:`after_step` bake into a captured step."""
+        return ()
+
+    def draws(self, batch_sizes: Sequence[int]) -> list[tuple[torch.Tensor, ...]]:
+        """Per step (of the given batch sizes), the random tensors :meth:`backward` takes (CPU tensors)."""
+        return [()] * len(batch_sizes)
+
+    def adopt(self, previous: LocalObjective) -> None:
+        """Take over ``previous``'s ``round_state`` (same type and signature: a captured step
+        reads and writes those objects), with this round's values copied into them."""
+        for name in self.round_state:
+            theirs = getattr(previous, name)
+            copy_values(theirs, getattr(self, name))
+            setattr(self, name, theirs)
 
     def after_step(self, model: nn.Module) -> None:
         """Called after each optimizer step (FedFA calibrates its classifier here)."""
@@ -172,6 +216,32 @@ class LocalObjective:
     def reply_tensors(self) -> dict[str, torch.Tensor]:
         """Tensors the client sends back besides its model (one ArrayRecord named after the objective)."""
         return {}
+
+
+@torch.no_grad()
+def copy_values(target, source) -> None:
+    """Copy ``source``'s values into ``target``: tensors, lists or tuples of them, modules
+    (parameters and buffers), optimizers of the same parameters (a state ``source`` has
+    not created yet is zeroed: a fresh Adam's), or None on both sides."""
+    if isinstance(target, torch.Tensor):
+        target.copy_(source)
+    elif isinstance(target, nn.Module):
+        for mine, value in zip([*target.parameters(), *target.buffers()], [*source.parameters(), *source.buffers()]):
+            mine.copy_(value)
+    elif isinstance(target, torch.optim.Optimizer):
+        for param, state in target.state.items():
+            for name, tensor in state.items():
+                if not isinstance(tensor, torch.Tensor):
+                    continue
+                if param in source.state:
+                    tensor.copy_(source.state[param][name])
+                else:
+                    tensor.zero_()
+    elif isinstance(target, (list, tuple)):
+        for mine, value in zip(target, source, strict=True):
+            copy_values(mine, value)
+    elif target is not None or source is not None:
+        raise TypeError(f"cannot copy {type(source).__name__} into {type(target).__name__}")
 
 
 def proximal_hook(model: nn.Module, mu: float) -> GradientTerm:

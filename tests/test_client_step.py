@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from clients.augmentation import CropFlip
 from clients.client_step import GradientTerm, step_mode
 from clients.control_variates import add_correction
 from clients.models import build_model
+from clients.objectives.gradaug import GradAug
 from clients.objectives.moon import Moon
 from clients.training import LocalObjective, LocalTrainingConfig, proximal_hook, train_local
 
@@ -68,8 +71,10 @@ def test_which_steps_are_captured_on_cuda():
     assert step_mode(torch.device("cpu"), True, LocalObjective(), [term], None) == ("eager", "not on CUDA")
     assert step_mode(CUDA, True, LocalObjective(), [term], None) == ("graph", "")
     assert step_mode(CUDA, False, LocalObjective(), [], None)[1] == "cuda-graphs = false"
-    assert "Moon" in step_mode(CUDA, True, Moon.__new__(Moon), [], None)[1]
-    assert "augmentation" in step_mode(CUDA, True, LocalObjective(), [], lambda x, g: x)[1]
+    assert step_mode(CUDA, True, Moon.__new__(Moon), [], None) == ("graph", "")
+    assert step_mode(CUDA, True, LocalObjective(), [], CropFlip([0.0])) == ("graph", "")  # augmentation is no reason
+    why = step_mode(CUDA, True, GradAug(2, 0.8, 1.75, np.random.default_rng(0)), [], None)[1]
+    assert "GradAug" in why and "widths" in why
     assert "static inputs" in step_mode(CUDA, True, LocalObjective(), [lambda params: None], None)[1]
 
     class Declared(LocalObjective):
@@ -108,7 +113,7 @@ class ReplayingGraph:
 
     def replay(self) -> None:
         self.step.optimizer.zero_grad(set_to_none=False)
-        self.step._body(self.step.static_x, self.step.static_y)
+        self.step._body(self.step.static_inputs)
         with torch.no_grad():
             self.step.params[0].view(-1)[0] += self.error
 

@@ -299,7 +299,8 @@ def test_fedalign_trains_a_resnet_and_touches_only_its_weights():
 def test_mixup_loss_by_hand():
     model = nn.Linear(2, 2)
     x, y = torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 1])
-    loss = Mixup(0.1, np.random.default_rng(3)).backward(model, x, y)
+    objective = Mixup(0.1, np.random.default_rng(3))
+    loss = objective.backward(model, x, y, *objective.draws([2])[0])
     rng = np.random.default_rng(3)  # the same draws
     lam, pairing = rng.beta(0.1, 0.1), torch.from_numpy(rng.permutation(2))
     logits = model(lam * x + (1 - lam) * x[pairing])
@@ -313,10 +314,13 @@ def test_stochastic_depth_rates_decay_linearly_and_are_reset():
     model = build_model("resnet20-gn", (1, 8, 8), 10)
     objective = StochasticDepth(model, 0.9)
     blocks = model.residual_blocks()
-    assert len(blocks) == 9 and blocks[-1].drop_rate == pytest.approx(0.1) and blocks[0].drop_rate == 0.0
-    assert blocks[1].drop_rate == pytest.approx(0.1 / 8)
+    assert len(objective.rates) == 9 and objective.rates[-1] == pytest.approx(0.1) and objective.rates[0] == 0.0
+    assert objective.rates[1] == pytest.approx(0.1 / 8)
+    assert [block for block, _ in objective.dropping] == blocks[1:]  # the first block (rate 0) draws nothing
+    objective.backward(model, torch.randn(2, 1, 8, 8), torch.arange(2), *objective.draws([2])[0])
+    assert all(block.branch_scale is not None for block in blocks[1:])
     objective.finish(model)
-    assert all(block.drop_rate == 0.0 for block in blocks)
+    assert all(block.branch_scale is None and block.drop_rate == 0.0 for block in blocks)
 
 
 def test_gradaug_without_distillation_is_plain_cross_entropy():

@@ -67,6 +67,9 @@ class _ResidualBlock(nn.Module):
         # Probability of dropping the residual branch in training (Stochastic Depth,
         # Huang et al., ECCV 2016); set per block by the method that uses it.
         self.drop_rate: float = 0.0
+        # Or the branch's factor, drawn by the method beforehand (Stochastic Depth's objective):
+        # Bernoulli(1 − rate)/(1 − rate), shape (1, 1, 1, 1), used in place of drop_rate's own draw.
+        self.branch_scale: torch.Tensor | None = None
         self.stride = stride
         reshapes = stride != 1 or in_channels != out_channels
         # Shortcut when the block changes the shape: option A (parameter-free zero padding)
@@ -82,7 +85,9 @@ class _ResidualBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.branch(x)
-        if self.drop_rate > 0.0:
+        if self.branch_scale is not None and self.training:
+            out = out * self.branch_scale
+        elif self.drop_rate > 0.0:
             from torchvision.ops import stochastic_depth  # torchvision: a second of import, only where used
 
             out = stochastic_depth(out, self.drop_rate, mode="batch", training=self.training)

@@ -74,9 +74,14 @@ def scaled_lipschitz_loss(cross_entropy: torch.Tensor, lipschitz: torch.Tensor, 
 class FedAlign(LocalObjective):
     """CE plus the Lipschitz-matching term between the full and the ω_S-slim last stage."""
 
+    capturable = True  # fixed widths and power iterations, the scale factor on the device
+
     def __init__(self, mu: float = 0.45, width: float = 0.25):
         self.mu = mu
         self.width = width
+
+    def signature(self) -> tuple:
+        return (self.mu, self.width)
 
     def backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if not isinstance(model, StagedNet):

@@ -19,6 +19,13 @@ At each epoch's end (:meth:`FeatureAnchors.end_epoch`), for each class c seen in
 m_c = s_c/(batches in the epoch) (all batches, as the code: rare classes shrink), and
 ā_c ← ρ·ā_c + (1 − ρ)·m_c; ā starts as A. The client sends ā. IMA's variant turns the
 anchor loss and the calibration off per round (strategies/fedfa.py).
+
+Steps 1–4 run inside the local step, so it is captured as a CUDA graph: the class counts
+and sums are formed with ``index_add_`` and ``torch.where`` (no boolean-mask indexing,
+whose result size the host would have to read), the batch count is a device tensor, and
+on CUDA the calibration's Adam is ``capturable``. The anchors, the sums and Adam's state
+are the step's round state (``LocalObjective.adopt``): a fresh Adam each round is the
+first round's Adam with its state zeroed.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ from clients.training import LocalObjective
 class FeatureAnchors(LocalObjective):
     """FedFA's local objective, calibration and anchor EMA for one round."""
 
+    capturable = True
+    round_state = ("anchors", "class_sums", "seen", "epoch_batches", "calibration")
+
     def __init__(self, model: nn.Module, anchors: torch.Tensor, lam: float, rho: float, anchor_loss: bool = True,
                  calibrate: bool = True):
         if not hasattr(model, "represent") or not isinstance(getattr(model, "classifier", None), nn.Linear):
@@ -44,15 +54,21 @@ class FeatureAnchors(LocalObjective):
         self.updated_anchors = self.anchors.clone()
         self.num_classes = self.anchors.shape[0]
         self.lam, self.rho, self.anchor_loss = lam, rho, anchor_loss
-        self.calibration = torch.optim.Adam(model.classifier.parameters()) if calibrate else None
+        # capturable: Adam's step count and bias corrections on the device (CUDA only; the CPU has no graphs).
+        self.calibration = (torch.optim.Adam(model.classifier.parameters(), capturable=device.type == "cuda")
+                            if calibrate else None)
         self.class_sums = torch.zeros_like(self.anchors)
         self.seen = torch.zeros(self.num_classes, dtype=torch.bool, device=device)
-        self.epoch_batches = 0
+        self.epoch_batches = torch.zeros((), device=device)
+
+    def signature(self) -> tuple:
+        return (self.lam, self.rho, self.anchor_loss, self.calibration is not None)
 
     def backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         features = model.represent(x)
         loss = F.cross_entropy(model.classifier(features), y)
-        counts = torch.bincount(y, minlength=self.num_classes).to(features.dtype)
+        counts = torch.zeros(self.num_classes, dtype=features.dtype, device=y.device).index_add_(
+            0, y, torch.ones_like(y, dtype=features.dtype))
         if self.anchor_loss:
             distances = ((features - self.anchors[y]) ** 2).sum(dim=1) / counts[y]
             loss = loss + self.lam * distances.sum() / self.num_classes
@@ -60,7 +76,7 @@ class FeatureAnchors(LocalObjective):
         with torch.no_grad():
             sums = torch.zeros_like(self.class_sums).index_add_(0, y, features.detach())
             present = counts > 0
-            self.class_sums[present] += sums[present] / counts[present, None]
+            self.class_sums += torch.where(present[:, None], sums / counts.clamp_min(1)[:, None], 0.0)
             self.seen |= present
             self.epoch_batches += 1
         return loss.detach()
@@ -77,12 +93,12 @@ class FeatureAnchors(LocalObjective):
     @torch.no_grad()
     def end_epoch(self) -> None:
         """ā_c ← ρ·ā_c + (1 − ρ)·s_c/(batches), for the classes seen this epoch."""
-        if self.epoch_batches:
-            means = self.class_sums / self.epoch_batches
-            self.updated_anchors[self.seen] = self.rho * self.updated_anchors[self.seen] + (1 - self.rho) * means[self.seen]
+        means = self.class_sums / self.epoch_batches.clamp_min(1)  # no class is seen in an epoch without batches
+        moved = self.rho * self.updated_anchors + (1 - self.rho) * means
+        self.updated_anchors = torch.where(self.seen[:, None], moved, self.updated_anchors)
         self.class_sums.zero_()
         self.seen.zero_()
-        self.epoch_batches = 0
+        self.epoch_batches.zero_()
 
     def reply_tensors(self) -> dict[str, torch.Tensor]:
         return {"anchors": self.updated_anchors.cpu()}

@@ -26,6 +26,9 @@ from clients.training import LocalObjective
 class LocallyEstimatedSam(LocalObjective):
     """Cross-entropy's gradient at y + ε, with ε fixed for the round (see the module docstring)."""
 
+    capturable = True  # ε is computed once per round, before the steps; a step only adds and removes it
+    round_state = ("epsilon",)
+
     def __init__(self, model: nn.Module, state: RecordDict, rho: float, update: dict[str, torch.Tensor] | None = None):
         self.state = state
         self.keeps_state = update is None  # the paper's form: θ^{τ_i} lives in the client state
@@ -38,6 +41,10 @@ class LocallyEstimatedSam(LocalObjective):
         else:
             previous = None
         self.epsilon = None if previous is None else ascent(self.received, previous, rho)
+
+    def signature(self) -> tuple:
+        # A first participation trains plain SGD: a step of its own, not one adding ε = 0.
+        return (self.epsilon is not None,)
 
     def backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         params = list(model.parameters())

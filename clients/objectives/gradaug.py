@@ -31,6 +31,11 @@ CHANNEL_DIVISOR = 8  # the authors' make_divisible
 
 
 class GradAug(LocalObjective):
+    not_captured_because = (
+        "each step draws its sub-networks' widths (from U(ω_b, 1)) and input resolutions (4 sizes), which change "
+        "the shapes of the step's tensors; a graph per combination would be recaptured for most steps"
+    )
+
     def __init__(self, num_subnets: int, min_width: float, mu: float, rng: np.random.Generator):
         self.num_subnets = num_subnets
         self.min_width = min_width

@@ -27,6 +27,9 @@ class LabelSmoothing(LocalObjective):
     def __init__(self, epsilon: float):
         self.epsilon = epsilon
 
+    def signature(self) -> tuple:
+        return (self.epsilon,)
+
     def backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = F.cross_entropy(model(x), y, label_smoothing=self.epsilon)
         loss.backward()

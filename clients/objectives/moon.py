@@ -10,6 +10,9 @@ authors' code), sim the cosine similarity, τ = 0.5.
 The representation is the input of the model's classifier (``model.represent``): for the
 CNNs and the ResNet-18/VGG-11 heads this is the output of their MLP head, which plays the
 role of MOON's projection head. Three models are held in memory during local training.
+The two frozen models are the step's round state (``LocalObjective.adopt``): a step
+replayed as a CUDA graph reads the first round's copies, into which each round loads its
+models.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ def contrastive_loss(z: torch.Tensor, z_global: torch.Tensor, z_previous: torch.
 
 
 class Moon(LocalObjective):
+    capturable = True  # two extra forwards under no_grad, static shapes
+    round_state = ("global_model", "previous_model")
+
     def __init__(self, model: nn.Module, state: RecordDict, mu: float = 1.0, temperature: float = 0.5):
         self.mu = mu
         self.temperature = temperature
@@ -43,6 +49,9 @@ class Moon(LocalObjective):
         stored = state.get(MOON_PREVIOUS_MODEL)
         if stored is not None:
             self.previous_model.load_state_dict(stored.to_torch_state_dict())
+
+    def signature(self) -> tuple:
+        return (self.mu, self.temperature)
 
     def backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         z = model.represent(x)

@@ -5,7 +5,8 @@ al., ICML 2021, eq. 9) as the local optimizer's gradient.
 Per batch: g = ∇L(w); the ascent step ε = ρ·g/‖g‖ (SAM) or ε = ρ·T_w²g/‖T_w g‖ with
 T_w = |w| + η on weight tensors and 1 on biases (ASAM, as the authors' code); then the
 gradient used for the update is ∇L(w + ε), taken at the perturbed weights, and w is
-restored. Defaults (METHODS.md §2.2): FedASAM ρ = 0.7, η = 0.2 for the CNNs, ρ = 0.2,
+restored. The norm stays on the device (no host synchronisation), so the step is captured
+as a CUDA graph. Defaults (METHODS.md §2.2): FedASAM ρ = 0.7, η = 0.2 for the CNNs, ρ = 0.2,
 η = 0.05 for other models; FedSAM ρ = 0.05.
 """
 
@@ -23,6 +24,8 @@ from clients.training import LocalObjective
 class SharpnessAware(LocalObjective):
     """The gradient of ``inner`` taken at the SAM/ASAM-perturbed weights."""
 
+    capturable = True  # two forward-backward passes with static shapes; ε and its norm on the device
+
     def __init__(self, rho: float, adaptive: bool = False, eta: float = 0.0, inner: LocalObjective | None = None,
                  norm_guard: float = 1e-12):
         self.rho = rho
@@ -30,6 +33,13 @@ class SharpnessAware(LocalObjective):
         self.adaptive = adaptive
         self.eta = eta
         self.inner = inner or LocalObjective()
+        self.capturable = self.inner.capturable
+
+    def signature(self) -> tuple:
+        return (self.rho, self.adaptive, self.eta, self.norm_guard, type(self.inner), self.inner.signature())
+
+    def adopt(self, previous: LocalObjective) -> None:
+        self.inner.adopt(previous.inner)
 
     def backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = self.inner.backward(model, x, y)

@@ -8,11 +8,20 @@ baseline. (Huang et al. count the input as block 0, so their first residual bloc
 has p = 1 − (1 − p_L)/L: one block off from the code, which this follows.) Via
 ``torchvision.ops.stochastic_depth``. That op rescales kept branches by 1/p_l in
 training, so the evaluated model needs no change (the paper instead scales by p_l at test
-time; the expectation is the same). Drop rates are reset after the round.
+time; the expectation is the same).
+
+The drops are drawn for the whole round before its first step (:meth:`StochasticDepth.draws`),
+as the op draws them — one Bernoulli(p_l) per block with a drop rate > 0, in block
+order, from torch's global generator (seeded per client round), divided by p_l — and each
+step hands its blocks their factors (``branch_scale``), so the step is captured as a
+CUDA graph. The factors are removed after the round.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import torch
 from torch import nn
 
 from clients.models.slimmable import StagedNet
@@ -27,16 +36,42 @@ def drop_rates(num_blocks: int, final_survival: float) -> list[float]:
 
 
 class StochasticDepth(LocalObjective):
+    capturable = True  # the drops are the step's inputs
+
     def __init__(self, model: nn.Module, final_survival: float = 0.9):
         if not isinstance(model, StagedNet):
             raise TypeError(f"Stochastic Depth needs a residual network, got {type(model).__name__}")
-        self.blocks = model.residual_blocks()
-        for block, rate in zip(self.blocks, drop_rates(len(self.blocks), final_survival)):
-            block.drop_rate = rate
+        self.final_survival = final_survival
+        blocks = model.residual_blocks()
+        self.rates = drop_rates(len(blocks), final_survival)
+        # torchvision's stochastic_depth draws nothing for a rate of 0 (the first block): neither does this.
+        self.dropping = [(block, rate) for block, rate in zip(blocks, self.rates) if rate > 0.0]
+
+    def signature(self) -> tuple:
+        return (self.final_survival,)
+
+    def draws(self, batch_sizes: Sequence[int]) -> list[tuple[torch.Tensor, ...]]:
+        """Per step, one factor per dropping block: Bernoulli(1 − rate)/(1 − rate), shape (1, 1, 1, 1)."""
+        if not self.dropping:
+            return [()] * len(batch_sizes)
+        drawn = []
+        for _ in batch_sizes:
+            factors = []
+            for _, rate in self.dropping:
+                survival = 1.0 - rate
+                noise = torch.empty([1, 1, 1, 1]).bernoulli_(survival)
+                factors.append(noise.div_(survival) if survival > 0.0 else noise)
+            drawn.append((torch.cat(factors),))
+        return drawn
+
+    def backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *factors: torch.Tensor) -> torch.Tensor:
+        for (block, _), factor in zip(self.dropping, factors[0] if factors else ()):
+            block.branch_scale = factor[None]
+        return super().backward(model, x, y)
 
     def finish(self, model: nn.Module) -> None:
-        for block in self.blocks:
-            block.drop_rate = 0.0
+        for block, _ in self.dropping:
+            block.branch_scale = None
 
 
 def stochastic_depth_objective(settings, model: nn.Module, state, rng, records) -> StochasticDepth:
