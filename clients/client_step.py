@@ -69,9 +69,10 @@ class GradientTerm:
         self.apply(params, self.inputs)
 
 
-def step_mode(device: torch.device, graphs: bool, objective, terms: Sequence, augment=None) -> tuple[str, str]:
+def step_mode(device: torch.device, graphs: bool, objective, terms: Sequence) -> tuple[str, str]:
     """(mode, why): ``graph`` on CUDA when asked for and every part of the step has static
-    shapes and no host work per step; else ``eager``, and why not graph."""
+    shapes and no host work per step (augmentation runs inside any step); else ``eager``,
+    and why not graph."""
     if device.type != "cuda":
         return "eager", "not on CUDA"
     if not graphs:
@@ -313,7 +314,7 @@ def client_step(model: nn.Module, config, objective, terms: Sequence, post_clip_
     this model and signature (``mode`` forces one, for tests and benchmarks). ``example``:
     a full batch's inputs, (x, y, draws …)."""
     device = next(model.parameters()).device
-    chosen, why = step_mode(device, graphs, objective, [*terms, *post_clip_terms], augment)
+    chosen, why = step_mode(device, graphs, objective, [*terms, *post_clip_terms])
     if chosen == "graph" and _graphs_failed:
         chosen, why = "eager", f"an earlier graph of this process failed: {_graphs_failed}"
     mode = mode or chosen

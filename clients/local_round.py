@@ -17,6 +17,7 @@ from torch import nn
 
 from clients import protocol
 from clients.augmentation import CropFlip
+from clients.client_step import step_mode
 from clients.halves import installed
 from clients.training import LocalObjective, LocalTrainingConfig, LocalTrainingResult, momentum_a_norm, train_local
 
@@ -82,13 +83,23 @@ class LocalRound:
 
     def train(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator) -> LocalTrainingResult:
         config = training_config(self.round_config)
-        hooks = [term for component in self.components for term in component.gradient_terms(config, len(y))]
-        post_clip_hooks = [term for component in self.components for term in component.post_clip_terms()]
+        hooks, post_clip_hooks = self.gradient_terms(config, len(y))
         return train_local(
             model, x, y, config, generator, hooks, self.objective,
             batch_augmentation(self.round_config), post_clip_hooks,
             graphs=bool(self.round_config.get(protocol.CUDA_GRAPHS, True)),
         )
+
+    def gradient_terms(self, config: LocalTrainingConfig, num_examples: int) -> tuple[list, list]:
+        """The components' gradient terms, before and after clipping."""
+        hooks = [term for component in self.components for term in component.gradient_terms(config, num_examples)]
+        return hooks, [term for component in self.components for term in component.post_clip_terms()]
+
+    def step_mode(self, device: torch.device, num_examples: int) -> tuple[str, str]:
+        """(mode, why) of this round's local step on ``device`` (clients/client_step.py)."""
+        hooks, post_clip_hooks = self.gradient_terms(training_config(self.round_config), num_examples)
+        return step_mode(device, bool(self.round_config.get(protocol.CUDA_GRAPHS, True)), self.objective,
+                         [*hooks, *post_clip_hooks])
 
     def finish(self, model: nn.Module, result: LocalTrainingResult) -> tuple[dict[str, float], dict[str, ArrayRecord]]:
         """Update the client state; return the reply's metrics and extra ArrayRecords."""

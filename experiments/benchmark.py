@@ -5,6 +5,8 @@
     python -m experiments.benchmark --preset none --set num-clients=4 --set participation=0.5 --rounds 3
     python -m experiments.benchmark --clients --set data-dir=/path/to/fashion-mnist   # K = 100, 1,000, 10,000
     python -m experiments.benchmark --startup              # the wait before round 1, stage by stage
+    python -m experiments.benchmark --methods              # client steps/s of every method, its step mode, × FedAvg
+    python -m experiments.benchmark --methods --modes      # measures nothing: the step mode of every method on CUDA
 
 One invocation runs one setup (default: preset ``ima-fmnist-shards`` with ``averaging =
 "ima"``, ``avg-start`` at 75 % of the rounds; ``--preset none``: the pyproject defaults,
@@ -46,6 +48,15 @@ overhead of rounds 2 … N, and the peak memory of the whole job (the proportion
 summed over every process of the run, sampled every 0.5 s), each with its ratio to the
 first K's. An untimed one-round run of the first K comes first (the data set's decode
 cache and the file cache are warm for every row).
+``--methods [all|M,M,…]`` instead measures client steps per second of every shipped method
+(or those named) on Basin's client path, outside Flower, in two setups: the Fashion-MNIST
+CNN and a CIFAR-shaped ResNet (``--resnet``, default resnet20-gn, synthetic 3×32×32
+tensors) with crop + flip; per method the step mode it takes on this device (eager or a
+replayed CUDA graph) and why, steps/s over one round of ``--steps`` steps after a warm-up
+round, and the ratio to FedAvg's steps/s in the same setup and invocation
+(experiments/runtime/method_speed.py). With ``--modes`` it runs nothing and prints, for
+every method with and without augmentation, the mode its step would take on a CUDA
+device and why.
 ``--startup [N]`` instead times what a user waits before round 1: ``python -m
 experiments.run --set num-clients=100 --set participation=0.1 --set num-rounds=10 --set
 min-partition-size=1 --set alpha=1.0`` and the main job (``python -m experiments.run``),
@@ -111,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="instead: the wait before round 1, stage by stage, of `python -m experiments.run "
                              "--set num-clients=100 --set participation=0.1 --set num-rounds=10 --set "
                              "min-partition-size=1 --set alpha=1.0` and of the main job, each run N times (default 3)")
+    parser.add_argument("--methods", nargs="?", const="all", default=None, metavar="all|M,M,…",
+                        help="instead: client steps/s and step mode of every shipped method (or those named), "
+                             "ratio to FedAvg's")
+    parser.add_argument("--modes", action="store_true",
+                        help="with --methods: measure nothing, print the step mode each method would take on CUDA")
+    parser.add_argument("--resnet", default="resnet20-gn", help="with --methods: the CIFAR-shaped ResNet (default resnet20-gn)")
+    parser.add_argument("--steps", type=int, default=None, help="with --methods: timed steps per method (default 30)")
     parser.add_argument("--cohort", type=int, default=10, help="with --clients: clients per round (default 10)")
     parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/benchmark-<time>)")
     # The implementation (experiments/runtime/benchmarking.py) reads these from the arguments: it does not import this module.
@@ -126,6 +144,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.startup < 1:
             raise SystemExit(f"--startup {args.startup} is not allowed; allowed: a number of repeats >= 1")
         return guarded(lambda: startup_command(args))
+    if args.modes and args.methods is None:
+        raise SystemExit("--modes is not allowed alone; allowed: with --methods")
+    if args.steps is not None and args.steps < 1:
+        raise SystemExit(f"--steps {args.steps} is not allowed; allowed: a number of steps >= 1")
+    if args.methods is not None:
+        from experiments.runtime.method_speed import methods_command
+        from experiments.runtime.run_config import parse_overrides
+
+        args.steps = args.steps or 30
+        if args.out:
+            from experiments.runtime.output_dir import create_output_dir
+
+            args.out = create_output_dir(args.out, "--out")
+        return guarded(lambda: methods_command(args, parse_overrides(args.set)))
     # The implementation imports torch and Flower: only once the arguments parsed.
     from experiments.runtime.benchmarking import clients_command, run_command, sweep_command
 

@@ -183,3 +183,31 @@ def test_the_startup_mode_refuses_no_repeats(capsys):
 
     with pytest.raises(SystemExit, match="--startup 0 is not allowed"):
         main(["--startup", "0"])
+
+
+def test_the_modes_of_every_shipped_method_on_cuda_without_a_gpu():
+    """`--methods --modes` runs nothing: every shipped method, with and without crop + flip, and
+    the mode its step takes on CUDA; only GradAug is eager, and augmentation is no reason."""
+    from strategies.methods import METHODS
+
+    result = subprocess.run([sys.executable, "-m", "experiments.benchmark", "--methods", "--modes"],
+                            capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split(maxsplit=3) for line in result.stdout.splitlines()[1:]]
+    assert {(row[0], row[1]) for row in rows} == {(m, a) for m in METHODS for a in ("none", "crop-flip")}
+    eager = [row for row in rows if row[2] != "graph"]
+    assert [(row[0], row[2]) for row in eager] == [("gradaug", "eager"), ("gradaug", "eager")]
+    assert all("widths" in row[3] and "augment" not in row[3] for row in eager)
+
+
+def test_the_methods_speed_table_measures_each_method_against_fedavg_in_the_same_run():
+    from experiments.runtime.method_speed import speed_table
+
+    table = speed_table(["fedavg", "fedfa", "fedalign"], "resnet20-gn", "cpu", {}, steps=2, progress=False)
+    assert list(table["setup"].unique()) == ["fmnist-cnn 1x28x28", "resnet20-gn 3x32x32 + crop-flip"]
+    assert (table.loc[table["method"] == "fedavg", "× FedAvg"] == 1.0).all()
+    measured = table.dropna(subset=["steps/s"])
+    assert (measured["steps/s"] > 0).all() and set(measured["mode"]) == {"eager"}  # the CPU: no graphs
+    # FedAlign needs a slimmable residual network: no figures on the CNN, and the reason.
+    on_cnn = table[(table["setup"] == "fmnist-cnn 1x28x28") & (table["method"] == "fedalign")].iloc[0]
+    assert on_cnn["mode"] == "n/a" and "needs a residual network" in on_cnn["why"]

@@ -65,14 +65,14 @@ OBJECTIVES = {
 }
 
 
-def _train(name: str, mode: str, augment: bool) -> list[tuple]:
+def _train(name: str, mode: str, augment: bool, device: str = "cpu") -> list[tuple]:
     """ROUNDS rounds of one client; per round its loss, weights, buffers and reply tensors."""
     from clients import client_step
 
     client_step._PROCESS_STEPS.clear()
     torch.manual_seed(0)
-    model = build_model("resnet20-gn", SHAPE, 10)
-    x, y = torch.randn(22, *SHAPE), torch.randint(0, 10, (22,))  # 22 = 2 × 8 + a short batch of 6
+    model = build_model("resnet20-gn", SHAPE, 10).to(device)
+    x, y = torch.randn(22, *SHAPE).to(device), torch.randint(0, 10, (22,)).to(device)  # 2 × 8 + a short batch of 6
     state = RecordDict()
     results = []
     for server_round in range(ROUNDS):
@@ -114,9 +114,8 @@ def test_every_objective_but_gradaug_is_captured():
     model = build_model("resnet20-gn", SHAPE, 10)
     cuda = torch.device("cuda")
     for name, make in OBJECTIVES.items():
-        assert step_mode(cuda, True, make(model, 1, RecordDict(), np.random.default_rng(0)), [], CropFlip([0.0])) == \
-            ("graph", ""), name
-    mode, why = step_mode(cuda, True, GradAug(2, 0.8, 1.75, np.random.default_rng(0)), [], None)
+        assert step_mode(cuda, True, make(model, 1, RecordDict(), np.random.default_rng(0)), []) == ("graph", ""), name
+    mode, why = step_mode(cuda, True, GradAug(2, 0.8, 1.75, np.random.default_rng(0)), [])
     assert mode == "eager" and "resolutions" in why
 
 
@@ -135,3 +134,20 @@ def test_the_draws_of_a_round_are_the_draws_step_after_step():
     expected = reference.beta(0.1, 0.1)
     assert (lam.item(), rest.item()) == (np.float32(expected), np.float32(1 - expected))
     assert pairing.tolist() == reference.permutation(2).tolist()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("augment", [False, True], ids=["plain", "crop-flip"])
+@pytest.mark.parametrize("name", list(OBJECTIVES))
+def test_each_objective_is_captured_and_replays_its_eager_steps_on_cuda(name, augment, monkeypatch, capsys):
+    from clients import client_step
+
+    monkeypatch.setattr(client_step, "_graphs_failed", "")
+    eager = _train(name, "eager", augment, "cuda")
+    graph = _train(name, "graph", augment, "cuda")
+    assert "CUDA graphs off" not in capsys.readouterr().out, "the graph fell back to eager steps"
+    for (eager_loss, eager_weights, _), (graph_loss, graph_weights, _) in zip(eager, graph):
+        assert graph_loss == pytest.approx(eager_loss, rel=1e-3)
+        for key in eager_weights:
+            torch.testing.assert_close(graph_weights[key], eager_weights[key], rtol=1e-3, atol=1e-4)

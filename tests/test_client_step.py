@@ -11,7 +11,6 @@ import pytest
 import torch
 from torch import nn
 
-from clients.augmentation import CropFlip
 from clients.client_step import GradientTerm, step_mode
 from clients.control_variates import add_correction
 from clients.models import build_model
@@ -68,14 +67,13 @@ def test_a_static_step_needs_static_gradient_terms():
 def test_which_steps_are_captured_on_cuda():
     model = build_model("mlp", (1, 8, 8), 10)
     term = proximal_hook(model, 0.01)
-    assert step_mode(torch.device("cpu"), True, LocalObjective(), [term], None) == ("eager", "not on CUDA")
-    assert step_mode(CUDA, True, LocalObjective(), [term], None) == ("graph", "")
-    assert step_mode(CUDA, False, LocalObjective(), [], None)[1] == "cuda-graphs = false"
-    assert step_mode(CUDA, True, Moon.__new__(Moon), [], None) == ("graph", "")
-    assert step_mode(CUDA, True, LocalObjective(), [], CropFlip([0.0])) == ("graph", "")  # augmentation is no reason
-    why = step_mode(CUDA, True, GradAug(2, 0.8, 1.75, np.random.default_rng(0)), [], None)[1]
+    assert step_mode(torch.device("cpu"), True, LocalObjective(), [term]) == ("eager", "not on CUDA")
+    assert step_mode(CUDA, True, LocalObjective(), [term]) == ("graph", "")
+    assert step_mode(CUDA, False, LocalObjective(), [])[1] == "cuda-graphs = false"
+    assert step_mode(CUDA, True, Moon.__new__(Moon), []) == ("graph", "")
+    why = step_mode(CUDA, True, GradAug(2, 0.8, 1.75, np.random.default_rng(0)), [])[1]
     assert "GradAug" in why and "widths" in why
-    assert "static inputs" in step_mode(CUDA, True, LocalObjective(), [lambda params: None], None)[1]
+    assert "static inputs" in step_mode(CUDA, True, LocalObjective(), [lambda params: None])[1]
 
     class Declared(LocalObjective):
         capturable = True
