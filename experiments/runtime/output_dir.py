@@ -8,7 +8,10 @@ dies, however it dies, so the lock a dead launcher left behind is taken over: th
 holder first stops every process of the dead holder's run (found by that FLWR_HOME, so
 only that run's: experiments/runtime/processes.py), which its guardian may not have reached yet,
 and only then writes; the summaries the dead holder left saying ``running`` are marked
-``killed``. A holder that ends removes the file. Locks belong to a
+``killed``, but not those in a folder whose own lock a live launcher holds. A holder that
+ends removes the file while still holding it; a launcher that locked the file just as it
+was removed sees that the name no longer is its file and opens the folder's anew (so two
+launchers never both hold one folder). Locks belong to a
 process: a launcher that holds a directory may lock it again (a run's folder inside its
 job's), and threads of one process are not kept apart.
 """
@@ -105,21 +108,7 @@ class OutputLock:
             if self.directory in _held:
                 _held[self.directory][1] += 1
                 return self
-            path = self.directory / LOCK_FILE
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as error:
-                raise OutputDirError(f"output directory {self.directory}: cannot create {LOCK_FILE} "
-                                     f"({error.strerror or error}); allowed: a writable directory") from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _read_pid(fd)
-                os.close(fd)
-                raise OutputLocked(
-                    f"output directory {self.directory} is in use by another Basin launcher (PID {holder}); "
-                    f"wait for it to end (or stop it), or choose another --out"
-                ) from None
+            fd = _lock_the_file(self.directory)
             previous = _read_pid(fd)
             stop_home_of_dead_holder(fd)
             os.ftruncate(fd, 0)
@@ -134,9 +123,66 @@ class OutputLock:
             entry[1] -= 1
             if entry[1] == 0:
                 del _held[self.directory]
-                # Removed while still held, so no one else holds the file being removed.
+                # Removed while still held: a launcher that opened this file before it was
+                # removed and locks it after the close finds the name no longer is its file
+                # (_lock_the_file), and tries again.
                 (self.directory / LOCK_FILE).unlink(missing_ok=True)
                 os.close(entry[0])  # releases the lock
+
+
+def _lock_the_file(directory: Path) -> int:
+    """A descriptor of ``directory``'s lock file, locked by this process, that the name
+    ``LOCK_FILE`` still names once locked (OutputLocked where another launcher holds it).
+    The holder that ends removes the file while holding it; a launcher that had opened it
+    just before gets the lock of a removed file and must not take that for the folder's."""
+    path = directory / LOCK_FILE
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise OutputDirError(f"output directory {directory}: cannot create {LOCK_FILE} "
+                                 f"({error.strerror or error}); allowed: a writable directory") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            raise OutputLocked(
+                f"output directory {directory} is in use by another Basin launcher (PID {holder}); "
+                f"wait for it to end (or stop it), or choose another --out"
+            ) from None
+        if _names(path, fd):
+            return fd
+        os.close(fd)  # the file was removed (or replaced) before we locked it: take the folder's own
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether ``path`` is the file open as ``fd``."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (found.st_dev, found.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def held_by_a_live_process(directory: Path) -> bool:
+    """Whether a process, this one included, holds ``directory``'s lock now."""
+    directory = Path(directory).resolve()
+    with _held_guard:
+        if directory in _held:
+            return True
+    try:
+        fd = os.open(directory / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # drops the shared lock, if taken
+    return False
 
 
 def record_holder(directory: Path, flwr_home: str) -> None:
@@ -169,8 +215,17 @@ def stop_home_of_dead_holder(fd: int) -> None:
 
 def mark_abandoned_summaries(directory: Path, holder: str, found: str = "found at a later start") -> None:
     """Summaries under ``directory`` (its own and its runs') still saying ``running`` once
-    their launcher is gone are marked ``killed``: no one writes them any more."""
+    their launcher is gone are marked ``killed``: no one writes them any more. A folder
+    whose lock a live process holds is left alone, ``directory`` itself unless this process
+    holds it: another launcher writes there (a run's folder launched on its own, or a
+    launcher that took the folder over before a dead holder's guardian got here)."""
+    directory = Path(directory).resolve()
+    with _held_guard:
+        ours = directory in _held
     for path in (directory / "summary.json", *directory.glob("*/summary.json"), *directory.glob("runs/*/summary.json")):
+        folder = path.parent
+        if (folder != directory or not ours) and held_by_a_live_process(folder):
+            continue
         try:
             summary = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):

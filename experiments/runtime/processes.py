@@ -12,10 +12,12 @@ A launcher's death must not leave them running: the SuperLink outlives ``flwr ru
 Ray's agents outlive their parents, and a parent-death signal reaches only direct
 children. So each launch starts a **guardian** (:class:`Guardian`,
 ``python -m experiments.runtime.guardian``) in a session of its own, where the terminal's SIGHUP
-and Ctrl-C do not reach it. It checks every 0.2 s that its launcher (PID and start time,
-so a reused PID does not fool it) still runs; once the launcher is gone, however it died
-(SIGKILL, a closed terminal, a second Ctrl-C during clean-up), it stops every process of
-the run's ``FLWR_HOME``, marks the run's summaries ``killed`` and removes the directory.
+and Ctrl-C do not reach it. It reads a lifeline, a pipe whose other end only the launcher
+holds: the read ends (end of file) the moment the kernel closes that end, i.e. when the
+launcher is gone, however it died (SIGKILL, a closed terminal, a second Ctrl-C during
+clean-up). No clock and no PID is compared (a process's start time moves when the wall
+clock is stepped, and PIDs are reused). The guardian then stops every process of the
+run's ``FLWR_HOME``, marks the run's summaries ``killed`` and removes the directory.
 A launcher that ends normally stops its guardian first; one whose guardian dies starts
 a new one within ``GUARDIAN_CHECK_S``.
 """
@@ -37,8 +39,6 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parents[2]
-# How often the guardian checks its launcher.
-GUARD_POLL_S = 0.2
 
 ProcessTable = dict[int, tuple[int, int, str]]
 
@@ -116,20 +116,6 @@ def alive(pid: int) -> bool:
         return False
     except psutil.AccessDenied:
         return True
-
-
-def start_time(pid: int) -> float:
-    """The process's start time (seconds since the epoch; 0 if it is gone): with the PID,
-    a name no later process can take."""
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return 0.0
-
-
-def same_process_alive(pid: int, started: float) -> bool:
-    """Whether process ``pid`` still runs and is the one that started at ``started``."""
-    return alive(pid) and start_time(pid) == started
 
 
 def flwr_homes() -> dict[int, str]:
@@ -222,18 +208,32 @@ class Guardian:
     def __init__(self, home: Path, out_dir: Path) -> None:
         self.home, self.out_dir, self.restarts = home, out_dir, 0
         (home / SESSIONS_BEFORE_FILE).write_text("".join(f"{session}\n" for session in sorted(ray_sessions())))
+        self._lifeline = -1  # this process's end of the running guardian's lifeline
         self.process = self._start()
         self._stopped = threading.Event()
         self._keeper = threading.Thread(target=self._keep, name="basin-guardian-keeper", daemon=True)
         self._keeper.start()
 
     def _start(self) -> subprocess.Popen:
-        me = os.getpid()
-        command = [sys.executable, "-m", "experiments.runtime.guardian", str(me), repr(start_time(me)), str(self.home),
-                   str(self.out_dir)]
+        """A new guardian, and its lifeline: the pipe's read end goes to the guardian only,
+        the write end stays here (non-inheritable: no other child of this process holds it,
+        so its end of file means this process is gone)."""
+        read_end, write_end = os.pipe()
+        command = [sys.executable, "-m", "experiments.runtime.guardian", str(os.getpid()), str(read_end),
+                   str(self.home), str(self.out_dir)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
-        return subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            process = subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(read_end,))
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        if self._lifeline >= 0:  # the previous guardian's, which has died
+            os.close(self._lifeline)
+        self._lifeline = write_end
+        return process
 
     def _keep(self) -> None:
         while not self._stopped.wait(GUARDIAN_CHECK_S):
@@ -254,6 +254,7 @@ class Guardian:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        os.close(self._lifeline)  # only now: its end of file would have made the guardian stop the run
 
 
 def _how_it_ended(returncode: int) -> str:
