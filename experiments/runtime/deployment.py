@@ -25,7 +25,7 @@ import tomli_w
 
 from experiments.certificates import KeyPair, TlsFiles, write_supernode_key_pair, write_tls_certificates
 from experiments.runtime.flower_log import follow_run, read_summary
-from experiments.runtime.launch import RunFailed, check_folder_reuse, end_summary, run_failure, stage_app
+from experiments.runtime.launch import RunFailed, check_folder_reuse, end_summary, interrupted_reason, run_failure, stage_app
 from experiments.runtime.machine import ClientResources, check_data, check_machine
 from experiments.runtime.output_dir import OutputLock, create_output_dir, record_holder, unique_output_dir
 from experiments.runtime.processes import (
@@ -330,7 +330,7 @@ def deploy(config: Mapping[str, Any], out_dir: Path, security: Security = Securi
                 federation.start_supernodes(int(config["num-clients"]))
                 return federation.run(config, out_dir, progress)
         except KeyboardInterrupt:  # recorded once every process is stopped: the rows are final
-            end_summary(out_dir, config, "interrupted", "stopped by Ctrl-C or SIGTERM")
+            end_summary(out_dir, config, "interrupted", interrupted_reason(out_dir, config))
             raise
 
 

@@ -316,7 +316,7 @@ def _launch_locked(
             "--run-config", str(run_config_path),
             "--federation-config", resources.federation_config(config["num-clients"]),
         ]
-        interrupted = False
+        ending: tuple[str, str] | None = None  # how the launch ended, when not with the run's own end
         try:
             with open(log_path, "w") as log:
                 process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=APP_DIR)
@@ -326,7 +326,10 @@ def _launch_locked(
                 # The warm process removes its socket when the run's simulation command hands over.
                 warm_ran = warm_simulation is not None and not os.path.exists(socket_path(flwr_home) or "")
         except KeyboardInterrupt:
-            interrupted = True
+            ending = ("interrupted", "")  # the reason says the last round: read once the ServerApp is stopped
+            raise
+        except BaseException as error:  # a cluster that cannot start, a failed read of the log, a bug: said, not "running"
+            ending = ("failed", f"the launcher stopped following the run: {type(error).__name__}: {error}")
             raise
         finally:
             # A second Ctrl-C waits until the clean-up is done (then ends the launcher).
@@ -338,8 +341,10 @@ def _launch_locked(
                 # A completed run has written everything: its processes get no grace (1 s).
                 completed = (read_summary(out_dir) or {}).get("status") == "completed"
                 stop_home(flwr_home, grace=0.0 if completed else 1.0)
-                if interrupted:  # recorded once the ServerApp is stopped: its rows are final
-                    end_summary(out_dir, config, "interrupted", "stopped by Ctrl-C or SIGTERM")
+                if ending is not None:  # recorded once the ServerApp is stopped: its rows are final
+                    status, reason = ending
+                    with contextlib.suppress(OSError):  # (a full disk) the launch's own error goes on
+                        end_summary(out_dir, config, status, reason or interrupted_reason(out_dir, config))
                 if warm_simulation is not None:  # stopped with the run's processes (or never handed the run)
                     warm_simulation.kill()
                     warm_simulation.wait()
@@ -397,6 +402,12 @@ def _disk_was_full(summary: Mapping[str, Any] | None, log_text: str) -> bool:
     marker = "[Errno 28]"
     return marker in str((summary or {}).get("error", "")) or (
         (summary is None or summary.get("status") == "running") and marker in log_text)
+
+
+def interrupted_reason(out_dir: Path, config: Mapping[str, Any]) -> str:
+    """What an interrupted run's summary says: where it stopped, and how to go on."""
+    return (f"interrupted at round {count_rounds(out_dir)} of {config['num-rounds']} (Ctrl-C or SIGTERM): "
+            "run the same command again to resume")
 
 
 def end_summary(out_dir: Path, config: Mapping[str, Any], status: str, reason: str) -> None:

@@ -1,0 +1,49 @@
+"""However a launch ends, its summary.json says how: never "running" once the launcher is
+done with it (experiments/runtime/launch.py). Flower is replaced by a process that waits,
+and following the run by a function that records a round, then ends as injected."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from experiments.runtime import launch as launching
+from experiments.runtime.processes import processes_of_home
+from experiments.runtime.ray_cluster import RayClusterUnreachable
+from experiments.runtime.run_config import resolve_config
+
+ENDINGS = {
+    "ctrl-c": (KeyboardInterrupt(), "interrupted",
+               "interrupted at round 1 of 5 (Ctrl-C or SIGTERM): run the same command again to resume"),
+    "cluster": (RayClusterUnreachable("the job's Ray cluster did not start within 120 s"), "failed",
+                "the launcher stopped following the run: RayClusterUnreachable: the job's Ray cluster did not start"),
+    "log-read": (OSError(5, "Input/output error"), "failed",
+                 "the launcher stopped following the run: OSError: [Errno 5] Input/output error"),
+    "bug": (ZeroDivisionError("division by zero"), "failed",
+            "the launcher stopped following the run: ZeroDivisionError: division by zero"),
+}
+
+
+@pytest.mark.parametrize("way", ENDINGS)
+def test_every_way_a_launch_ends_is_recorded_and_the_error_goes_on(tmp_path, monkeypatch, way):
+    error, status, reason = ENDINGS[way]
+    homes = []
+
+    def follow_run(process, out_dir, *args, **kwargs):
+        homes.append(process.args)
+        (out_dir / "results.csv").write_text("round,test-accuracy\n1,0.5\n")
+        (out_dir / "summary.json").write_text(json.dumps({"status": "running"}))  # as the ServerApp writes it
+        raise error
+
+    monkeypatch.setattr(launching, "FLWR_COMMAND", (sys.executable, "-c", "import time; time.sleep(60)"))
+    monkeypatch.setattr(launching, "follow_run", follow_run)
+    monkeypatch.setenv(launching.WARM_SIMULATION_SWITCH, "off")
+    config = resolve_config({"num-rounds": 5, "num-clients": 2, "participation": 1.0})
+    with pytest.raises(type(error)):
+        launching.launch(config, tmp_path / "run", progress=False)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == status and summary["error"].startswith(reason), summary
+    assert summary["rounds"] == 1
+    assert homes and not processes_of_home(tmp_path)  # nothing of the launch runs on
