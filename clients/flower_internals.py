@@ -33,15 +33,19 @@ used in another module):
   ``_get_local_superlink_paths``), and that ``ensure_local_superlink`` starts none where
   one already answers on that port.
 - **Ray's head without the dashboard's API server** (:func:`init_ray`, a speed-up, for the
-  Ray release flwr 1.41.0 pins): with ``include_dashboard=False``, Ray 2.55.1's
+  Ray release flwr 1.41.0 and 1.42.0 pin): with ``include_dashboard=False``, Ray 2.55.1's
   ``Node.start_head_processes`` still starts the dashboard's API server (a process that
   loads the dashboard's web stack to serve Ray's usage statistics) and
   ``Node.start_api_server`` waits, polling every 0.1 s, until it has registered, before
   the raylet starts. Nothing Flower or Basin runs reads it.
 
 :func:`mismatch` compares the installed release and each function's source with the
-hashes below. Where the use is only a speed-up, a mismatch says so once and Basin runs
-Flower's (or Ray's) own code instead (:func:`speed_up_available`); nothing refuses to run.
+hashes below (read from flwr 1.41.0 and 1.42.0, where they are the same). Where the use is
+only a speed-up, a mismatch says so once and Basin runs Flower's (or Ray's) own code
+instead (:func:`speed_up_available`); nothing refuses to run. On a release not checked,
+or with ``BASIN_SPEEDUPS=off``, every speed-up is off, decided before anything private
+is imported (:func:`speed_ups_off_because`): the launcher then runs Flower's own ``flwr``
+and ``flwr-simulation`` commands.
 """
 
 from __future__ import annotations
@@ -51,23 +55,29 @@ import functools
 import hashlib
 import importlib
 import inspect
+import os
 from collections.abc import Iterator, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-FLOWER_VERSION = "1.41.0"
+# The Flower releases whose sources of every function below were read and hashed: the
+# hashes are the same in both. On any other, or with BASIN_SPEEDUPS=off, every speed-up is
+# off and Flower's (and Ray's) own code runs: decided from the installed release's metadata,
+# before anything private is imported (speed_ups_off_because).
+FLOWER_RELEASES = ("1.41.0", "1.42.0")
+SPEED_UPS_SWITCH = "BASIN_SPEEDUPS"
 ENGINE_MODULE = "flwr.server.superlink.fleet.vce.vce_api"
 RUN_INFO_STORE_MODULE = "flwr.compat.client.run_info_store"
 LINK_STATE_MODULE = "flwr.server.superlink.linkstate.in_memory_linkstate"
 RAY_BACKEND_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
 RAY_ACTOR_MODULE = "flwr.simulation.ray_transport.ray_actor"
 LOCAL_SUPERLINK_MODULE = "flwr.cli.local_superlink"
-RAY_VERSION = "2.55.1"  # the release flwr 1.41.0 pins
+RAY_VERSION = "2.55.1"  # the release flwr 1.41.0 and 1.42.0 pin
 RAY_NODE_MODULE = "ray._private.node"
 
 # SHA-256 of ``inspect.getsource`` of each private function Basin replaces or relies on,
-# in flwr 1.41.0, by "module:qualified name".
+# in flwr 1.41.0 and 1.42.0 (the same), by "module:qualified name".
 SOURCE_SHA256 = {
     f"{ENGINE_MODULE}:add_messages_to_queue": "953f4bd41a931a7779a4a670ab17b633f6e20b08a0128535328674466419777a",
     f"{ENGINE_MODULE}:_register_node_info_stores": "09f302a270d22f1e1be21483f4e4475824a0e7c66ee93c58d6b696d57b5f2881",
@@ -128,7 +138,7 @@ LOCAL_CONTROL_PORT_VARIABLE, LOCAL_CONTROL_PORT = "FLWR_LOCAL_CONTROL_API_PORT",
 def local_superlink(environ: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
     """The command line and environment with which ``flwr run``, run in ``environ`` (which
     sets FLWR_HOME), starts its local SuperLink when none answers and its connection is
-    ``:local-in-memory:``: flwr 1.41.0's ``_start_local_superlink(in_memory=True)``
+    ``:local-in-memory:``: flwr 1.41.0 and 1.42.0's ``_start_local_superlink(in_memory=True)``
     (simulation mode, subprocess isolation, state in memory, its log under
     ``FLWR_HOME/local-superlink``, the folder made here as there)."""
     runtime_dir = Path(environ["FLWR_HOME"]) / "local-superlink"
@@ -151,6 +161,17 @@ def local_superlink_port(environ: Mapping[str, str]) -> str:
 
 def installed_flower() -> str:
     return installed_release("flwr")
+
+
+def speed_ups_off_because() -> str:
+    """'' where Basin's speed-ups may run; else why every one is off (``BASIN_SPEEDUPS=off``,
+    or a Flower release they were not checked against). Reads only the environment and the
+    installed release's metadata: nothing of Flower is imported."""
+    if os.environ.get(SPEED_UPS_SWITCH, "on") == "off":
+        return f"{SPEED_UPS_SWITCH}=off"
+    if (installed := installed_flower()) not in FLOWER_RELEASES:
+        return f"this is flwr {installed}, not {' or '.join(FLOWER_RELEASES)}"
+    return ""
 
 
 def installed_release(package: str) -> str:
@@ -182,37 +203,39 @@ def original(name: str) -> Any:
     return replaced[name] if name in replaced else resolve(name)
 
 
-def pinned_release(name: str) -> tuple[str, str, str]:
-    """(package, the release it was written for, the installed one) of the object ``name``."""
+def checked_releases(name: str) -> tuple[str, tuple[str, ...], str]:
+    """(package, the releases it was checked against, the installed one) of the object ``name``."""
     if name.startswith("ray."):
-        return "ray", RAY_VERSION, installed_release("ray")
-    return "flwr", FLOWER_VERSION, installed_flower()
+        return "ray", (RAY_VERSION,), installed_release("ray")
+    return "flwr", FLOWER_RELEASES, installed_flower()
 
 
 def mismatch(name: str) -> str:
-    """'' when the object under ``name`` is the pinned release's exact source (flwr 1.41.0,
-    or Ray 2.55.1 for ``ray.`` names), else what differs."""
-    package, pinned, installed = pinned_release(name)
-    if installed != pinned:
-        return f"this is {package} {installed}, not {pinned}"
+    """'' when the object under ``name`` is a checked release's exact source (flwr 1.41.0 or
+    1.42.0, or Ray 2.55.1 for ``ray.`` names), else what differs."""
+    package, releases, installed = checked_releases(name)
+    if installed not in releases:
+        return f"this is {package} {installed}, not {' or '.join(releases)}"
     try:
         found = source_hash(original(name))
     except (ImportError, AttributeError, OSError, TypeError) as error:
         return f"{name} is not there ({type(error).__name__}: {error})"
-    return "" if found == SOURCE_SHA256[name] else f"{name} differs from {package} {pinned}'s"
+    return "" if found == SOURCE_SHA256[name] else f"{name} differs from {package} {installed}'s as checked"
 
 
 @functools.cache
 def speed_up_available(speed_up: str) -> bool:
-    """Whether every function ``speed_up`` relies on is the pinned release's; if not, say
-    so once (Basin then runs Flower's, or Ray's, own code for it)."""
+    """Whether ``speed_up`` may run: the switch is not off and every function it relies on
+    is a checked release's; where a function is not, say so once (Basin then runs
+    Flower's, or Ray's, own code for it). The switch turns it off without a word."""
+    if os.environ.get(SPEED_UPS_SWITCH, "on") == "off":
+        return False
     problems = [problem for name in SPEED_UPS[speed_up] if (problem := mismatch(name))]
     if problems:
-        package, pinned, _ = pinned_release(SPEED_UPS[speed_up][0])
+        package, releases, _ = checked_releases(SPEED_UPS[speed_up][0])
         owner = "Ray" if package == "ray" else "Flower"
         print(f"[basin] {speed_up} speed-up off, {owner}'s own code runs instead: {problems[0]} "
-              f"(clients/flower_internals.py was written for {package}=={pinned}, which pyproject.toml pins)",
-              flush=True)
+              f"(clients/flower_internals.py was checked against {package} {', '.join(releases)})", flush=True)
     return not problems
 
 
@@ -250,7 +273,7 @@ def replace_engine_functions(hand_out: Any, node_contexts: Any, register_nodes: 
     hand-out scan (``add_messages_to_queue``), ``node_contexts`` its registration of the
     nodes' contexts (``_register_node_info_stores``) and ``register_nodes`` its
     registration of the nodes in the link state (``_register_nodes``); True when they are
-    in place, False where no engine runs or the engine is not 1.41.0's (said once:
+    in place, False where no engine runs or the engine is not a checked release's (said once:
     Flower's run)."""
     engine = engine_module()
     if engine is None:
@@ -269,7 +292,7 @@ def replace_engine_functions(hand_out: Any, node_contexts: Any, register_nodes: 
 
 
 def replace_ray_init(init_ray: Any) -> bool:
-    """In a process running Flower's simulation engine (1.41.0's), make ``init_ray`` the
+    """In a process running Flower's simulation engine (a checked release's), make ``init_ray`` the
     Ray backend's ``init_ray``; True when it is in place."""
     if engine_module() is None or not speed_up_available("engine"):
         return False
@@ -281,7 +304,7 @@ def replace_ray_init(init_ray: Any) -> bool:
 
 
 def replace_client_actor(actor_class: Any) -> bool:
-    """In a process running Flower's simulation engine (1.41.0's), make ``actor_class`` the
+    """In a process running Flower's simulation engine (a checked release's), make ``actor_class`` the
     actor that the Ray backend builds its pool of (``RayBackend.build`` reads the
     module's ``ClientAppActor``); True when it is in place."""
     if engine_module() is None or not speed_up_available("engine"):

@@ -294,8 +294,9 @@ def run_flower_simulation() -> int:
     """Flower's ``flwr-simulation`` command, with this module's replacements installed before
     Flower's simulation process starts its engine (the run's ``flwr-simulation``, see
     experiments/runtime/launch.py)."""
-    flower_internals.load_engine()  # Flower's command imports it too; loaded here, the replacements go in first
-    install_engine_wakeup()  # nothing with BASIN_ENGINE_WAKEUP=off
+    if not flower_internals.speed_ups_off_because():  # else nothing private is imported: Flower's command as it is
+        flower_internals.load_engine()  # Flower's command imports it too; loaded here, the replacements go in first
+        install_engine_wakeup()  # nothing with BASIN_ENGINE_WAKEUP=off
     from flwr.simulation.app import flwr_simulation
 
     return flwr_simulation()

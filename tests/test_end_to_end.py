@@ -166,6 +166,22 @@ def test_run_writes_results_config_model_and_summary(flower_runs, data_cache):
     assert any(data_cache.glob("datasets/*.npz")) and any(data_cache.glob("partitions/*.npy"))
 
 
+@pytest.mark.flower_runs("fedavg")
+def test_with_every_speed_up_off_flowers_own_code_gives_the_same_bits(flower_runs, tmp_path, monkeypatch):
+    """BASIN_SPEEDUPS=off: Flower's own `flwr`, `flwr-simulation`, engine, Ray start and
+    FedAvg mean; the speed-ups change when things happen, never what is computed."""
+    monkeypatch.setenv("BASIN_SPEEDUPS", "off")
+    fast = flower_runs["fedavg"]
+    summary = launch(fast.config, tmp_path, progress=False)
+    assert summary["status"] == "completed" and summary["warm-simulation-process"] is False
+    log = (tmp_path / "flwr.log").read_text()
+    assert "[basin] simulation engine" not in log and "[basin] discovering clients" in log
+    columns = ["round", "lr", "test-accuracy", "test-loss", "train-loss", "clients-ok", "local-steps"]
+    assert pd.read_csv(tmp_path / "results.csv")[columns].to_csv() == fast.rows()[columns].to_csv()
+    ours, flowers = (torch.load(out / "final_model.pt", weights_only=True) for out in (fast.out, tmp_path))
+    assert all(torch.equal(ours[name], flowers[name]) for name in ours)
+
+
 @pytest.mark.flower_runs("fedavg", "fedavg-again")
 def test_same_seed_gives_bitwise_identical_rounds_and_model(flower_runs):
     # The two runs ran at the same time, each with its own SuperLink and Ray.

@@ -1,5 +1,5 @@
 """Flower's private surface is used in clients/flower_internals.py only, checked against
-flwr 1.41.0, and failing soft where it is only a speed-up."""
+flwr 1.41.0 and 1.42.0, and failing soft where it is only a speed-up."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_the_scan_finds_what_it_looks_for(tmp_path):
 
 def test_every_function_basin_relies_on_is_the_installed_flowers():
     """Fails when Flower is upgraded: re-read each function against the new release and
-    update FLOWER_VERSION and SOURCE_SHA256 (the speed-ups are off until then)."""
+    add it to FLOWER_RELEASES and update SOURCE_SHA256 (the speed-ups are off until then)."""
     problems = {name: problem for name in flower_internals.SOURCE_SHA256 if (problem := flower_internals.mismatch(name))}
     assert not problems
     assert all(flower_internals.speed_up_available(name) for name in flower_internals.SPEED_UPS)

@@ -1,5 +1,5 @@
 """Basin's one change to Flower's simulation engine (clients/simulation_engine.py):
-messages are handed to the client actors when stored, on exactly Flower 1.41.0."""
+messages are handed to the client actors when stored, on exactly the Flower releases they were checked against."""
 
 from __future__ import annotations
 
@@ -79,13 +79,13 @@ def test_another_flower_runs_the_engine_unchanged_and_says_so_once(monkeypatch, 
         f"{flower_internals.ENGINE_MODULE}:add_messages_to_queue"))
     monkeypatch.setattr(vce_api, "_register_node_info_stores", flower_internals.original(
         f"{flower_internals.ENGINE_MODULE}:_register_node_info_stores"))
-    monkeypatch.setattr(flower_internals, "installed_flower", lambda: "1.42.0")
+    monkeypatch.setattr(flower_internals, "installed_flower", lambda: "1.43.0")
     flower_internals.speed_up_available.cache_clear()
     try:
         assert not install_engine_wakeup() and not install_engine_wakeup()
         assert vce_api.add_messages_to_queue is not add_messages_to_queue_on_store
         out = capsys.readouterr().out
-        assert out.count("engine speed-up off, Flower's own code runs instead: this is flwr 1.42.0, not 1.41.0") == 1
+        assert out.count("engine speed-up off, Flower's own code runs instead: this is flwr 1.43.0, not 1.41.0 or 1.42.0") == 1
     finally:
         flower_internals.speed_up_available.cache_clear()
 

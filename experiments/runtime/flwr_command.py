@@ -21,7 +21,8 @@ Where the installed Flower is not the one ``local_superlink`` was read from, or 
 does not answer within the 15 s ``flwr run`` gives its own, it is stopped and ``flwr run``
 starts its own as it always does, unless another SuperLink answers on the run's port (this
 one could not take it): then the command fails instead of joining that SuperLink. Where
-FLWR_HOME is not set or the command is not ``run``, this is plain ``flwr``.
+FLWR_HOME is not set, the command is not ``run``, or the speed-ups are off
+(``flower_internals.speed_ups_off_because``: checked before Flower loads), this is plain ``flwr``.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def wait_until_answering(superlink: subprocess.Popen, port: str, timeout: float 
 
 def main(argv: list[str]) -> int:
     superlink = None
-    if argv[:1] == ["run"] and "FLWR_HOME" in os.environ:
+    if argv[:1] == ["run"] and "FLWR_HOME" in os.environ and not flower_internals.speed_ups_off_because():
         write_flower_config(Path(os.environ["FLWR_HOME"]))
         superlink = start_local_superlink(os.environ)
     from flwr.cli.app import app  # loads while the SuperLink does

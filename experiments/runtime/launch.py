@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import hashlib
 import os
 import shutil
@@ -25,6 +26,7 @@ from typing import Any
 
 import tomli_w
 
+from clients import flower_internals
 from clients.flower_internals import ENGINE_MODULE
 from clients.simulation_engine import KEEP_CLIENT_PROCESSES
 from clients.warm_simulation import socket_path
@@ -224,7 +226,7 @@ def run_app(app: Path, log_path: Path, num_supernodes: int, run_config: str = ""
     log (also written to ``log_path``; with ``echo``, also to stdout as it comes). Every
     process it started is stopped when it ends, however it ends. ``run_config``: Flower's
     ``--run-config`` overrides (``"k=v k2='s'"``)."""
-    command = [str(Path(sys.executable).parent / "flwr"), "run", str(app), "--stream",
+    command = [flwr_executable(), "run", str(app), "--stream",
                "--federation-config", f"num-supernodes={num_supernodes}"]
     command += ["--run-config", run_config] if run_config else []
     with tempfile.TemporaryDirectory(prefix="basin-flwr-home-") as flwr_home:
@@ -249,6 +251,16 @@ def run_app(app: Path, log_path: Path, num_supernodes: int, run_config: str = ""
 # Flower's `flwr` as a run's launcher starts it (from APP_DIR): the local SuperLink of
 # `flwr run` then loads beside Flower's command line instead of after it.
 FLWR_COMMAND = (sys.executable, "-m", "experiments.runtime.flwr_command")
+
+
+@functools.cache
+def say_once(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def flwr_executable() -> str:
+    """Flower's own ``flwr`` command, beside this Python."""
+    return str(Path(sys.executable).parent / "flwr")
 
 
 INLINE_LIMIT_VARIABLE = "RAY_max_direct_call_object_size"
@@ -307,12 +319,15 @@ def _launch_locked(
         env = flower_environment(bin_dir, flwr_home, http_port, control_port, ray_address)
         if cluster is not None:
             env[KEEP_CLIENT_PROCESSES] = kept_processes_key(app, config)
-        warm_simulation = None
-        if (simulation_bin := write_simulation_command(Path(flwr_home), app)) is not None:
+        warm_simulation, flowers_own = None, flower_internals.speed_ups_off_because()
+        if flowers_own and not flowers_own.startswith(flower_internals.SPEED_UPS_SWITCH):
+            say_once(f"[basin] speed-ups off, Flower's own commands run: {flowers_own} "
+                     f"(Basin's were checked against flwr {', '.join(flower_internals.FLOWER_RELEASES)})")
+        if not flowers_own and (simulation_bin := write_simulation_command(Path(flwr_home), app)) is not None:
             env["PATH"] = f"{simulation_bin}{os.pathsep}{env['PATH']}"
             warm_simulation = start_warm_simulation(Path(flwr_home), app, env)
         command = [
-            *FLWR_COMMAND, "run", str(app), "--stream",
+            *(FLWR_COMMAND if not flowers_own else [flwr_executable()]), "run", str(app), "--stream",
             "--run-config", str(run_config_path),
             "--federation-config", resources.federation_config(config["num-clients"]),
         ]
