@@ -248,7 +248,8 @@ def run_job(
     finished, failed = [], []
     # Several runs one after another share one Ray cluster (started inside MPS, if asked).
     shared_ray = ray_address is None and len(runs) > 1
-    with OutputLock(out_dir), MpsDaemon(mps) as mps_daemon, LocalRayCluster(shared_ray, machine_cpus()) as job_ray:
+    with OutputLock(out_dir), MpsDaemon(mps) as mps_daemon, LocalRayCluster(
+            shared_ray, machine_cpus(), log_path=out_dir / "ray-cluster.log") as job_ray:
         if mps_daemon.message:
             print(f"[basin] {mps_daemon.message}", file=sys.stderr)
         for label, config in runs.items():  # another config's results or checkpoint stop the job before any run

@@ -282,6 +282,49 @@ def test_a_jobs_runs_keep_their_client_processes_whose_sources_stay_until_the_jo
     assert comparison.identical and comparison.tensors > 0, comparison.report(tmp_path / "moon", tmp_path / "alone")
 
 
+# In the cluster's holder (it inherits PYTHONPATH): what a library imported there may do.
+HOLDER_FAULTS = """
+import os, sys
+fault = os.environ.get("BASIN_TEST_HOLDER_FAULT")
+if fault == "fail":
+    sys.stderr.write("boom: no Ray here today\\n")
+    sys.stderr.flush()
+    os._exit(7)
+if fault == "stray":
+    print("a library's banner on stdout, before the address", flush=True)
+"""
+
+
+def _holder_faults(tmp_path: Path, monkeypatch, fault: str) -> None:
+    (tmp_path / "faults").mkdir()
+    (tmp_path / "faults" / "sitecustomize.py").write_text(HOLDER_FAULTS)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "faults"))
+    monkeypatch.setenv("BASIN_TEST_HOLDER_FAULT", fault)
+
+
+def test_a_job_cluster_that_cannot_start_says_why_and_keeps_the_reason_in_the_jobs_log(tmp_path, monkeypatch):
+    """The holder's errors went to /dev/null: the error said only that Ray did not start."""
+    _holder_faults(tmp_path, monkeypatch, "fail")
+    log = tmp_path / "job" / "ray-cluster.log"
+    log.parent.mkdir()
+    cluster = LocalRayCluster(True, 1, log_path=log)
+    cluster.__enter__()
+    with pytest.raises(RayClusterUnreachable, match="boom: no Ray here today"):
+        cluster.wait_until_up()
+    assert "boom: no Ray here today" in log.read_text() and cluster.holder is None
+
+
+@pytest.mark.slow
+def test_a_stray_line_on_the_holders_stdout_does_not_fail_the_start(tmp_path, monkeypatch):
+    """The address used to be the holder's first line on stdout: any other line first was a failed start."""
+    _holder_faults(tmp_path, monkeypatch, "stray")
+    with LocalRayCluster(True, 1) as address:
+        cluster = job_cluster(address)
+        cluster.wait_until_up()
+        check_ray_address(address)
+        assert "a library's banner" in Path(cluster.log_path).read_text()  # kept in the cluster's log
+
+
 def test_a_job_cluster_that_does_not_start_in_time_is_refused_and_its_holder_stopped():
     cluster = LocalRayCluster(True, 1, timeout=0.01)
     address = cluster.__enter__()  # at once: the cluster starts beside the job's first run

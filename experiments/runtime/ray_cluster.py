@@ -19,7 +19,8 @@ it, instead of each run's simulation starting and stopping Ray (~4 s, and on 2 c
 ~10 s of round 1's start with the processes it competes with). A child process holds the
 cluster (``python -m experiments.runtime.ray_cluster``: ``ray.init`` with this machine's cores and
 GPUs, the launcher's environment, e.g. MPS's pipe folder) until the launcher closes its
-stdin or dies; Ray's processes end with it.
+stdin or dies; Ray's processes end with it. It hands its address over on a pipe of its own;
+its output and errors go to the job's log (``ray-cluster.log``).
 
 The job's cluster starts beside its first run (~5 s of Ray's processes, which the first
 run's SuperLink and simulation process would otherwise wait for): its GCS port is chosen
@@ -83,18 +84,26 @@ class LocalRayCluster:
     ``enabled`` False enters as None (each run starts its own Ray, as ``flwr run`` does);
     else it starts the cluster and enters as its address ``127.0.0.1:PORT`` at once, to
     pass as a launch's ``ray_address`` (the launch waits until it is up). ``num_cpus``: the
-    cores Ray may hand out (the machine's); ``timeout``: how long it may take to start.
+    cores Ray may hand out (the machine's); ``timeout``: how long it may take to start;
+    ``log_path``: where the holder's output and errors go (the job's folder; default a
+    file in the cluster's temporary folder), their last lines quoted when it cannot start.
+
+    The holder writes the address on a pipe of its own (never its stdout, where Ray or a
+    library may print first) and closes it; end of file without an address is a failed start.
     """
 
-    def __init__(self, enabled: bool, num_cpus: int, timeout: float = 120.0):
+    def __init__(self, enabled: bool, num_cpus: int, timeout: float = 120.0, log_path: Path | None = None):
         self.enabled = enabled
         self.num_cpus = num_cpus
         self.timeout = timeout
+        self.log_path = log_path
         self.holder: subprocess.Popen | None = None
         self.address = ""
         self.folder: Path | None = None
         self.runs = 0
         self.up = False
+        self._announced = b""  # what the holder wrote on its address pipe so far
+        self._address_pipe = -1
         self._lock = threading.Lock()
 
     def __enter__(self) -> str | None:
@@ -105,11 +114,23 @@ class LocalRayCluster:
         env = {**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",  # as the launcher gives `flwr run`
                "RAY_GCS_SERVER_PORT": str(port)}
         self.folder = Path(tempfile.mkdtemp(prefix="basin-ray-job-"))
-        self.holder = subprocess.Popen(
-            [sys.executable, "-m", "experiments.runtime.ray_cluster", str(self.num_cpus), str(self.folder)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-        )
+        if self.log_path is None:
+            self.log_path = self.folder / "ray-cluster.log"
+        read_end, write_end = os.pipe()
+        try:
+            with open(self.log_path, "ab") as log:
+                self.holder = subprocess.Popen(
+                    [sys.executable, "-m", "experiments.runtime.ray_cluster", str(self.num_cpus), str(self.folder),
+                     str(write_end)],
+                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(write_end,),
+                    cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                )
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        self._address_pipe = read_end
         self.started_at = time.monotonic()
         # Ray joins a cluster given as 127.0.0.1 through the address its raylet registered.
         self.address = f"127.0.0.1:{port}"
@@ -122,17 +143,40 @@ class LocalRayCluster:
         with self._lock:
             if self.up:
                 return
-            holder, printed = self.holder, ""
-            if holder is not None and select.select([holder.stdout], [], [], 0)[0]:
-                printed = holder.stdout.readline().strip()  # "" once the holder has ended
-                if printed.endswith(f":{self.address.rpartition(':')[2]}"):
-                    self.up = True
-                    return
-            elif holder is not None and time.monotonic() - self.started_at < self.timeout:
+            failure = self._failure()
+            if not failure:
                 return
-            self.__exit__()
-            raise RayClusterUnreachable(f"the job's Ray cluster did not start within {self.timeout:g} s "
-                                        f"(python -m experiments.runtime.ray_cluster){': ' + printed if printed else ''}")
+        self.__exit__()  # outside the lock: stopping Ray may take long, and other runs' checks go on
+        raise RayClusterUnreachable(f"the job's Ray cluster did not start within {self.timeout:g} s "
+                                    f"(python -m experiments.runtime.ray_cluster): {failure}")
+
+    def _failure(self) -> str:
+        """Why the cluster cannot start ('' while it is up or may still come up); sets ``up``."""
+        if self.holder is None:
+            return "it was stopped"
+        while self._address_pipe >= 0 and select.select([self._address_pipe], [], [], 0)[0]:
+            chunk = os.read(self._address_pipe, 256)
+            if not chunk:  # the holder closed the pipe: the address is whole, or it never came
+                os.close(self._address_pipe)
+                self._address_pipe = -1
+                break
+            self._announced += chunk
+        if self._address_pipe < 0:
+            if self._announced.decode(errors="replace").strip().endswith(f":{self.address.rpartition(':')[2]}"):
+                self.up = True
+                return ""
+            return f"its holder ended without an address; {self._log_tail()}"
+        if time.monotonic() - self.started_at < self.timeout:
+            return ""
+        return f"timed out; {self._log_tail()}"
+
+    def _log_tail(self, lines: int = 5) -> str:
+        try:
+            text = Path(self.log_path).read_text(errors="replace").strip() if self.log_path else ""
+        except OSError:
+            text = ""
+        tail = " | ".join(text.splitlines()[-lines:])
+        return f"its last output: {tail} ({self.log_path})" if tail else f"it wrote nothing ({self.log_path})"
 
     def wait_until_up(self) -> None:
         """Return once the cluster is up; raise as :meth:`raise_if_failed` where it cannot start."""
@@ -157,10 +201,14 @@ class LocalRayCluster:
                 shutil.rmtree(home, ignore_errors=True)
 
     def __exit__(self, *exc_info) -> None:
-        _job_clusters.pop(self.address, None)
-        if self.holder is None:
+        with self._lock:  # only the hand-over: the wait below holds no lock
+            _job_clusters.pop(self.address, None)
+            holder, self.holder = self.holder, None
+            if self._address_pipe >= 0:
+                os.close(self._address_pipe)
+                self._address_pipe = -1
+        if holder is None:
             return
-        holder, self.holder = self.holder, None
         holder.stdin.close()  # the holder shuts Ray down and exits
         try:
             holder.wait(timeout=self.timeout)
@@ -169,6 +217,9 @@ class LocalRayCluster:
             holder.wait()
         if self.folder is not None:  # the holder removes it too: also where this process died
             shutil.rmtree(self.folder, ignore_errors=True)
+        with contextlib.suppress(OSError):  # a log with nothing in it says nothing
+            if self.log_path is not None and Path(self.log_path).stat().st_size == 0:
+                Path(self.log_path).unlink()
         remove_finished_ray_sessions(self.sessions_before)
 
 
@@ -181,18 +232,21 @@ def job_cluster(address: str | None) -> LocalRayCluster | None:
     return _job_clusters.get(address) if address is not None else None
 
 
-def hold_cluster(num_cpus: int, folder: Path) -> None:
-    """Start a Ray cluster, print its address, and keep it until stdin closes (the launcher
-    closed it, or died); then stop it and remove the job's ``folder``."""
+def hold_cluster(num_cpus: int, folder: Path, address_fd: int) -> None:
+    """Start a Ray cluster, write its address on ``address_fd`` and close it, and keep the
+    cluster until stdin closes (the launcher closed it, or died); then stop it and remove
+    the job's ``folder``."""
     import logging
 
     import ray
 
     from clients.flower_internals import init_ray
 
+    os.set_inheritable(address_fd, False)  # Ray's processes started below must not hold the pipe open
     try:
         init_ray(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
-        print(ray.get_runtime_context().gcs_address, flush=True)
+        with os.fdopen(address_fd, "w") as address_pipe:
+            address_pipe.write(f"{ray.get_runtime_context().gcs_address}\n")
         sys.stdin.read()
         ray.shutdown()
     finally:
@@ -200,4 +254,4 @@ def hold_cluster(num_cpus: int, folder: Path) -> None:
 
 
 if __name__ == "__main__":
-    hold_cluster(int(sys.argv[1]), Path(sys.argv[2]))
+    hold_cluster(int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))

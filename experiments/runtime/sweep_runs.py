@@ -401,7 +401,7 @@ def execute_sweep(
     # with nothing left to run starts none.
     shared_ray = ray_address is None and parallel == 1 and bool(pending_runs(sweep, out_dir, retry_failed))
     with OutputLock(create_output_dir(out_dir)), MpsDaemon(mps) as mps_daemon, \
-            LocalRayCluster(shared_ray, machine_cpus()) as job_ray:
+            LocalRayCluster(shared_ray, machine_cpus(), log_path=out_dir / "ray-cluster.log") as job_ray:
         if mps_daemon.message:
             print(f"[basin] {mps_daemon.message}", file=sys.stderr)
         try:
