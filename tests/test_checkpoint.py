@@ -97,3 +97,25 @@ def test_a_resumed_recorder_rewrites_results_up_to_the_checkpoint(tmp_path):
     lines = (tmp_path / "results.csv").read_text().splitlines()
     assert len(lines) == 3 and lines[1].startswith("1,") and lines[2].startswith("2,")
     assert recorder.complete()["resumed-after-round"] == 1 and recorder.complete()["round-reaching-target"] == 2
+
+
+def _tampered(tmp_path, **changes):
+    from strategies.checkpoint import load_checkpoint, save_checkpoint
+
+    path = tmp_path / CHECKPOINT_FILE
+    save_checkpoint(path, {**load_checkpoint(path), **changes})
+
+
+def test_a_checkpoint_of_another_format_is_refused(tmp_path):
+    _checkpointed(tmp_path, _config())
+    _tampered(tmp_path, format=1)
+    with pytest.raises(CheckpointError, match=r"format 1, expected 2; delete it, or set resume = false"):
+        read_checkpoint(tmp_path, _config())
+
+
+@pytest.mark.parametrize("server_round", [0, 7])
+def test_a_checkpoint_of_a_round_the_run_does_not_have_is_refused(tmp_path, server_round):
+    _checkpointed(tmp_path, _config())
+    _tampered(tmp_path, round=server_round)
+    with pytest.raises(CheckpointError, match=rf"round {server_round} is outside 1\.\.6"):
+        read_checkpoint(tmp_path, _config())

@@ -1,5 +1,6 @@
-"""One launcher per output folder, for certain (experiments/runtime/output_dir.py), and a
-dead launcher's summaries marked ``killed`` without touching a live launcher's."""
+"""Output folders (experiments/runtime/output_dir.py): one launcher per folder, for certain;
+a dead launcher's summaries marked ``killed`` without touching a live launcher's; every
+folder that cannot be used refused, naming what is allowed."""
 
 from __future__ import annotations
 
@@ -7,8 +8,18 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
-from experiments.runtime.output_dir import OutputLock, mark_abandoned_summaries
+import pytest
+
+from experiments.runtime import output_dir
+from experiments.runtime.output_dir import (
+    OutputDirError,
+    OutputLock,
+    create_output_dir,
+    mark_abandoned_summaries,
+    unique_output_dir,
+)
 from experiments.runtime.processes import REPO
 
 # Each racer takes the folder's lock as often as it can for SECONDS; while it holds it, it
@@ -74,3 +85,37 @@ def test_a_dead_launchers_summaries_are_marked_but_not_a_live_launchers_run(tmp_
     (tmp_path / "runs" / "live" / "summary.json").write_text(json.dumps({"status": "running"}))
     with OutputLock(tmp_path / "runs" / "live"):
         assert json.loads((tmp_path / "runs" / "live" / "summary.json").read_text())["status"] == "killed"
+
+
+@pytest.mark.parametrize("path", ["", "   "])
+def test_an_empty_output_path_is_refused(path):
+    with pytest.raises(OutputDirError, match=r"--out .* is empty; allowed: a directory path"):
+        create_output_dir(Path(path) if path else path)
+
+
+def test_an_output_folder_that_is_not_writable_is_refused(tmp_path, monkeypatch):
+    """(The suite may run as root, whom no mode bit stops: the check's answer is what is set.)"""
+    monkeypatch.setattr(output_dir.os, "access", lambda path, mode: False)
+    with pytest.raises(OutputDirError, match="the directory is not writable; allowed: a writable directory path"):
+        create_output_dir(tmp_path / "out")
+
+
+def test_a_default_folder_that_cannot_be_created_is_refused(tmp_path, monkeypatch):
+    def mkdir(self, *args, **kwargs):
+        if self.parent == tmp_path:
+            raise PermissionError(13, "Permission denied")
+        return original(self, *args, **kwargs)
+
+    original = Path.mkdir
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    with pytest.raises(OutputDirError, match=r"output folder .*/main-.*: cannot create it \(Permission denied\)"):
+        unique_output_dir(tmp_path, "main")
+
+
+def test_a_folder_whose_lock_file_cannot_be_created_is_refused(tmp_path, monkeypatch):
+    def no_lock_file(path, flags, mode=0o777):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(output_dir.os, "open", no_lock_file)
+    with pytest.raises(OutputDirError, match=r"cannot create \.basin\.lock \(Permission denied\); allowed: a writable"):
+        OutputLock(tmp_path).__enter__()
