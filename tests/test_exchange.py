@@ -40,5 +40,6 @@ def test_stops_at_the_timeout_with_the_replies_it_has():
     grid = ScriptedGrid(3, never={2})
     started = time.monotonic()
     replies = send_and_receive(grid, _messages(3), timeout=0.2)
-    assert 0.2 <= time.monotonic() - started < 1.0
+    # Not before the timeout; after it, however loaded the machine (the third reply never comes).
+    assert 0.2 <= time.monotonic() - started < 30.0
     assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1"]

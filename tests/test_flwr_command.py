@@ -39,12 +39,12 @@ def test_waiting_ends_when_the_superlink_answers_or_has_exited():
         assert not flwr_command.answering(silent)
         started = time.monotonic()
         assert not flwr_command.wait_until_answering(idle, silent, timeout=0.5)  # nothing answers: gives up
-        assert time.monotonic() - started < 3.0
+        assert time.monotonic() - started < 30.0  # (bounds far from the timeouts: they hold on a loaded machine)
         exited = subprocess.Popen([sys.executable, "-c", "pass"])
         exited.wait()
         started = time.monotonic()
-        assert not flwr_command.wait_until_answering(exited, silent, timeout=30.0)  # its SuperLink is gone: at once
-        assert time.monotonic() - started < 1.0
+        assert not flwr_command.wait_until_answering(exited, silent, timeout=300.0)  # its SuperLink is gone: at once
+        assert time.monotonic() - started < 60.0
     finally:
         idle.kill()
         idle.wait()

@@ -51,7 +51,7 @@ def test_no_cluster_at_the_address_fails_before_flower_starts(tmp_path):
     started = time.monotonic()
     with pytest.raises(RayClusterUnreachable, match=f"no Ray cluster answers at {address}"):
         launch(resolve_config(SMALL), tmp_path / "out", progress=False, ray_address=address)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # Flower and Ray's join would take over a minute to fail
     assert not (tmp_path / "out").exists()  # nothing written, Flower never started
 
 
