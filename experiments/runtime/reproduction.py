@@ -57,7 +57,15 @@ KEPT_METRICS = ("seconds", "gflops", "hessian")  # data only: a cell with one of
 METRICS = (*RUN_METRICS, *COST_METRICS, *KEPT_METRICS)
 TABLE_KEYS = {"paper", "table", "caption", "metric", "seeds", "paper-seeds", "variants", "pair", "preset", "set",
               "variant-set", "variant-metric", "columns", "rows", "cells", "values"}
-PART_KEYS = {"preset", "set", "metric", "unsupported"}  # a column's or a cell's table
+PART_KEYS = {"preset", "set", "metric", "unsupported", "note"}  # a column's, row's or cell's table
+# Run-config keys that say where and how a run executes, not what it computes (where the
+# data is, devices, threads, process counts, files written, timeouts): a --set of one of
+# them leaves the paper's setup as it is.
+NOT_THE_SETUP = frozenset({
+    "data-dir", "device", "torch-threads", "server-torch-threads", "cuda-graphs", "cuda-deterministic",
+    "output-dir", "checkpoint-every", "resume", "round-timeout", "node-timeout", "save-models-every",
+    "save-models-last", "save-client-models", "round-indicators", "track", "track-dir", "track-group",
+})
 # A runnable cell with at least this many client steps per seed is marked "GPU advised":
 # about an hour or more on 2 CPU cores (a 300-round Fashion-MNIST cell has 180 000).
 GPU_ADVISED_STEPS = 100_000
@@ -107,6 +115,7 @@ class Cell:
     reason: str = ""  # why it is not run ("" when it is)
     reference_column: str = ""  # speed-up: the column whose rounds are the reference
     recipe: str = ""  # how it runs: the preset and the keys the table sets on top of it
+    note: str = ""  # what a reader of the report must know (an inferred placement, a printed inconsistency)
 
     @property
     def key(self) -> str:
@@ -222,8 +231,9 @@ def load_table(name_or_path: str, overrides: Mapping[str, Any] | None = None) ->
                     config = resolve_config(*layers)
                 except ConfigError as error:
                     raise ConfigError(f"paper table {path}, cell {row} | {column} {variant}: {error}") from None
+            note = " ".join(str(p["note"]).strip() for p in parts if p.get("note"))
             cells.append(Cell(row, column, variant, paper, metric, config, reason,
-                              metric_spec.get("reference-column", ""), recipe))
+                              metric_spec.get("reference-column", ""), recipe, note))
     return PaperTable(
         path.stem, path, spec["paper"], spec["table"], spec.get("caption", ""), int(spec.get("seeds", 1)),
         str(spec.get("paper-seeds", "not stated")), variants, bool(spec.get("pair", False)), tuple(rows),
@@ -363,6 +373,7 @@ class Measured:
     seeds: int = 0  # seeds finished
     censored: bool = False  # rounds-to-target: no seed reached the target
     note: str = ""  # why there is no value yet
+    reached: int | None = None  # rounds-to-target where some seeds missed: how many reached (value: a lower bound)
 
 
 def _run_rows(results: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
@@ -386,8 +397,12 @@ def measure_cell(cell: Cell, results: pd.DataFrame, runs_of: Mapping[str, list[s
     reached = rounds.dropna()
     if reached.empty:
         return Measured(float(done["rounds"].max()), 0.0, len(done), censored=True)
-    note = f"{len(rounds) - len(reached)} of {len(rounds)} seeds never reached the target" if len(reached) < len(rounds) else ""
-    return Measured(float(reached.mean()), float(reached.std(ddof=1)) if len(reached) > 1 else 0.0, len(done), note=note)
+    if len(reached) < len(rounds):
+        # A seed that missed would have needed more rounds than it ran: the mean over every
+        # seed, each missed one counted at its last round, is a lower bound, not a value.
+        bound = rounds.fillna(done["rounds"].astype(float)).mean()
+        return Measured(float(bound), 0.0, len(done), reached=len(reached))
+    return Measured(float(reached.mean()), float(reached.std(ddof=1)) if len(reached) > 1 else 0.0, len(done))
 
 
 def verdict(cell: Cell, basin: Measured, tolerances: Tolerances = TOLERANCES) -> tuple[str, float | None]:
@@ -401,6 +416,10 @@ def verdict(cell: Cell, basin: Measured, tolerances: Tolerances = TOLERANCES) ->
     if cell.metric == "rounds-to-target":
         if paper.censored or basin.censored:
             return ("match" if paper.censored and basin.censored else "differs"), None
+        if basin.reached is not None:  # some seeds missed: only "too many rounds" can be told
+            too_many = basin.value - paper.value > tolerances.rounds_relative * abs(paper.value)
+            return ("differs" if too_many else f"open: {basin.reached} of {basin.seeds} seeds reached the target"), \
+                tolerances.rounds_relative
     relative = tolerances.cost_relative if cell.metric in COST_METRICS else tolerances.rounds_relative
     close = abs(basin.value - paper.value) <= relative * abs(paper.value)
     return ("match" if close else "differs"), relative
@@ -416,6 +435,17 @@ def _format(value: float | None, censored: bool = False, digits: int = 2) -> str
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     return f"{value:.0f}+" if censored else f"{value:.{digits}f}"
+
+
+def basin_text(row: Mapping[str, Any]) -> str:
+    """Basin's number of a report row as shown: ``1000+`` when no seed reached the target,
+    ``≥ 412 (2 of 3 seeds reached)`` when some did not (the mean is then a lower bound)."""
+    rounds = row["metric"] == "rounds-to-target"
+    text = _format(row["basin"], bool(row["basin censored"]), 0 if rounds else 2)
+    reached = row.get("basin reached")
+    if text and reached is not None and not pd.isna(reached):
+        return f"≥ {text} ({int(reached)} of {int(row['seeds'])} seeds reached)"
+    return text
 
 
 def compare(table: PaperTable, results: pd.DataFrame, runs_of: Mapping[str, list[str]],
@@ -440,7 +470,7 @@ def compare(table: PaperTable, results: pd.DataFrame, runs_of: Mapping[str, list
         reference = next((measured.get(c.key) for c in table.cells if c.row == cell.row
                           and c.column == cell.reference_column and c.metric == "rounds-to-target"), None)
         if own and reference and own.value is not None and reference.value is not None:
-            if own.censored or reference.censored:
+            if own.censored or reference.censored or own.reached is not None or reference.reached is not None:
                 measured[cell.key] = Measured(note="a run never reached the target")
             else:
                 measured[cell.key] = Measured(reference.value / own.value, 0.0, min(own.seeds, reference.seeds))
@@ -460,10 +490,11 @@ def compare(table: PaperTable, results: pd.DataFrame, runs_of: Mapping[str, list
             "row": cell.row, "column": cell.column, "variant": cell.variant, "metric": cell.metric,
             "paper": cell.paper.text, "paper value": cell.paper.value, "paper ±": cell.paper.spread,
             "basin": basin.value, "basin std": basin.std if basin.seeds > 1 else None, "seeds": basin.seeds,
-            "basin censored": basin.censored,
+            "basin censored": basin.censored, "basin reached": basin.reached,
             "difference": (basin.value - cell.paper.value) if basin.value is not None and cell.paper.value is not None
-            and not basin.censored and not cell.paper.censored else None,
+            and not basin.censored and not cell.paper.censored and basin.reached is None else None,
             "tolerance": tolerance, "verdict": outcome, "paper gain": None, "basin gain": None, "gain verdict": "",
+            "note": cell.note,
         }
         rows.append(row)
     frame = pd.DataFrame(rows)
@@ -554,18 +585,29 @@ def report_markdown(table: PaperTable, report: pd.DataFrame) -> str:
     lines = [f"# {table.title}: Basin beside the paper", "", table.caption, "",
              f"**{headline(report)}**", "",
              f"Paper's seeds: {table.paper_seeds}. Basin's: the seeds finished per cell (column `seeds`)."]
-    if table.overrides:
-        changed = ", ".join(f"{k} = {v!r}" for k, v in table.overrides.items())
+    setup = {k: v for k, v in table.overrides.items() if k not in NOT_THE_SETUP}
+    placement = {k: v for k, v in table.overrides.items() if k in NOT_THE_SETUP}
+    if setup:
+        changed = ", ".join(f"{k} = {v!r}" for k, v in setup.items())
         lines += ["", f"**Not the paper's setup**: every run was changed by --set {changed}."]
+    if placement:
+        where = ", ".join(f"{k} = {v!r}" for k, v in placement.items())
+        lines += ["", f"Run with --set {where}: where and how the runs executed, not what they compute."]
     lines += ["", "| row | column | variant | paper | Basin | Basin − paper | verdict | paper gain | Basin gain | gain verdict |",
               "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
+    notes: dict[str, int] = {}
     for _, r in report.iterrows():
-        basin = _format(r["basin"], bool(r["basin censored"]), 0 if r["metric"] == "rounds-to-target" else 2)
+        basin = basin_text(r)
         if basin and pd.notna(r["basin std"]):
             basin += f" ± {r['basin std']:.2f}"
+        paper = r["paper"]
+        if r.get("note"):
+            paper += f" [{notes.setdefault(r['note'], len(notes) + 1)}]"
         lines.append(
-            f"| {r['row']} | {r['column']} | {r['variant']} | {r['paper']} | {basin} | {_format(r['difference'])} | "
+            f"| {r['row']} | {r['column']} | {r['variant']} | {paper} | {basin} | {_format(r['difference'])} | "
             f"{r['verdict']} | {_format(r['paper gain'])} | {_format(r['basin gain'])} | {r['gain verdict']} |")
+    if notes:
+        lines += ["", "Notes:", "", *(f"{number}. {note}" for note, number in notes.items())]
     problems = sorted({data_problem_of(c.config) for c in table.cells if c.config is not None and c.metric in RUN_METRICS}
                       - {None})
     if problems:
@@ -629,8 +671,7 @@ def printed_table(report: pd.DataFrame) -> str:
     shown = pd.DataFrame({
         "cell": [" | ".join(p for p in (r["row"], r["column"], r["variant"]) if p) for _, r in report.iterrows()],
         "paper": report["paper"],
-        "Basin": [_format(r["basin"], bool(r["basin censored"]), 0 if r["metric"] == "rounds-to-target" else 2)
-                  for _, r in report.iterrows()],
+        "Basin": [basin_text(r) for _, r in report.iterrows()],
         "diff": [_format(v) for v in report["difference"]],
         "verdict": [v if len(v) < 60 else v[:57] + "…" for v in report["verdict"]],
         "gain (paper/Basin)": [f"{_format(p)}/{_format(b)} {g}" if g else "" for p, b, g in
