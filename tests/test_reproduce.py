@@ -19,12 +19,14 @@ from experiments.runtime.reproduction import (
     PaperValue,
     TableError,
     Tolerances,
+    basin_text,
     build_sweep,
     cell_status,
     compare,
     gain_verdict,
     headline,
     load_table,
+    report_markdown,
     select,
     table_names,
     write_report,
@@ -286,6 +288,47 @@ def test_a_half_done_table_reports_what_finished(fake_table):
     assert (report.loc[("FedAvg", "Dir(0.5)", "")]["basin"], report.loc[("FedAvg", "Dir(0.5)", "")]["seeds"]) == (80.0, 1)
     assert report.loc[("FedProx", "Dir(0.5)", "")]["verdict"] == "not run: not run yet"
     assert report.loc[("FedProx", "Dir(5)", "")]["verdict"] == "not run: failed: RunFailed: boom"
+
+
+def test_a_rounds_cell_where_a_seed_missed_the_target_is_a_lower_bound_and_never_a_match(fake_table):
+    """The mean over the seeds that reached the target alone is biased low: it once said
+    "match" for a cell where half the seeds never got there."""
+    rounds = {"FedProx | Rounds": [3, None],  # the missed seed counts its 3 rounds: ≥ 3, paper 3
+              "FedAvg | Rounds | + IMA": [2, None]}  # ≥ 2.5 against the paper's 2: more than 15 % over
+    results, runs_of = fake_results(fake_table, {}, rounds)
+    report = compare(fake_table, results, runs_of).set_index(["row", "column", "variant"])
+    open_cell = report.loc[("FedProx", "Rounds", "")]
+    assert open_cell["verdict"] == "open: 1 of 2 seeds reached the target" and pd.isna(open_cell["difference"])
+    assert basin_text(open_cell.to_dict() | {"metric": "rounds-to-target"}) == "≥ 3 (1 of 2 seeds reached)"
+    assert report.loc[("FedAvg", "Rounds", "+ IMA")]["verdict"] == "differs"
+    assert report.loc[("FedAvg", "Rounds", "+ IMA")]["basin"] == pytest.approx(2.5)
+    markdown = report_markdown(fake_table, report.reset_index())
+    assert "| FedProx | Rounds |  | 3 | ≥ 3 (1 of 2 seeds reached) |  | open: 1 of 2 seeds reached the target |" in markdown
+
+
+def test_an_interrupted_cell_says_where_it_stopped_and_how_to_go_on(fake_table):
+    results, runs_of = fake_results(fake_table, {"FedAvg | Dir(0.5)": [80.0, 82.0]})
+    stopped = runs_of["FedProx | Dir(0.5)"]
+    results.loc[results["run"].isin(stopped), ["status", "error"]] = [
+        "pending", "interrupted at round 2 of 3 — run the same command to resume"]
+    report = compare(fake_table, results, runs_of).set_index(["row", "column", "variant"])
+    assert report.loc[("FedProx", "Dir(0.5)", "")]["verdict"] == \
+        "interrupted at round 2 of 3 — run the same command to resume"
+    not_run = report["verdict"].str.startswith(("not run", "interrupted")).sum()
+    assert f"; {not_run} not run," in headline(report.reset_index())
+
+
+def test_where_the_data_lives_does_not_make_a_report_another_setup(tmp_path):
+    path = tmp_path / "fake-table.toml"
+    path.write_text(FAKE_TABLE)
+    placed = load_table(str(path), {"data-dir": str(tmp_path), "device": "cpu", "checkpoint-every": 5})
+    results, runs_of = fake_results(placed, {})
+    markdown = report_markdown(placed, compare(placed, results, runs_of))
+    assert "Not the paper's setup" not in markdown
+    assert f"Run with --set data-dir = '{tmp_path}', device = 'cpu', checkpoint-every = 5" in markdown
+    changed = load_table(str(path), {"lr": 0.5, "data-dir": str(tmp_path)})
+    markdown = report_markdown(changed, compare(changed, *fake_results(changed, {})))
+    assert "**Not the paper's setup**: every run was changed by --set lr = 0.5." in markdown
 
 
 def test_cells_with_one_config_share_their_runs(tmp_path):

@@ -161,6 +161,34 @@ def test_parallel_runs_finish_every_run_and_ctrl_c_stops_the_running_ones(tmp_pa
     assert not list((tmp_path / "again" / "runs").glob("*/outcome.json"))  # nothing finished: all pending
 
 
+def test_a_run_whose_flower_died_with_the_interrupt_is_interrupted_and_resumes_not_failed(tmp_path, monkeypatch):
+    """`timeout` and a terminal's Ctrl-C signal the whole process group: `flwr run` dies
+    beside the launcher, and the run in another thread then ends as a RunFailed ("killed …")
+    once the sweep is told to stop. It was recorded failed (report: "not run: failed: …"),
+    and the same command did not run it again."""
+    path = write_sweep(tmp_path, SMALL + "[grid]\nseed = [0, 1]\n")
+
+    def launch_dying_with_the_group(config, out_dir, resources, progress, label, leave, ray_address=None, stop=None):
+        out_dir.mkdir(parents=True)
+        if label == "seed=0":
+            raise KeyboardInterrupt  # the launcher's own interrupt
+        assert stop.wait(timeout=30)
+        (out_dir / "results.csv").write_text("round,test-accuracy\n1,0.5\n2,0.6\n")
+        (out_dir / "summary.json").write_text(json.dumps({"status": "killed", "error": "the ServerApp's process ended"}))
+        raise RunFailed(f"run in {out_dir} failed: the ServerApp's process ended after round 2 without recording why")
+
+    monkeypatch.setattr(sweep_runs, "launch", launch_dying_with_the_group)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(load_sweep(path), out, progress=False, parallel=2)
+    assert not (out / "runs" / "seed=1" / "outcome.json").exists()  # pending: the same command resumes it
+    summary = json.loads((out / "runs" / "seed=1" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["error"].startswith("interrupted at round 2 of 2")
+    table, _ = collect(load_sweep(path), out)
+    assert table.set_index("run").loc["seed=1", ["status", "error"]].tolist() == [
+        "pending", "interrupted at round 2 of 2 — run the same command to resume"]
+
+
 def test_a_changed_config_reruns_and_an_unfinished_run_is_pending(tmp_path, monkeypatch):
     path = write_sweep(tmp_path, SMALL + "[grid]\nseed = [0, 1]\n")
     calls: list[str] = []

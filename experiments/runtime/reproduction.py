@@ -386,7 +386,9 @@ def measure_cell(cell: Cell, results: pd.DataFrame, runs_of: Mapping[str, list[s
     done = _run_rows(results, ids)
     failed = results[results["run"].isin(ids) & results["status"].eq("failed")]
     if done.empty:
-        note = f"failed: {failed['error'].iloc[0]}" if not failed.empty else "not run yet"
+        stopped = results[results["run"].isin(ids) & results["status"].eq("pending") & results["error"].ne("")]
+        note = (f"failed: {failed['error'].iloc[0]}" if not failed.empty else
+                str(stopped["error"].iloc[0]) if not stopped.empty else "not run yet")
         return Measured(note=note)
     if cell.metric == "acc-last-k":
         values = done["acc-last-k"].astype(float).dropna() * 100
@@ -441,11 +443,10 @@ def basin_text(row: Mapping[str, Any]) -> str:
     """Basin's number of a report row as shown: ``1000+`` when no seed reached the target,
     ``≥ 412 (2 of 3 seeds reached)`` when some did not (the mean is then a lower bound)."""
     rounds = row["metric"] == "rounds-to-target"
-    text = _format(row["basin"], bool(row["basin censored"]), 0 if rounds else 2)
     reached = row.get("basin reached")
-    if text and reached is not None and not pd.isna(reached):
-        return f"≥ {text} ({int(reached)} of {int(row['seeds'])} seeds reached)"
-    return text
+    if reached is not None and not pd.isna(reached) and row["basin"] is not None:
+        return f"≥ {row['basin']:g} ({int(reached)} of {int(row['seeds'])} seeds reached)"
+    return _format(row["basin"], bool(row["basin censored"]), 0 if rounds else 2)
 
 
 def compare(table: PaperTable, results: pd.DataFrame, runs_of: Mapping[str, list[str]],
@@ -485,11 +486,13 @@ def compare(table: PaperTable, results: pd.DataFrame, runs_of: Mapping[str, list
             outcome = (f"not reported: {cell.paper.missing}" if cell.paper.missing else
                        f"unsupported: {cell.reason}" if cell.reason else
                        f"needs data: {cell.config['dataset']} is not on this machine"
-                       if cell_status(cell) == "needs data" and basin.note == "not run yet" else f"not run: {basin.note}")
+                       if cell_status(cell) == "needs data" and basin.note == "not run yet" else
+                       basin.note if basin.note.startswith("interrupted") else f"not run: {basin.note}")
         row = {
             "row": cell.row, "column": cell.column, "variant": cell.variant, "metric": cell.metric,
             "paper": cell.paper.text, "paper value": cell.paper.value, "paper ±": cell.paper.spread,
-            "basin": basin.value, "basin std": basin.std if basin.seeds > 1 else None, "seeds": basin.seeds,
+            "basin": basin.value, "seeds": basin.seeds,
+            "basin std": basin.std if basin.seeds > 1 and not basin.censored and basin.reached is None else None,
             "basin censored": basin.censored, "basin reached": basin.reached,
             "difference": (basin.value - cell.paper.value) if basin.value is not None and cell.paper.value is not None
             and not basin.censored and not cell.paper.censored and basin.reached is None else None,
@@ -523,7 +526,7 @@ def headline(report: pd.DataFrame) -> str:
     run = report["basin"].notna()
     matched = report["verdict"].eq("match")
     text = f"{int(matched.sum())} of {int(run.sum())} cells run match the paper ({len(report)} cells in the table"
-    not_run = report["verdict"].str.startswith(("not run", "needs data"))
+    not_run = report["verdict"].str.startswith(("not run", "needs data", "interrupted"))
     unsupported = report["verdict"].str.startswith("unsupported")
     missing = report["verdict"].str.startswith("not reported")
     text += f"; {int(not_run.sum())} not run, {int(unsupported.sum())} unsupported, {int(missing.sum())} not reported)"

@@ -25,7 +25,7 @@ import pandas as pd
 
 from clients.atomic_files import write_atomically
 from experiments.runtime.cli import EXIT_INTERRUPTED, DiskFull
-from experiments.runtime.launch import RunFailed, launch
+from experiments.runtime.launch import RunFailed, end_summary, interrupted_reason, launch
 from experiments.runtime.machine import (
     CLIENT_PROCESS_GPU_BYTES,
     ClientResources,
@@ -249,6 +249,12 @@ def run_sweep(
                 stop.set()  # every later run would fail the same way: this one stays pending, the others stop
                 raise
             except RunFailed as error:
+                if stop.is_set():
+                    # Its processes died with the interrupt (a signal to the whole process group,
+                    # as `timeout` and a terminal's Ctrl-C send): interrupted, not failed; no
+                    # outcome, so the same command resumes it.
+                    end_summary(run_dir, run.config, "interrupted", interrupted_reason(run_dir, run.config))
+                    return
                 outcome = {"status": "failed", "error": str(error).splitlines()[0]}
             except Exception as error:  # the sweep goes on; the run records why it failed
                 outcome = {"status": "failed", "error": f"{type(error).__name__}: {error}"}
@@ -284,7 +290,9 @@ def collect(sweep: Sweep, out_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         run_dir = out_dir / "runs" / run.run_id
         outcome = read_outcome(run_dir, run.config)
         row = {"run": run.run_id, "status": "pending", "error": "", **_comparable(run.config)}
-        if outcome is not None:
+        if outcome is None:  # pending; one an earlier command left part-way says where it stopped
+            row["error"] = _where_it_stopped(run_dir, run.config)
+        else:
             row.update(status=outcome["status"], error=outcome["error"], **{"run-seconds": outcome["run-seconds"]})
             row.update(_summary_columns(run_dir))
             try:
@@ -298,6 +306,18 @@ def collect(sweep: Sweep, out_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         table[column] = pd.to_numeric(table.get(column), errors="coerce") if column in table else float("nan")
     curve_table = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(columns=["run", "round"])
     return table, curve_table[["run", *[c for c in curve_table.columns if c != "run"]]]
+
+
+def _where_it_stopped(run_dir: Path, config: Mapping[str, Any]) -> str:
+    """For a pending run that an earlier command interrupted (or whose launcher died):
+    "interrupted at round r of R — run the same command to resume"; else ''."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return ""
+    if summary.get("status") not in ("interrupted", "killed", "running"):
+        return ""
+    return f"interrupted at round {summary.get('rounds', 0)} of {config['num-rounds']} — run the same command to resume"
 
 
 def _summary_columns(run_dir: Path) -> dict[str, Any]:
