@@ -23,12 +23,15 @@ from experiments.runtime.reproduction import (
     build_sweep,
     cell_status,
     compare,
+    figure_panels,
     gain_verdict,
     headline,
     load_table,
+    plotted,
     report_markdown,
     select,
     table_names,
+    tolerance_bars,
     write_report,
 )
 
@@ -269,6 +272,15 @@ def test_the_comparison_gives_values_differences_gains_and_verdicts(fake_table, 
     text = headline(report.reset_index())
     assert text == ("9 of 11 cells run match the paper (16 cells in the table; 0 not run, 4 unsupported, 1 not reported); "
                     "gains: 1 of 3 within 1.5 points, 2 of the same sign")  # gains of accuracy cells only
+
+    # The figure: a panel per metric, each point with its own tolerance, and the gains.
+    flat = report.reset_index()
+    assert figure_panels(flat) == ["acc-last-k", "rounds-to-target", "gain"]
+    points = plotted(flat).set_index(["row", "column", "variant"])
+    bars = dict(zip(points.index, tolerance_bars(points.reset_index())))
+    assert bars[("FedAvg", "Dir(5)", "")] == pytest.approx(2 * math.hypot(0.5, math.sqrt(0.08)))  # its paper ±
+    assert bars[("FedAvg", "Dir(0.5)", "")] == 3.0 and bars[("FedProx", "Rounds", "")] == pytest.approx(0.45)
+    assert ("FedAvg", "Rounds", "") not in bars  # never reached: no point
 
     files = write_report(fake_table, report.reset_index(), tmp_path / "out")
     assert [f.name for f in files] == ["report.md", "report.csv", "report.png"]

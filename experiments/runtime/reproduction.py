@@ -618,45 +618,102 @@ def report_markdown(table: PaperTable, report: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+# A figure names its points when it has at most this many per panel (else only those that differ).
+LABELLED_POINTS = 40
+
+
+def plotted(report: pd.DataFrame) -> pd.DataFrame:
+    """The cells a report's figure shows: both numbers, neither one a bound."""
+    partial = report["basin reached"].notna() if "basin reached" in report else False
+    return report[report["basin"].notna() & report["paper value"].notna() & ~report["basin censored"].astype(bool)
+                  & ~partial]
+
+
+def tolerance_bars(points: pd.DataFrame, tolerances: Tolerances = TOLERANCES) -> list[float]:
+    """Each point's own tolerance, for its error bar: its accuracy tolerance in points (the
+    paper's ± and Basin's seeds widen it), or the relative tolerance times the paper's value."""
+    bars = []
+    for _, row in points.iterrows():
+        if row["metric"] == "acc-last-k":
+            bars.append(float(row["tolerance"]) if pd.notna(row["tolerance"]) else tolerances.accuracy_points)
+        else:
+            relative = tolerances.cost_relative if row["metric"] in COST_METRICS else tolerances.rounds_relative
+            bars.append(relative * abs(float(row["paper value"])))
+    return bars
+
+
+def figure_panels(report: pd.DataFrame) -> list[str]:
+    """The figure's panels: one per metric with cells to show, then ``gain`` where a pair
+    table has cells with both gains."""
+    shown = plotted(report)
+    panels = list(dict.fromkeys(shown["metric"]))
+    if report["paper gain"].notna().any() and report["basin gain"].notna().any() and \
+            (report["paper gain"].notna() & report["basin gain"].notna()).any():
+        panels.append("gain")
+    return panels
+
+
+def _point_name(row: Mapping[str, Any]) -> str:
+    return " / ".join(part for part in (row["row"], row["column"], row["variant"]) if part)
+
+
 def plot_report(table: PaperTable, report: pd.DataFrame, path: Path, tolerances: Tolerances = TOLERANCES) -> Path | None:
-    """Basin against the paper, one point per cell with both, per metric: the diagonal and
-    the tolerance band (accuracy: ± the points without a paper ±; else ± the relative tolerance)."""
-    shown = report[report["basin"].notna() & report["paper value"].notna() & ~report["basin censored"].astype(bool)]
-    if shown.empty:
+    """Basin against the paper, one point per cell with both numbers, per metric, each with
+    its own tolerance as an error bar and named (row / column / variant); for a without/with
+    pair table a last panel puts Basin's gain against the paper's (band: ± the gain
+    tolerance). Green: match (gain match); red: otherwise."""
+    panels = figure_panels(report)
+    if not panels:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = list(dict.fromkeys(shown["metric"]))
-    figure, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4.6), squeeze=False)
-    for ax, metric in zip(axes[0], metrics):
-        points = shown[shown["metric"] == metric]
-        low = float(min(points["paper value"].min(), points["basin"].min()))
-        high = float(max(points["paper value"].max(), points["basin"].max()))
+    shown = plotted(report)
+    figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5.4), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        if panel == "gain":
+            points = report[report["paper gain"].notna() & report["basin gain"].notna()]
+            x, y = points["paper gain"].astype(float), points["basin gain"].astype(float)
+            good = points["gain verdict"].eq("gain match")
+            bars = [tolerances.gain_points] * len(points)
+            band, unit = f"± {tolerances.gain_points:g} points", "gain, points"
+        else:
+            points = shown[shown["metric"] == panel]
+            x, y = points["paper value"].astype(float), points["basin"].astype(float)
+            good = points["verdict"].eq("match")
+            bars = tolerance_bars(points, tolerances)
+            band, unit = "each cell's tolerance", panel
+        low = float(min(x.min(), (y - pd.Series(bars, index=y.index)).min()))
+        high = float(max(x.max(), (y + pd.Series(bars, index=y.index)).max()))
         pad = 0.05 * (high - low or 1.0)
         line = [low - pad, high + pad]
-        if metric == "acc-last-k":
-            band_low = [v - tolerances.accuracy_points for v in line]
-            band_high = [v + tolerances.accuracy_points for v in line]
-            band = f"± {tolerances.accuracy_points:g} points"
-        else:
-            relative = tolerances.cost_relative if metric in COST_METRICS else tolerances.rounds_relative
-            band_low, band_high = [v * (1 - relative) for v in line], [v * (1 + relative) for v in line]
-            band = f"± {relative:.0%}"
-        ax.fill_between(line, band_low, band_high, color="tab:green", alpha=0.15, label=f"tolerance {band}")
         ax.plot(line, line, color="grey", linewidth=1, label="Basin = paper")
-        colours = points["verdict"].map({"match": "tab:green"}).fillna("tab:red")
-        ax.scatter(points["paper value"], points["basin"], c=colours, s=28, zorder=3)
-        ax.set_xlabel(f"paper ({metric})")
-        ax.set_ylabel(f"Basin ({metric})")
+        if panel == "gain":
+            ax.fill_between(line, [v - tolerances.gain_points for v in line], [v + tolerances.gain_points for v in line],
+                            color="tab:green", alpha=0.12, label=f"gain tolerance {band}")
+            ax.axhline(0, color="grey", linewidth=0.5)
+            ax.axvline(0, color="grey", linewidth=0.5)
+        bars = pd.Series(bars, index=points.index)
+        for ok, colour, what in ((True, "tab:green", "within"), (False, "tab:red", "outside")):
+            chosen = good.to_numpy() == ok
+            if chosen.any():
+                ax.errorbar(x[chosen], y[chosen], yerr=bars[chosen], fmt="o", color=colour, markersize=4, elinewidth=1,
+                            capsize=2, label=f"{what} its tolerance (bar: {band})")
+        label_all = len(points) <= LABELLED_POINTS
+        for (_, row), px, py, ok in zip(points.iterrows(), x, y, good):
+            if label_all or not ok:
+                ax.annotate(_point_name(row), (px, py), xytext=(3, 3), textcoords="offset points", fontsize=6)
+        ax.set_xlabel(f"paper ({unit})")
+        ax.set_ylabel(f"Basin ({unit})")
         ax.set_xlim(line)
         ax.set_ylim(line)
-        ax.set_title(f"{table.title}: {metric}", fontsize=10)
-        ax.legend(fontsize=8, loc="upper left")
+        title = f"gain {table.variants[-1].strip()}" if panel == "gain" else panel
+        ax.set_title(f"{table.title}: {title}", fontsize=10)
+        ax.legend(fontsize=7, loc="upper left")
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=130)
     plt.close(figure)
     return path
 
