@@ -13,6 +13,9 @@ wrappers over these functions.
     s.table, s.curves, s.report()
     load_run("runs/nb")   # a finished job or run folder, back as the same object
 
+    from experiments.api import reproduce
+    r = reproduce("fedalign-table5")   # a paper table: r.report (DataFrame), r.headline, r.files
+
 ``run()`` with no ``preset``, ``set`` and ``compare`` is the README's main job (FedAvg,
 FedAvg + IMA, FedAvg + WIMA on the embedded digits).
 
@@ -47,6 +50,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from experiments.runtime.reproduction import Reproduction
 
 # The main job's comparison: FedAvg without and with each averaging rule.
 MAIN_JOB_COMPARE = {"averaging": ["none", "ima", "wima"]}
@@ -370,6 +375,75 @@ def sweep(
         error.job = result
         raise error
     return result
+
+
+def reproduce(
+    table: str,
+    *,
+    only: Sequence[str] = (),
+    seeds: int | None = None,
+    set: Mapping[str, Any] | None = None,  # noqa: A002 - the command line's --set
+    out: str | Path | None = None,
+    parallel: int | None = 1,
+    mps: bool = False,
+    ray_address: str | None = None,
+    retry_failed: bool = False,
+    report_only: bool = False,
+    dry_run: bool = False,
+    progress: bool = True,
+) -> Reproduction | pd.DataFrame:
+    """Reproduce a paper's table and return its report: ``python -m experiments.reproduce``.
+
+    Args:
+        table: a table name (``python -m experiments.reproduce --list``) or a paper-table TOML file.
+        only: keep the cells whose row or column is one of these comma-separated names, each
+            entry a filter, all of them intersected (``--only``), e.g. ``["FMNIST", "FedAvg,FedProx"]``.
+        seeds: seeds per cell, 0 … seeds − 1 (default: the table's).
+        set: run-config overrides for every run (``--set``).
+        out: the folder (default ``runs/reproduce/<table>``); finished runs in it are reused.
+        parallel: runs at once (``--parallel``; None: auto). mps, ray_address, retry_failed:
+            as the command line's options.
+        report_only: report what earlier calls ran; start no run.
+        dry_run: run nothing; return one row per cell: the paper's value, its status, the
+            run it needs and its client steps (no step timing).
+        progress: draw progress.
+
+    Returns:
+        A :class:`~experiments.runtime.reproduction.Reproduction`: ``report`` (a DataFrame,
+        one row per cell: paper, basin, difference, verdict, gains, note), ``headline``,
+        ``files`` (report.md, report.csv, report.png) and ``out``; with ``dry_run`` the
+        cells' DataFrame.
+
+    Raises:
+        As :func:`run`: ``ValueError`` and its subclasses for bad input (``TableError`` for
+        a table or an ``only`` that matches nothing) before anything starts;
+        ``KeyboardInterrupt`` once the running runs are stopped (the same call resumes);
+        ``RunFailed`` when a run failed, after the others ran and the report was written
+        (``error.job`` holds the Reproduction).
+    """
+    from experiments.runtime.cli import UsageError
+    from experiments.runtime.launch import RunFailed
+    from experiments.runtime.reproduction import dry_run_table, load_table, reproduce_table, select
+
+    if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1):
+        raise UsageError(f"seeds = {seeds!r} is not allowed; allowed: an integer >= 1")
+    if parallel is not None and (isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1):
+        raise UsageError(f"parallel = {parallel!r} is not allowed; allowed: an integer >= 1 or None (auto)")
+    if isinstance(only, str):
+        raise UsageError(f"only = {only!r} is not allowed; allowed: a list of filters, e.g. [{only!r}]")
+    if dry_run:
+        loaded = load_table(table, set)
+        loaded = select(loaded, only) if only else loaded
+        cells, _ = dry_run_table(loaded, seeds or loaded.seeds, timing=False)
+        return cells
+    done = reproduce_table(table, only, seeds, set, Path(out) if out is not None else None, parallel, mps,
+                           ray_address, retry_failed, report_only, progress)
+    if done.failed:
+        error = RunFailed(f"{len(done.failed)} runs of {done.table.name} failed, e.g. {done.failed[0]} "
+                          f"(the report says why per cell: {done.files[0]})")
+        error.job = done
+        raise error
+    return done
 
 
 def load_run(path: str | Path) -> Job | SweepResult:

@@ -77,6 +77,11 @@ def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path, scoped_env):
     assert final.count("completed") == 3
     assert (tmp_path / "runs" / "quickstart" / "accuracy.png").is_file()
     assert (tmp_path / "runs" / "digits-alpha" / "results.parquet").is_file()
+    costs = next(cell for cell in code if "reproduce(" in cell.source).outputs
+    assert any("cells run match the paper" in o.get("text", "") for o in costs)  # the headline
+    shown = next(o["data"]["text/plain"] for o in costs if o.output_type == "execute_result")
+    assert "MFLOPs" in shown and "Param (M)" in shown and "not run" not in shown.split("MFLOPs")[1].splitlines()[0]
+    assert (tmp_path / "runs" / "fedalign-table5" / "report.md").is_file()
     assert not wait_for_no_processes(scope)
     print(f"notebook ran in {seconds:.0f} s")
 

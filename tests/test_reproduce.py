@@ -343,6 +343,27 @@ def test_where_the_data_lives_does_not_make_a_report_another_setup(tmp_path):
     assert "**Not the paper's setup**: every run was changed by --set lr = 0.5." in markdown
 
 
+def test_reproduce_from_python_returns_the_report_and_refuses_bad_input_first(tmp_path):
+    from experiments.api import reproduce
+    from experiments.runtime.cli import UsageError
+
+    path = tmp_path / "fake-table.toml"
+    path.write_text(FAKE_TABLE)
+    done = reproduce(str(path), out=tmp_path / "out", report_only=True, progress=False)
+    assert isinstance(done.report, pd.DataFrame) and len(done.report) == 16
+    assert list(done.report.columns[:5]) == ["row", "column", "variant", "metric", "paper"]
+    assert done.headline.startswith("0 of 0 cells run match the paper (16 cells in the table")
+    assert [f.name for f in done.files] == ["report.md", "report.csv"] and all(f.is_file() for f in done.files)
+    cells = reproduce(str(path), only=["FedAvg"], dry_run=True)
+    assert isinstance(cells, pd.DataFrame) and set(cells["cell"].str.split(" | ").str[0]) == {"FedAvg"}
+    with pytest.raises(UsageError, match="seeds = 0 is not allowed"):
+        reproduce(str(path), seeds=0)
+    with pytest.raises(UsageError, match=r"only = 'FedAvg' is not allowed; allowed: a list of filters"):
+        reproduce(str(path), only="FedAvg")
+    with pytest.raises(TableError, match="matches no cell"):
+        reproduce(str(path), only=["ImageNet"], report_only=True)
+
+
 def test_cells_with_one_config_share_their_runs(tmp_path):
     table = load_table("ima-table2")
     sweep, runs_of = build_sweep(table, 3)

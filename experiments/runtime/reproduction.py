@@ -822,11 +822,62 @@ def list_tables(overrides: Mapping[str, Any] | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@dataclass(frozen=True)
+class Reproduction:
+    """What reproducing a table gave: the report (one row per cell, as report.csv), its
+    headline, its files (report.md, report.csv, report.png) and whether every run that can
+    run here finished (``failed``: the runs that did not)."""
+
+    table: PaperTable
+    out: Path
+    report: pd.DataFrame
+    files: list[Path]
+    failed: list[str]
+
+    @property
+    def headline(self) -> str:
+        return headline(self.report)
+
+
+def reproduce_table(table_name: str, only: Sequence[str] = (), seeds: int | None = None,
+                    overrides: Mapping[str, Any] | None = None, out: Path | None = None, parallel: int | None = 1,
+                    mps: bool = False, ray_address: str | None = None, retry_failed: bool = False,
+                    report_only: bool = False, progress: bool = True) -> Reproduction:
+    """Run a table's cells (those ``only`` keeps; resumable, finished runs reused) and write
+    its report; KeyboardInterrupt propagates once the running runs are stopped (the same
+    call resumes them). The report covers the whole table: cells outside ``only`` show what
+    earlier calls ran."""
+    from experiments.runtime.sweep_runs import execute_sweep
+
+    whole = load_table(table_name, overrides)
+    table = select(whole, only) if only else whole
+    seeds = seeds or table.seeds
+    out_dir = (out or Path("runs") / "reproduce" / table.name).resolve()
+    sweep, _ = build_sweep(table, seeds)
+    print(f"{table.title}: {len(table.cells)} cells, {len(sweep.runs)} runs ({seeds} seeds) → {out_dir}", flush=True)
+    problems = {run.run_id: data_problem_of(run.config) for run in sweep.runs}
+    here = dataclasses.replace(sweep, runs=[run for run in sweep.runs if problems[run.run_id] is None])
+    if len(here.runs) < len(sweep.runs):
+        reasons = sorted({problem for problem in problems.values() if problem})
+        print(f"[reproduce] {len(sweep.runs) - len(here.runs)} runs cannot load their data here and are not run "
+              f"(their cells say so in the report): {reasons[0]}", file=sys.stderr, flush=True)
+    failed: list[str] = []
+    if here.runs and not report_only:
+        _, runs_table = execute_sweep(here, out_dir, retry_failed=retry_failed, progress=progress,
+                                      ray_address=ray_address, parallel=parallel, mps=mps)
+        failed = runs_table.loc[runs_table["status"].eq("failed"), "run"].tolist()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    costs = measure_costs(table, out_dir, progress=progress)
+    costs = {**measure_costs(whole, out_dir, progress=False, cached_only=True), **costs}
+    results, runs_of = results_of(whole, out_dir, seeds)
+    report = compare(whole, results, runs_of, costs)
+    return Reproduction(whole, out_dir, report, write_report(whole, report, out_dir), failed)
+
+
 def run_command(args) -> int:
     """List, dry-run, or run and report a table (see experiments/reproduce.py)."""
     from experiments.runtime.cli import EXIT_INTERRUPTED
     from experiments.runtime.run_config import parse_overrides
-    from experiments.runtime.sweep_runs import execute_sweep
 
     overrides = parse_overrides(args.set)
     if args.list:
@@ -840,42 +891,23 @@ def run_command(args) -> int:
               f"{GPU_ADVISED_STEPS:,} client steps per seed (hours on 2 CPU cores); needs data: its data set is not on "
               "this machine (CIFAR downloads where the hub is reachable); cost: MFLOPs/parameters measured here on the CPU")
         return 0
-    whole = load_table(args.table, overrides)
-    table = select(whole, args.only) if args.only else whole
-    seeds = args.seeds or table.seeds
-    out_dir = (args.out or Path("runs") / "reproduce" / table.name).resolve()
     if args.dry_run:
+        table = load_table(args.table, overrides)
+        table = select(table, args.only) if args.only else table
+        seeds = args.seeds or table.seeds
         cells, total = dry_run_table(table, seeds, timing=not args.no_timing)
         with pd.option_context("display.max_colwidth", 120, "display.width", 250):
             print(f"{table.title} ({table.name}): {len(table.cells)} cells, seeds 0–{seeds - 1}\n")
             print(cells.to_string(index=False))
         print(f"\n{total}")
         return 0
-
-    sweep, _ = build_sweep(table, seeds)
-    print(f"{table.title}: {len(table.cells)} cells, {len(sweep.runs)} runs ({seeds} seeds) → {out_dir}", flush=True)
-    problems = {run.run_id: data_problem_of(run.config) for run in sweep.runs}
-    here = dataclasses.replace(sweep, runs=[run for run in sweep.runs if problems[run.run_id] is None])
-    if len(here.runs) < len(sweep.runs):
-        reasons = sorted({problem for problem in problems.values() if problem})
-        print(f"[reproduce] {len(sweep.runs) - len(here.runs)} runs cannot load their data here and are not run "
-              f"(their cells say so in the report): {reasons[0]}", file=sys.stderr, flush=True)
-    code = 0
-    if here.runs and not args.report_only:
-        try:
-            code, _ = execute_sweep(here, out_dir, retry_failed=args.retry_failed, progress=not args.no_progress,
-                                    ray_address=args.ray_address, parallel=args.parallel, mps=args.mps)
-        except KeyboardInterrupt:
-            return EXIT_INTERRUPTED
-    # The report covers the whole table: cells outside --only show what earlier calls ran.
-    out_dir.mkdir(parents=True, exist_ok=True)
-    costs = measure_costs(table, out_dir, progress=not args.no_progress)
-    costs = {**measure_costs(whole, out_dir, progress=False, cached_only=True), **costs}
-    results, runs_of = results_of(whole, out_dir, seeds)
-    report = compare(whole, results, runs_of, costs)
-    files = write_report(whole, report, out_dir)
+    try:
+        done = reproduce_table(args.table, args.only, args.seeds, overrides, args.out, args.parallel, args.mps,
+                               args.ray_address, args.retry_failed, args.report_only, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
     with pd.option_context("display.max_colwidth", 80, "display.width", 250):
-        print(printed_table(report))
-    print(f"\n{headline(report)}")
-    print(f"report: {', '.join(str(f) for f in files)}")
-    return code
+        print(printed_table(done.report))
+    print(f"\n{done.headline}")
+    print(f"report: {', '.join(str(f) for f in done.files)}")
+    return 1 if done.failed else 0
