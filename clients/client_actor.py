@@ -29,6 +29,7 @@ lines are said once per job. The job's cluster ends them when it stops.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -38,7 +39,7 @@ import ray
 from flwr.app import Context, Message
 from flwr.clientapp.client_app import ClientApp, ClientAppException, LoadClientAppError
 
-from clients.simulation_engine import KEPT_PROCESSES_STARTED
+from clients.kept_processes import KEEP_CLIENT_PROCESSES, KEPT_PROCESSES_STARTED
 
 
 class ClientAppActor:
@@ -128,3 +129,13 @@ def end_other_kept_processes(prefix: str) -> None:
                 ray.kill(ray.get_actor(entry["name"], namespace=KEPT_NAMESPACE))
             except ValueError:  # ended meanwhile
                 pass
+
+
+@functools.cache
+def actor_class() -> Any:
+    """What the engine's Ray backend builds its pool of: the job's kept client processes
+    where the launcher names a key and Ray is the job's cluster, else new ones per run."""
+    key = os.environ.get(KEEP_CLIENT_PROCESSES)
+    if key and os.environ.get("RAY_ADDRESS"):
+        return KeptClientActors(key)
+    return RemoteClientAppActor

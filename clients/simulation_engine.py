@@ -78,7 +78,6 @@ files are never edited.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import threading
@@ -89,12 +88,6 @@ from typing import Any
 from clients import flower_internals
 
 SWITCH = "BASIN_ENGINE_WAKEUP"
-# Set by the launcher for a run on its job's own Ray cluster: the key under which client
-# processes are kept from one run to the next (clients/client_actor.py).
-KEEP_CLIENT_PROCESSES = "BASIN_KEEP_CLIENT_PROCESSES"
-# Written into the run's FLWR_HOME when the run started kept client processes: they import
-# from the run's app there, so the launcher leaves that folder until the job ends.
-KEPT_PROCESSES_STARTED = "kept-client-processes-started"
 # Flower's own interval: the longest a scan waits for a store before looking again.
 MAX_WAIT_S = 0.1
 
@@ -275,19 +268,9 @@ def install_engine_wakeup() -> bool:
                                                       register_nodes_at_once)
             and flower_internals.replace_ray_init(init_ray_sharing_workers)):
         return False
-    return flower_internals.replace_client_actor(client_actor_type())
+    from clients.client_actor import actor_class  # imports Ray: only where an engine runs
 
-
-@functools.cache
-def client_actor_type() -> Any:
-    """What the engine's Ray backend builds its pool of: the job's kept client processes
-    where the launcher names a key and Ray is the job's cluster, else new ones per run."""
-    from clients import client_actor  # imports Ray: only where an engine runs
-
-    key = os.environ.get(KEEP_CLIENT_PROCESSES)
-    if key and os.environ.get("RAY_ADDRESS"):
-        return client_actor.KeptClientActors(key)
-    return client_actor.RemoteClientAppActor
+    return flower_internals.replace_client_actor(actor_class())
 
 
 def run_flower_simulation() -> int:

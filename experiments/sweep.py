@@ -45,6 +45,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import pandas as pd
 
 from experiments.api import callable_tool
 from experiments.runtime.cli import exit_command, guarded, nonempty_path, parallel_runs
@@ -74,10 +80,56 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # The implementation imports torch and Flower: only once the arguments parsed.
-    from experiments.runtime.sweep_runs import run_command
-
     return guarded(lambda: run_command(args))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Validate the sweep, then list it or run it (see main)."""
+    # The implementation imports torch and Flower: only once the arguments parsed.
+    from pathlib import Path
+
+    from experiments.runtime.cli import EXIT_INTERRUPTED
+    from experiments.runtime.machine import data_problem_of
+    from experiments.runtime.ray_cluster import check_ray_address
+    from experiments.runtime.run_config import parse_overrides
+    from experiments.runtime.sweep_runs import collect, execute_sweep, load_sweep, sweep_path
+
+    overrides = {**parse_overrides(args.set), **({"track": args.track} if args.track is not None else {})}
+    sweep = load_sweep(sweep_path(args.sweep), overrides)
+    if args.ray_address is not None and not args.list:
+        check_ray_address(args.ray_address)
+    out_dir = (args.out or Path("runs") / sweep.name).resolve()
+    note = f" ({sweep.duplicates} grid points repeat another's config and run once)" if sweep.duplicates else ""
+    print(f"sweep {sweep.name}: {len(sweep.runs)} runs{note} → {out_dir}")
+    if args.list:
+        # Runs whose data cannot be loaded here are marked (a real run refuses them before anything starts).
+        data = {run.run_id: data_problem_of(run.config) for run in sweep.runs}
+        table, _ = collect(sweep, out_dir)
+        table["data"] = ["ok" if data[run] is None else "unavailable" for run in table["run"]]
+        print(table[["run", "status", "data", "acc-last-k", "error"]].to_string(index=False))
+        for problem in dict.fromkeys(p for p in data.values() if p):
+            print(f"data unavailable: {problem}", file=sys.stderr)
+        return 0
+    try:
+        code, table = execute_sweep(sweep, out_dir, retry_failed=args.retry_failed, progress=not args.no_progress,
+                                    ray_address=args.ray_address, parallel=args.parallel, mps=args.mps)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    _print_outcome(table, out_dir)
+    return code
+
+
+def _print_outcome(table: pd.DataFrame, out_dir: Path) -> None:
+    from experiments.sweep_report import write_report
+
+    counts = table["status"].value_counts().to_dict()
+    print("runs: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
+    for _, row in table[table["status"] == "failed"].iterrows():
+        print(f"failed: {row['run']}: {row['error']}", file=sys.stderr)
+    if counts.get("completed"):
+        files = write_report(out_dir)
+        print(f"results: {out_dir / 'results.parquet'} (and .csv), curves: {out_dir / 'curves.parquet'}")
+        print(f"report: {len(files)} files in {out_dir / 'report'}")
 
 
 callable_tool(sys.modules[__name__], "sweep")  # `from experiments import sweep`: sweep(...) runs experiments.api.sweep

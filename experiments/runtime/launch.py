@@ -28,7 +28,7 @@ import tomli_w
 
 from clients import flower_internals
 from clients.flower_internals import ENGINE_MODULE
-from clients.simulation_engine import KEEP_CLIENT_PROCESSES
+from clients.kept_processes import KEEP_CLIENT_PROCESSES
 from clients.warm_simulation import socket_path
 from experiments.runtime.cli import NO_SPACE, DiskFull, is_disk_full
 from experiments.runtime.flower_log import count_rounds, flower_failure_reason, follow_run, read_summary

@@ -46,7 +46,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from clients.simulation_engine import KEPT_PROCESSES_STARTED
+from clients.kept_processes import KEPT_PROCESSES_STARTED
 from experiments.runtime.processes import free_port, ray_sessions, remove_finished_ray_sessions
 
 

@@ -5,7 +5,6 @@ behind ``python -m experiments.sweep``. Its command line (experiments/sweep.py) 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import io
 import itertools
@@ -24,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from clients.atomic_files import write_atomically
-from experiments.runtime.cli import EXIT_INTERRUPTED, DiskFull
+from experiments.runtime.cli import DiskFull
 from experiments.runtime.launch import RunFailed, end_summary, interrupted_reason, launch
 from experiments.runtime.machine import (
     CLIENT_PROCESS_GPU_BYTES,
@@ -39,8 +38,8 @@ from experiments.runtime.machine import (
 )
 from experiments.runtime.mps import MpsDaemon, check_mps
 from experiments.runtime.output_dir import OutputLock, create_output_dir
-from experiments.runtime.ray_cluster import LocalRayCluster, check_ray_address
-from experiments.runtime.run_config import load_preset, named_toml, parse_overrides, read_toml, resolve_config, tracked_in
+from experiments.runtime.ray_cluster import LocalRayCluster
+from experiments.runtime.run_config import load_preset, named_toml, read_toml, resolve_config, tracked_in
 from strategies.checkpoint import CheckpointError, read_checkpoint
 from strategies.config import ConfigError, cohort_size
 from strategies.results import write_json_atomic
@@ -368,33 +367,6 @@ def auto_parallel(sweep: Sweep) -> int:
 
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """Validate the sweep, then list it or run it (see main)."""
-    overrides = {**parse_overrides(args.set), **({"track": args.track} if args.track is not None else {})}
-    sweep = load_sweep(sweep_path(args.sweep), overrides)
-    if args.ray_address is not None and not args.list:
-        check_ray_address(args.ray_address)
-    out_dir = (args.out or Path("runs") / sweep.name).resolve()
-    note = f" ({sweep.duplicates} grid points repeat another's config and run once)" if sweep.duplicates else ""
-    print(f"sweep {sweep.name}: {len(sweep.runs)} runs{note} → {out_dir}")
-    if args.list:
-        # Runs whose data cannot be loaded here are marked (a real run refuses them before anything starts).
-        data = {run.run_id: data_problem_of(run.config) for run in sweep.runs}
-        table, _ = collect(sweep, out_dir)
-        table["data"] = ["ok" if data[run] is None else "unavailable" for run in table["run"]]
-        print(table[["run", "status", "data", "acc-last-k", "error"]].to_string(index=False))
-        for problem in dict.fromkeys(p for p in data.values() if p):
-            print(f"data unavailable: {problem}", file=sys.stderr)
-        return 0
-    try:
-        code, table = execute_sweep(sweep, out_dir, retry_failed=args.retry_failed, progress=not args.no_progress,
-                                    ray_address=args.ray_address, parallel=args.parallel, mps=args.mps)
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    _print_outcome(table, out_dir)
-    return code
-
-
 def execute_sweep(
     sweep: Sweep, out_dir: Path, *, retry_failed: bool = False, progress: bool = True, ray_address: str | None = None,
     parallel: int | None = 1, mps: bool = False,
@@ -434,18 +406,3 @@ def execute_sweep(
                   file=sys.stderr)
             raise
     return (1 if table["status"].eq("failed").any() else 0), table
-
-
-def _print_outcome(table: pd.DataFrame, out_dir: Path) -> None:
-    from experiments.sweep_report import write_report
-
-    counts = table["status"].value_counts().to_dict()
-    print("runs: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
-    for _, row in table[table["status"] == "failed"].iterrows():
-        print(f"failed: {row['run']}: {row['error']}", file=sys.stderr)
-    if counts.get("completed"):
-        files = write_report(out_dir)
-        print(f"results: {out_dir / 'results.parquet'} (and .csv), curves: {out_dir / 'curves.parquet'}")
-        print(f"report: {len(files)} files in {out_dir / 'report'}")
-
-
