@@ -22,7 +22,7 @@ client of its run, every setting coming with the message (its caches are keyed b
 they hold), so results are the same bit for bit. It goes on importing from the app
 folder of the run that started it (the same sources), so that run's FLWR_HOME, which
 holds it, stays until the job ends (the run marks it, ``KEPT_PROCESSES_STARTED``; see
-``LocalRayCluster.run_home``): its modules, and code that reads its own sources,
+``LocalRayCluster.job_flwr_home``): its modules, and code that reads its own sources,
 need those files. Its printed lines reach the first run's log only, and once per process
 lines are said once per job. The job's cluster ends them when it stops.
 """

@@ -268,17 +268,16 @@ def load_engine() -> None:
     importlib.import_module(ENGINE_MODULE)
 
 
-def replace_engine_functions(hand_out: Any, node_contexts: Any, register_nodes: Any) -> bool:
-    """In a process running Flower's simulation engine, make ``hand_out`` its message
-    hand-out scan (``add_messages_to_queue``), ``node_contexts`` its registration of the
-    nodes' contexts (``_register_node_info_stores``) and ``register_nodes`` its
-    registration of the nodes in the link state (``_register_nodes``); True when they are
-    in place, False where no engine runs or the engine is not a checked release's (said once:
-    Flower's run)."""
+def replace_engine_functions(add_messages_to_queue: Any, register_node_info_stores: Any, register_nodes: Any) -> bool:
+    """In a process running Flower's simulation engine, put the given functions in place
+    of the engine's functions of the same names (its message hand-out scan, its
+    registration of the nodes' contexts, its registration of the nodes in the link
+    state); True when they are in place, False where no engine runs or the engine is not
+    a checked release's (said once: Flower's run)."""
     engine = engine_module()
     if engine is None:
         return False
-    wanted = {"add_messages_to_queue": hand_out, "_register_node_info_stores": node_contexts,
+    wanted = {"add_messages_to_queue": add_messages_to_queue, "_register_node_info_stores": register_node_info_stores,
               "_register_nodes": register_nodes}
     if all(getattr(engine, name) is function for name, function in wanted.items()):
         return True

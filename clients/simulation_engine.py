@@ -1,79 +1,23 @@
-"""The one place Basin changes how Flower's simulation engine behaves: messages reach the
-client actors as soon as the ServerApp stores them, not up to 0.1 s later; the ServerApp
-learns that a reply is stored when it is (:func:`wait_for_reply`), not at its next poll;
-and it learns each simulated node's partition without a message round.
+"""Basin's replacements for parts of Flower's simulation engine, in the process that runs it.
 
-Flower 1.41's simulation engine hands messages to its actors from a thread that scans
-every node's inbox, then sleeps 0.1 s (``add_messages_to_queue`` in
-flwr/server/superlink/fleet/vce/vce_api.py). Every round's training messages waited in
-that sleep: most of the 0.12 s of engine overhead per round, for rounds that take
-0.4 s of client compute on a GPU. :func:`add_messages_to_queue_on_store` is the same
-scan, woken by the link state's ``store_message_ins`` (the in-memory state the ServerApp
-and the engine share), with Flower's 0.1 s as the longest wait, asking only the nodes
-that messages were stored for: its cost per round follows the cohort, not the number of
-simulated nodes.
+Each does what Flower's function does, sooner or once instead of many times:
 
-It is installed by importing the ClientApp module, which Flower does in the simulation
-process before it starts that thread (``start_vce`` loads the ClientApp, then calls
-``run_api``, which looks the function up), and says so in the run's log when that thread
-starts. Where the engine module is not loaded (deployed SuperNodes, a ServerApp of a
-deployment) nothing changes; in Ray's client processes, which load it but never run it,
-the replacement is installed and unused.
+- :func:`add_messages_to_queue_on_store`: the engine's hand-out scan, woken when the
+  ServerApp stores a message (Flower's scans every node every 0.1 s) and asking only the
+  nodes messages were stored for; it also signals each stored reply (:func:`wait_for_reply`)
+  and publishes the engine's {node id: partition id} (:func:`simulated_partitions`), so
+  the ServerApp in the same process finds its clients without a query round;
+- :func:`register_node_info_stores_once`: the nodes' contexts from one read of the run
+  config, each built when its node first gets a message;
+- :func:`register_nodes_at_once`: the K simulated nodes added to the link state in one pass;
+- :func:`init_ray_sharing_workers`: Ray started without the job ``runtime_env`` that kept
+  the client actors off Ray's prestarted workers, and without the dashboard's API server.
 
-The same function wraps the state's ``store_message_res``, through which the engine's
-``put_message_into_state`` thread stores every client's reply: :func:`wait_for_reply`
-(strategies/exchange.py's wait between pulls) returns as soon as one is stored. Where no
-engine runs in the process it is a plain sleep.
-
-The same function receives the engine's {node id: partition id} map (the partition each
-simulated SuperNode's ``node_config`` holds) and publishes it in the process:
-:func:`simulated_partitions` hands it to the ServerApp, which runs in that process (a
-thread of ``flwr-simulation``), so client discovery costs no ``query`` round trip through
-every client process (2.8 s for 100 nodes on 2 CPU cores, waiting for the client
-processes to start). A deployed ServerApp, or one with the switch off, asks the nodes.
-
-Flower's ``_register_node_info_stores`` builds each simulated node's context by reading
-and validating the app's ``pyproject.toml`` again, once per node, and keeps two copies of
-the run config per node: at 10,000 clients that was ~13 s more before round 1 and ~10
-MiB more memory per 100 clients. :func:`register_node_info_stores_once` builds the same
-stores from one read, all nodes sharing one run config (a client process receives its
-own copy with every message, and the engine checks a returned context against it, as
-before), and builds a node's store when the engine first looks it up (the engine only
-indexes the map by a message's node): a run builds the stores of the nodes it samples,
-not K of them. In a run Basin's launcher started it is installed before the engine starts
-(:func:`run_flower_simulation`, below); otherwise when ``strategies`` is imported in the
-simulation process, by the ServerApp's thread while Flower registers the nodes, and when
-that thread comes too late (a small federation, registered in milliseconds) Flower's own
-runs, which costs little there; the run's log says which ran.
-
-Flower's ``_register_nodes`` adds the K simulated nodes to the link state one call
-after another, each reading the clock twice, drawing random bytes twice and building its
-record under the state's lock: ~27 s for 10⁶ nodes on an idle core (~2.3 s per 10⁵),
-before the engine starts Ray, and longer while the ServerApp thread loads. Its
-replacement, :func:`register_nodes_at_once`, leaves the same records (online, heartbeats
-off, random ids and public keys, Flower's no-op owner; one timestamp for all) and the same
-map, built in one pass (~6 s for 10⁶). It runs where Basin's ``flwr-simulation`` started
-the process (:func:`run_flower_simulation`: the launcher puts it first on a run's
-``PATH``), which installs every replacement here before Flower's code starts the engine;
-installed later, as by ``flwr run`` by hand, Flower's registration runs.
-
-Flower's ``RayBackend.init_ray`` starts Ray with a job ``runtime_env`` that only sets
-``PYTHONPATH``, which it has just put in the environment Ray's processes inherit anyway.
-Ray prestarts a worker process per core for the first job, without a runtime env, and
-gives an actor only a worker whose runtime env matches its own: those prestarted workers
-sat idle (``ray::IDLE``) while two more processes started for the client actors, and on
-2 cores their imports slowed everything before round 1. :func:`init_ray_sharing_workers`
-is the same ``ray.init`` without the ``runtime_env`` where the engine starts its own Ray,
-so the client actors take the prestarted workers; joining a running cluster
-(``RAY_ADDRESS``, whose processes do not have this environment) keeps Flower's. The Ray
-it starts has no dashboard API server (``flower_internals.init_ray``): Ray's start waited
-for that process to load and register before it started the raylet.
-
-The replacements are written for one Flower release and the exact sources of the
-functions they replace, checked in clients/flower_internals.py (the one module that
-touches Flower's private surface): on any other the engine runs unchanged, and the log
-says so once. ``BASIN_ENGINE_WAKEUP=off`` also runs Flower's engine unchanged. Installed
-files are never edited.
+They are installed before Flower's engine starts (:func:`run_flower_simulation`, the run's
+``flwr-simulation``), or as the ClientApp module loads; Flower's private names are touched
+only through clients/flower_internals.py, which checks the installed release's sources:
+on any other, or with ``BASIN_SPEEDUPS=off`` or ``BASIN_ENGINE_WAKEUP=off``, the engine
+runs unchanged. What each saves, measured: docs/speed.md ("The engine's replacements").
 """
 
 from __future__ import annotations

@@ -87,13 +87,13 @@ def stage_in_temporary_directory(flwr_home: Path) -> Path:
                        "free space there, or set TMPDIR to a folder with space,") from None
 
 
-def run_home(cluster: LocalRayCluster | None) -> contextlib.AbstractContextManager[str]:
+def new_flwr_home(cluster: LocalRayCluster | None) -> contextlib.AbstractContextManager[str]:
     """The run's FLWR_HOME: a temporary directory removed when the run ends, or on its job's
     own Ray cluster, a folder in the job's that stays until the job ends where the run
-    started the client processes the job keeps (:meth:`LocalRayCluster.run_home`)."""
+    started the client processes the job keeps (:meth:`LocalRayCluster.job_flwr_home`)."""
     if cluster is None:
         return tempfile.TemporaryDirectory(prefix="basin-flwr-home-")
-    return cluster.run_home()
+    return cluster.job_flwr_home()
 
 
 def write_simulation_command(flwr_home: Path, app: Path) -> Path | None:
@@ -308,7 +308,7 @@ def _launch_locked(
     bin_dir = Path(sys.executable).parent
     log_path = out_dir / "flwr.log"
     cluster = job_cluster(ray_address)  # the job's own, maybe still starting beside this run
-    with run_home(cluster) as flwr_home:
+    with new_flwr_home(cluster) as flwr_home:
         # The app is staged before anything starts: a full temporary directory stops the
         # launch here, with nothing to stop.
         app = stage_in_temporary_directory(Path(flwr_home))

@@ -185,7 +185,7 @@ class LocalRayCluster:
             time.sleep(0.05)
 
     @contextlib.contextmanager
-    def run_home(self) -> Iterator[str]:
+    def job_flwr_home(self) -> Iterator[str]:
         """A new, empty FLWR_HOME for a run of the job. When the run ends it is removed,
         unless the run started client processes the job keeps (its simulation marked it,
         ``KEPT_PROCESSES_STARTED``): they import from the run's app in it, in the job's
