@@ -1,5 +1,5 @@
 """Basin's command-line tools (``.venv/bin/python -m experiments.<tool>``) and its Python
-API: ``from experiments import run, sweep, load_run`` (experiments/api.py, docs/python-api.md).
+API: ``from experiments.api import run, sweep, reproduce, load_run`` (docs/python-api.md).
 
 Run by a Python without Basin's dependencies (the system's ``python`` instead of the
 environment ``experiments/setup.sh`` creates), a tool would fail on its first import
@@ -25,10 +25,3 @@ if missing := [module for module in REQUIRED if not _installed(module)]:
           f"the environment with `bash experiments/setup.sh` and run the tools with "
           f"`.venv/bin/python -m experiments.<tool>`", file=sys.stderr)
     sys.exit(2)
-
-# `from experiments import run, sweep, load_run`: run and sweep are the command-line modules
-# experiments/run.py and sweep.py, callable as experiments.api.run and .sweep (a function
-# of the same name here would be replaced by the module the moment it is imported).
-from experiments.api import load_run  # noqa: E402  (after the check above)
-
-__all__ = ["load_run", "run", "sweep"]

@@ -2,7 +2,7 @@
 data frames back. The command lines (``experiments.run``, ``experiments.sweep``) are thin
 wrappers over these functions.
 
-    from experiments import run, sweep, load_run
+    from experiments.api import run, sweep, reproduce, load_run
 
     job = run(preset="ima-fmnist-dir0.1", set={"num-rounds": 50},
               compare={"averaging": ["none", "ima"]}, out="runs/nb")
@@ -12,8 +12,6 @@ wrappers over these functions.
     s = sweep("ima-fmnist-alpha", set={"num-rounds": 20}, parallel=2)
     s.table, s.curves, s.report()
     load_run("runs/nb")   # a finished job or run folder, back as the same object
-
-    from experiments.api import reproduce
     r = reproduce("fedalign-table5")   # a paper table: r.report (DataFrame), r.headline, r.files
 
 ``run()`` with no ``preset``, ``set`` and ``compare`` is the README's main job (FedAvg,
@@ -42,7 +40,6 @@ Progress: bars in a terminal, a widget in a Jupyter notebook, whole lines in a l
 from __future__ import annotations
 
 import json
-import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,6 +229,7 @@ def run_job(
     base = load_preset(preset) if preset else {}
     overrides = {**overrides, **({"track": track} if track is not None else {})}
     runs = {label_of(point): resolve_config(base, overrides, point) for point in points}
+    check_distinct_labels(points, runs, compare)
     check_data(runs.values())
     check_trackers(runs.values())
     resources = client_resources(runs.values(), cpus_per_client, gpus_per_client, ray_address=ray_address)
@@ -290,6 +288,25 @@ def run_job(
         error.job = job
         raise error
     return job
+
+
+def check_distinct_labels(points: Sequence[Mapping[str, Any]], runs: Mapping[str, Mapping[str, Any]],
+                          compare: Mapping[str, Sequence[Any]] | None) -> None:
+    """Refuse a comparison two of whose runs would share a folder or a name in the table
+    and the figure (UsageError naming them): one run's results would overwrite the other's."""
+    from collections import Counter
+
+    from experiments.runtime.cli import UsageError
+    from experiments.runtime.report import method_label
+
+    folders = Counter(label_of(point) for point in points)
+    extra = [key for key in compare or {} if key not in ("strategy", "averaging")]
+    names = Counter(method_label(config, extra) for config in runs.values())
+    clash = next((f"folder {label!r}" for label, count in folders.items() if count > 1), None) or next(
+        (f"name {name!r}" for name, count in names.items() if count > 1 and len(runs) == len(points)), None)
+    if clash:
+        raise UsageError(f"compare = {dict(compare or {})!r} gives two runs the same {clash}; allowed: values "
+                         f"that differ once written out (each value once)")
 
 
 def label_of(point: Mapping[str, Any]) -> str:
@@ -478,27 +495,3 @@ def load_run(path: str | Path) -> Job | SweepResult:
         order = []
     run_dirs.sort(key=lambda d: order.index(labels[d]) if labels[d] in order else len(order))
     return Job(folder, {labels[d]: d for d in run_dirs})
-
-
-
-class _CallableToolModule(types.ModuleType):
-    """A command-line module that is also its API function (see :func:`callable_tool`)."""
-
-    _api_function = ""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return globals()[self._api_function](*args, **kwargs)
-
-
-def callable_tool(module: types.ModuleType, function: str) -> None:
-    """Make the tool module ``experiments.<function>`` callable as ``experiments.api.<function>``.
-
-    The package's names ``run`` and ``sweep`` are its command-line modules (Python binds a
-    submodule to its name when it is imported, so a function of that name would not stay),
-    and ``from experiments import run`` gives the module: calling it runs the function,
-    with the function's signature for ``help`` and a notebook's completion."""
-    import inspect
-
-    module.__class__ = _CallableToolModule
-    module._api_function = function
-    module.__signature__ = inspect.signature(globals()[function])

@@ -21,7 +21,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from experiments.api import callable_tool, grid
+from experiments.api import grid
 from experiments.api import label_of as label_of  # the --compare grid's run labels and the job folder's name,
 from experiments.api import output_name as output_name  # as this command line names them
 from experiments.runtime.cli import EXIT_INTERRUPTED, UsageError, exit_command, gpu_share, guarded, nonempty_path
@@ -167,7 +167,6 @@ def resume_command(argv: list[str], out: Path | None, out_dir: Path) -> str:
                        *(() if out is not None else ("--out", str(out_dir)))])
 
 
-callable_tool(sys.modules[__name__], "run")  # `from experiments import run`: run(...) runs experiments.api.run
 
 if __name__ == "__main__":
     exit_command(main())

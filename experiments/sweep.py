@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 
     import pandas as pd
 
-from experiments.api import callable_tool
 from experiments.runtime.cli import exit_command, guarded, nonempty_path, parallel_runs
 
 
@@ -132,7 +131,6 @@ def _print_outcome(table: pd.DataFrame, out_dir: Path) -> None:
         print(f"report: {len(files)} files in {out_dir / 'report'}")
 
 
-callable_tool(sys.modules[__name__], "sweep")  # `from experiments import sweep`: sweep(...) runs experiments.api.sweep
 
 if __name__ == "__main__":
     exit_command(main())

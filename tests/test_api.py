@@ -5,6 +5,7 @@ finished folders read back into the same objects."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,12 +20,32 @@ from strategies.config import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_from_experiments_import_run_sweep_load_run_works_in_a_plain_python():
-    code = ("from experiments import run, sweep, load_run; import inspect; "
-            "print(callable(run), callable(sweep), callable(load_run), list(inspect.signature(run).parameters)[:3])")
+def test_the_api_is_plain_functions_in_a_plain_python():
+    code = ("from experiments.api import run, sweep, reproduce, load_run; import inspect, types; "
+            "print(all(isinstance(f, types.FunctionType) for f in (run, sweep, reproduce, load_run)), "
+            "list(inspect.signature(run).parameters)[:3])")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "True True True ['preset', 'set', 'compare']"
+    assert done.stdout.strip() == "True ['preset', 'set', 'compare']"
+
+
+def _readme_python_example() -> str:
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("```python\n", readme.index("**From Python or a notebook**")) + len("```python\n")
+    return readme[start:readme.index("```", start)]
+
+
+@pytest.mark.slow  # mypy reads the whole package (~30 s)
+def test_the_readmes_python_example_type_checks_as_a_users_file(tmp_path):
+    """A researcher's type checker sees ``run(...) -> Job`` (the package's ``run`` was the
+    command-line module with its class swapped: "Module not callable")."""
+    user = tmp_path / "user.py"
+    user.write_text(_readme_python_example() + "reveal_type(run)\nreveal_type(job)\njob.summary.head()\n")
+    done = subprocess.run([str(Path(sys.executable).parent / "mypy"), "--follow-imports=silent", "--ignore-missing-imports",
+                           "--no-incremental", str(user)], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "MYPYPATH": str(REPO)})
+    assert done.returncode == 0, done.stdout
+    assert "-> experiments.api.Job" in done.stdout and 'Revealed type is "experiments.api.Job"' in done.stdout
 
 
 @pytest.mark.parametrize("call, error, message", [
@@ -32,6 +53,8 @@ def test_from_experiments_import_run_sweep_load_run_works_in_a_plain_python():
     (lambda out: api.run(preset="no-such-preset", out=out), FileNotFoundError, "preset 'no-such-preset' not found"),
     (lambda out: api.run(compare={"averaging": "ima"}, out=out), UsageError, "compare['averaging']"),
     (lambda out: api.run(set={"dataset": "fashion-mnist", "data-dir": "/nowhere"}, out=out), ValueError, "does not exist"),
+    # Two runs of one folder: the second's results would overwrite the first's.
+    (lambda out: api.run(compare={"lr": [0.1, 0.1]}, out=out), UsageError, "gives two runs the same folder '0.1'"),
     (lambda out: api.sweep("no-such-sweep", out=out), FileNotFoundError, "sweep 'no-such-sweep' not found"),
     (lambda out: api.sweep("ima-fmnist-alpha", out=out, parallel=0), UsageError, "parallel = 0"),
 ])

@@ -87,7 +87,7 @@ def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path, scoped_env):
 
 
 INTERRUPTED = """
-from experiments import run
+from experiments.api import run
 from pathlib import Path
 settings = dict(set={"num-rounds": 150, "checkpoint-every": 1}, progress=False)
 """

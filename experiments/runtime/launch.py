@@ -57,7 +57,9 @@ APP_FILES = ("pyproject.toml", "README.md")
 class RunFailed(RuntimeError):
     """A Flower run ended without a completed summary."""
 
-
+    # What finished before the failure, where the caller has it: the Python API's Job,
+    # SweepResult or Reproduction (experiments/api.py); None from a single launch.
+    job: object | None = None
 
 
 def stage_app(destination: Path) -> Path:
