@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from clients.log import log
 from clients.sgd import FusedSgd
 
 # Real steps run before capture: lets cuDNN pick its kernels and the optimizer create its
@@ -290,8 +291,7 @@ def fall_back_to_eager(why: str) -> None:
     """Every later step of this process is eager; said once, in the run's log."""
     global _graphs_failed
     if not _graphs_failed:
-        print(f"[basin] client step: CUDA graphs off in this client process, eager steps from now on: {why}",
-              flush=True)
+        log.warning(f"client step: CUDA graphs off in this client process, eager steps from now on: {why}")
     _graphs_failed = why
 
 
@@ -321,7 +321,7 @@ def client_step(model: nn.Module, config, objective, terms: Sequence, post_clip_
     if mode == "eager":
         if device.type == "cuda" and why not in _EAGER_NOTED:
             _EAGER_NOTED.add(why)
-            print(f"[basin] client step: eager, not a CUDA graph: {why}", flush=True)
+            log.info(f"client step: eager, not a CUDA graph: {why}")
         return ClientStep(model, config, objective, terms, post_clip_terms, "eager", augment=augment)
     if not all(isinstance(t, GradientTerm) for t in [*terms, *post_clip_terms]):
         raise ValueError(f"a {mode} step needs every gradient hook as a GradientTerm (static inputs)")

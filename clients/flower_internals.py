@@ -61,6 +61,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from clients.log import log
+
 # The Flower releases whose sources of every function below were read and hashed: the
 # hashes are the same in both. On any other, or with BASIN_SPEEDUPS=off, every speed-up is
 # off and Flower's (and Ray's) own code runs: decided from the installed release's metadata,
@@ -234,8 +236,8 @@ def speed_up_available(speed_up: str) -> bool:
     if problems:
         package, releases, _ = checked_releases(SPEED_UPS[speed_up][0])
         owner = "Ray" if package == "ray" else "Flower"
-        print(f"[basin] {speed_up} speed-up off, {owner}'s own code runs instead: {problems[0]} "
-              f"(clients/flower_internals.py was checked against {package} {', '.join(releases)})", flush=True)
+        log.warning(f"{speed_up} speed-up off, {owner}'s own code runs instead: {problems[0]} "
+                    f"(clients/flower_internals.py was checked against {package} {', '.join(releases)})")
     return not problems
 
 

@@ -30,6 +30,7 @@ from queue import Queue
 from typing import Any
 
 from clients import flower_internals
+from clients.log import log
 
 SWITCH = "BASIN_ENGINE_WAKEUP"
 # Flower's own interval: the longest a scan waits for a store before looking again.
@@ -71,8 +72,7 @@ def add_messages_to_queue_on_store(state, queue: Queue, nodes_mapping: dict[int,
     state.store_message_res = signalling(state.store_message_res, _reply_stored)
     _engine_nodes.update(nodes_mapping)
     _engine_nodes_published.set()
-    print("[basin] simulation engine: messages reach the client processes when stored (clients/simulation_engine.py)",
-          flush=True)
+    log.info("simulation engine: messages reach the client processes when stored (clients/simulation_engine.py)")
     try:
         first = True  # the first scan also hands out what was stored before the wrapper
         while not f_stop.is_set():
@@ -160,8 +160,8 @@ def register_node_info_stores_once(nodes_mapping: dict[int, int], run, app_dir: 
 
     stores = NodeStores(store_of)
     stores[first_node] = first
-    print(f"[basin] simulation engine: {len(nodes_mapping)} node contexts from one read of the run config, each "
-          "built when its node first gets a message (clients/simulation_engine.py)", flush=True)
+    log.info(f"simulation engine: {len(nodes_mapping)} node contexts from one read of the run config, each "
+             "built when its node first gets a message (clients/simulation_engine.py)")
     return stores
 
 
@@ -173,7 +173,7 @@ def register_nodes_at_once(num_nodes: int, state_factory) -> dict[int, int]:
     and {node id: partition id}, the partitions in registration order; the records built
     at once (see the module docstring)."""
     node_ids = flower_internals.add_online_nodes(state_factory, num_nodes)
-    print(f"[basin] simulation engine: {num_nodes} nodes registered at once (clients/simulation_engine.py)", flush=True)
+    log.info(f"simulation engine: {num_nodes} nodes registered at once (clients/simulation_engine.py)")
     return {node_id: partition_id for partition_id, node_id in enumerate(node_ids)}
 
 

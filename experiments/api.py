@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clients.log import log
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -209,7 +211,6 @@ def run_job(
 ) -> Job:
     """:func:`run`'s implementation (the command line gives ``resume_hint``: the command
     that resumes an interrupted job in a folder)."""
-    import sys
 
     from experiments.runtime.flower_log import count_rounds
     from experiments.runtime.launch import RunFailed, check_folder_reuse, launch
@@ -254,7 +255,7 @@ def run_job(
     with OutputLock(out_dir), MpsDaemon(mps) as mps_daemon, LocalRayCluster(
             shared_ray, machine_cpus(), log_path=out_dir / "ray-cluster.log") as job_ray:
         if mps_daemon.message:
-            print(f"[basin] {mps_daemon.message}", file=sys.stderr)
+            log.warning(mps_daemon.message)
         for label, config in runs.items():  # another config's results or checkpoint stop the job before any run
             check_folder_reuse(run_dirs[label], config, overwrite)  # with overwrite: removed
             read_checkpoint(run_dirs[label], {**config, "output-dir": str(run_dirs[label])})
@@ -264,12 +265,12 @@ def run_job(
                        overwrite=overwrite, label=f"{names[label]} ({len(finished) + len(failed) + 1}/{len(runs)})")
                 finished.append(label)
             except RunFailed as error:
-                print(f"error: {error}", file=sys.stderr)
+                log.error(f"error: {error}", extra={"bare": True})
                 failed.append(label)
             except KeyboardInterrupt:
                 hint = resume_hint(out_dir) if resume_hint else f"the same call with out={str(out_dir)!r}"
-                print(f"interrupted {names[label]} after round {count_rounds(run_dirs[label])}; resume with: {hint}",
-                      file=sys.stderr)
+                log.warning(f"interrupted {names[label]} after round {count_rounds(run_dirs[label])}; resume with: {hint}",
+                            extra={"bare": True})
                 raise
 
     if finished:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import argparse
 
-from experiments.runtime.cli import exit_command, guarded, nonempty_path
+from experiments.runtime.cli import add_verbosity_options, apply_verbosity, exit_command, guarded, nonempty_path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,11 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="CPU threads per SuperNode's ClientApp (as in simulation; default 1)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the results of a run with another config in --out (without it: refused, naming the keys)")
+    add_verbosity_options(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    apply_verbosity(args)
     # The implementation imports torch and Flower: only once the arguments parsed.
     from experiments.runtime.deployment import run_command
 

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clients.log import log
 from experiments.runtime.cli import UsageError, exit_command, guarded, nonempty_path
 
 STEPS = ("tests", "benchmark", "determinism", "pair")
@@ -108,7 +109,7 @@ def check(args) -> int:
         for step in STEPS:
             if step in args.skip:
                 continue
-            print(f"[gpu-check] {step} ({time.perf_counter() - started:.0f} s so far)", flush=True)
+            log.getChild("gpu-check").info(f"{step} ({time.perf_counter() - started:.0f} s so far)")
             step_started = time.perf_counter()
             if step == "tests":
                 new = [check_tests()]
@@ -120,7 +121,7 @@ def check(args) -> int:
                 new = check_pair(base, pair_rounds, out / "pair")
             for row in new:
                 row["seconds"] = round(time.perf_counter() - step_started, 1)
-                print(f"[gpu-check] {'passed' if row['ok'] else 'FAILED'}: {row['check']}: {row['result']}", flush=True)
+                log.getChild("gpu-check").info(f"{'passed' if row['ok'] else 'FAILED'}: {row['check']}: {row['result']}")
             rows.extend(new)
             # Written after every step: a check stopped later (a time limit) keeps the steps it finished.
             write_report(out, args.device, started, bench_rounds, pair_rounds, processes, rows, complete=False)

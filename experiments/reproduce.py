@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import argparse
 
-from experiments.runtime.cli import exit_command, guarded, nonempty_path, parallel_runs
+from experiments.runtime.cli import add_verbosity_options, apply_verbosity, exit_command, guarded, nonempty_path, parallel_runs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,12 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--retry-failed", action="store_true", help="run failed runs again")
     parser.add_argument("--report-only", action="store_true", help="report the runs finished so far; start none")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_verbosity_options(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    apply_verbosity(args)
     if not args.list and not args.table:
         parser.error("give a TABLE (see --list) or --list")
     if args.seeds is not None and args.seeds < 1:

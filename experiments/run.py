@@ -24,7 +24,16 @@ from pathlib import Path
 from experiments.api import grid
 from experiments.api import label_of as label_of  # the --compare grid's run labels and the job folder's name,
 from experiments.api import output_name as output_name  # as this command line names them
-from experiments.runtime.cli import EXIT_INTERRUPTED, UsageError, exit_command, gpu_share, guarded, nonempty_path
+from experiments.runtime.cli import (
+    EXIT_INTERRUPTED,
+    UsageError,
+    add_verbosity_options,
+    apply_verbosity,
+    exit_command,
+    gpu_share,
+    guarded,
+    nonempty_path,
+)
 
 # Only the standard library above (experiments.runtime.cli and experiments.api import nothing else
 # at import time): `--help` answers without importing torch or Flower (the rest is imported
@@ -101,11 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--list-presets", action="store_true", help="print the presets and what each runs, then exit")
     parser.add_argument("--list-keys", action="store_true",
                         help="print every run-config key, its default and what it allows, then exit")
+    add_verbosity_options(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    apply_verbosity(args)
     if args.list_presets or args.list_keys:
         print(list_presets() if args.list_presets else list_keys())
         return 0

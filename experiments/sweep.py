@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
     import pandas as pd
 
-from experiments.runtime.cli import exit_command, guarded, nonempty_path, parallel_runs
+from experiments.runtime.cli import add_verbosity_options, apply_verbosity, exit_command, guarded, nonempty_path, parallel_runs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,11 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the client processes under CUDA MPS (kernels of different processes run concurrently)")
     parser.add_argument("--ray-address", metavar="HOST:PORT",
                         help="run the clients on this existing Ray cluster (the address `ray start --head` prints)")
+    add_verbosity_options(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    apply_verbosity(args)
     return guarded(lambda: run_command(args))
 
 

@@ -19,6 +19,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.serverapp import Grid
 
 from clients import protocol
+from clients.log import log
 from clients.simulation_engine import simulated_partitions
 from strategies.exchange import send_and_receive
 from strategies.faults import NODE_UNAVAILABLE, ClientFailure, Layout, layout_of, screen_replies
@@ -41,12 +42,12 @@ def discover_partitions(grid: Grid, num_clients: int, timeout: float) -> dict[in
     ``timeout`` seconds (run-config key ``node-timeout``), or when their partitions do not
     form the federation the run config describes.
     """
-    print(f"[basin] discovering clients: the partition of each of {num_clients} nodes", flush=True)
+    log.info(f"discovering clients: the partition of each of {num_clients} nodes")
     simulated = simulated_partitions(timeout)
     if simulated is not None:
-        print("[basin] partitions read from the simulation engine (no query round)", flush=True)
+        log.info("partitions read from the simulation engine (no query round)")
         return checked_federation(simulated, {}, num_clients)
-    print(f"[basin] asking {num_clients} nodes for their partition", flush=True)
+    log.info(f"asking {num_clients} nodes for their partition")
     deadline = time.monotonic() + timeout
     while len(node_ids := sorted(grid.get_node_ids())) < num_clients:
         if time.monotonic() > deadline:
@@ -175,11 +176,11 @@ class CohortSampling(RoundStrategy):
         # Asked once: a node that cannot say which partition it holds must not cost every round a timeout.
         self.ignored_nodes.update(set(new) - set(found))
         for node, reason in problems.items():
-            print(f"[basin] new node {node} ignored: {reason}", flush=True)
+            log.warning(f"new node {node} ignored: {reason}")
         if found:
             moved = set(found.values())
             self.partition_of_node = {n: p for n, p in self.partition_of_node.items() if p not in moved} | found
-            print(f"[basin] partitions {sorted(moved)} now on nodes {sorted(found)} (rejoined)", flush=True)
+            log.info(f"partitions {sorted(moved)} now on nodes {sorted(found)} (rejoined)")
 
     def sample_partitions(self, server_round: int) -> list[int]:
         """The sorted partition ids of a round's cohort: by default from every partition
@@ -213,8 +214,8 @@ class CohortSampling(RoundStrategy):
         nodes = sorted(grid.get_node_ids())
         fraction, minimum = self.fraction_train, self.min_train_nodes  # type: ignore[attr-defined]
         if self.client_half:
-            print(f"[basin] {type(self).__name__} needs Basin's ClientApp (strategies.client_app:app) for "
-                  f"{self.client_half}; a stock Flower ClientApp does not do it", flush=True)
+            log.warning(f"{type(self).__name__} needs Basin's ClientApp (strategies.client_app:app) for "
+                        f"{self.client_half}; a stock Flower ClientApp does not do it")
         self.bind_partitions({node: index for index, node in enumerate(nodes)},
                              min(len(nodes), max(int(len(nodes) * fraction), minimum, 1)), seed)
 

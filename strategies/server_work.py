@@ -31,6 +31,7 @@ from flwr.serverapp import Grid
 from clients import protocol
 from clients.arithmetic import arithmetic_record, fix_arithmetic
 from clients.data import partition_indices
+from clients.log import log
 from clients.models import build_run_model
 from clients.simulation_engine import simulated_partitions
 from clients.state_store import CLIENT_STATE_DIR, discard_snapshots_after, remove_run_snapshots
@@ -106,7 +107,7 @@ def main(grid: Grid, context: Context) -> None:
         recorder.fail(error)
         raise
     summary = recorder.complete()
-    print(f"[basin] completed: {summary}", flush=True)
+    log.info(f"completed: {summary}")
 
 
 def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: dict[str, Any] | None = None) -> None:
@@ -115,7 +116,7 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
     device = select_device(config["device"])
     fix_arithmetic(config["server-torch-threads"], device, config["cuda-deterministic"])
     recorder.describe(arithmetic=arithmetic_record(device, config, config["cuda-deterministic"]))
-    print(f"[basin] loading {config['dataset']} and building its partition", flush=True)
+    log.info(f"loading {config['dataset']} and building its partition")
     data = load_dataset(config["dataset"], config["data-dir"], config["normalize"])
     statistics = partition_statistics(config, data, recorder.directory)
     try:
@@ -156,7 +157,7 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
     )
     # In a simulation discovery read the engine's map: round 1 is the client processes' first message.
     clients_unasked = simulated_partitions(timeout=0) is not None
-    print("[basin] training round 1", flush=True)
+    log.info("training round 1")
     recorder.training_starts()
     on_training_start()
     first_round = 1
@@ -166,11 +167,11 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
     run_snapshots = recorder.directory / CLIENT_STATE_DIR / client_state_run
     if checkpoint:
         arrays, first_round = restore_checkpoint(checkpoint, strategy)
-        print(f"[basin] resuming after round {first_round - 1} from {recorder.directory / CHECKPOINT_FILE}", flush=True)
+        log.info(f"resuming after round {first_round - 1} from {recorder.directory / CHECKPOINT_FILE}")
         skipped = [row["round"] for row in checkpoint["rows"] if str(row.get("round-status", "")).startswith("skipped")]
         if skipped:  # a resume does not redo them: say so
-            print(f"[basin] the checkpoint holds {len(skipped)} skipped round(s) ({', '.join(map(str, skipped[:10]))}): "
-                  "results.csv keeps their reasons", flush=True)
+            log.info(f"the checkpoint holds {len(skipped)} skipped round(s) ({', '.join(map(str, skipped[:10]))}): "
+                     "results.csv keeps their reasons")
         if snapshots:
             discard_snapshots_after(run_snapshots, first_round - 1)
         discard_rounds_after(recorder.directory, first_round - 1)
@@ -188,7 +189,7 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
         )
         aggregated, metrics = strategy.aggregate_train(server_round, replies)
         for failure in strategy.round_failures:
-            print(f"[basin] round {server_round}: client failed: {failure}", flush=True)
+            log.warning(f"round {server_round}: client failed: {failure}")
         lost = infrastructure_loss(strategy.round_failures, aggregated is not None)
         if lost:  # not the clients' fault: the round is not recorded nor checkpointed; the run stops
             raise ClientProcessesDied(
@@ -207,7 +208,7 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
         if aggregated is not None:
             arrays = aggregated
         else:
-            print(f"[basin] round {server_round} {strategy.round_status}; the global model is unchanged", flush=True)
+            log.warning(f"round {server_round} {strategy.round_status}; the global model is unchanged")
         trained = time.perf_counter()
         evaluation = evaluate_round(strategy, arrays, model, x_test, y_test, domains)
         test_accuracy = evaluation["test-accuracy"]
@@ -234,11 +235,8 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
             server_round % config["checkpoint-every"] == 0 or server_round == config["num-rounds"]
         ):
             write_checkpoint(recorder.directory, config, server_round, arrays, strategy, recorder.rows, client_state_run)
-        print(
-            f"[basin] round {server_round}/{config['num-rounds']} accuracy {test_accuracy:.4f} "
-            f"({time.perf_counter() - started:.2f} s)",
-            flush=True,
-        )
+        log.info(f"round {server_round}/{config['num-rounds']} accuracy {test_accuracy:.4f} "
+                 f"({time.perf_counter() - started:.2f} s)")
     never = nothing_trained_reason(recorder.rows, config)
     if never:  # the untrained model's accuracy is no result
         raise NothingTrained(never)
@@ -312,7 +310,7 @@ class PartitionStatistics(threading.Thread):
         try:
             plot_class_counts(table, self.directory / "partition.png", title=self.title)
         except Exception as error:  # a figure that fails must not fail the run, nor pass unsaid
-            print(f"[basin] partition.png was not drawn: {type(error).__name__}: {error}", flush=True)
+            log.warning(f"partition.png was not drawn: {type(error).__name__}: {error}")
 
     def finish(self, raise_error: bool = True) -> None:
         """Wait for the files (written now if the thread was never started: a run that ended

@@ -32,6 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from clients.log import log
+
 TRACKERS = ("tensorboard", "mlflow", "wandb")
 WANDB_DEFAULT_PROJECT = "basin"
 
@@ -167,7 +169,7 @@ class Trackers:
             self.active.pop(name, None)
             hint = '; install it with pip install -e ".[tracking]"' if isinstance(error, ImportError) else ""
             detail = traceback.format_exception_only(type(error), error)[-1].strip()
-            print(f"[basin] warning: tracker {name} stopped: {detail}{hint}; the run goes on", flush=True)
+            log.warning(f"warning: tracker {name} stopped: {detail}{hint}; the run goes on")
 
     def log_round(self, row: Mapping[str, Any]) -> None:
         for name, tracker in list(self.active.items()):

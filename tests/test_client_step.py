@@ -150,7 +150,7 @@ def test_a_capture_that_raises_falls_back_to_eager_steps_once_with_the_eager_res
     graph, eager = _graph_training(monkeypatch, failing_capture)
     _assert_same_training(graph, eager)
     assert len(captures) == 1  # never tried again in this process
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert out.count("CUDA graphs off in this client process") == 1
     assert "capture failed (RuntimeError: CUDA error: operation not permitted" in out
     assert client_step._graphs_failed
@@ -168,7 +168,7 @@ def test_a_first_replay_that_differs_from_the_eager_step_falls_back_with_the_eag
 
     graph, eager = _graph_training(monkeypatch, wrong_graph)
     _assert_same_training(graph, eager)
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert out.count("CUDA graphs off in this client process") == 1
     assert "the first replay differs from the eager step (in 1 of" in out
 
@@ -182,7 +182,7 @@ def test_a_faithful_replay_is_kept(monkeypatch, capsys):
 
     graph, eager = _graph_training(monkeypatch, faithful_graph)
     _assert_same_training(graph, eager)
-    assert len(replays) == 1 and "CUDA graphs off" not in capsys.readouterr().out
+    assert len(replays) == 1 and "CUDA graphs off" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("momentum, nesterov, weight_decay", [(0.0, False, 0.0), (0.9, False, 5e-4), (0.5, True, 1e-3)])

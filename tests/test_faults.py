@@ -154,7 +154,7 @@ def test_a_restarted_node_takes_its_partition_back_and_a_silent_newcomer_is_aske
     strategy.follow_rejoined_nodes(grid, timeout=0.2)
     assert strategy.partition_of_node == {100: 0, 101: 1, 103: 3, 112: 2}
     assert strategy.ignored_nodes == {27}
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "partitions [2] now on nodes [112] (rejoined)" in out and "new node 27 ignored: did not report" in out
     strategy.follow_rejoined_nodes(grid, timeout=0.2)
     assert grid.asked == [27, 112]  # neither is asked again

@@ -100,7 +100,7 @@ def test_on_another_flower_the_mean_is_flowers_own_and_the_same(monkeypatch, cap
     flower_internals.speed_up_available.cache_clear()
     try:
         flowers, _ = strategy.aggregate_train(1, replies)
-        assert "in-place mean speed-up off, Flower's own code runs instead: this is flwr 9.9.9" in capsys.readouterr().out
+        assert "in-place mean speed-up off, Flower's own code runs instead: this is flwr 9.9.9" in capsys.readouterr().err
         assert [c.content for c in replies] and strategy.checked_contents(replies)  # the replies without an error
     finally:
         flower_internals.speed_up_available.cache_clear()

@@ -84,7 +84,7 @@ def test_another_flower_runs_the_engine_unchanged_and_says_so_once(monkeypatch, 
     try:
         assert not install_engine_wakeup() and not install_engine_wakeup()
         assert vce_api.add_messages_to_queue is not add_messages_to_queue_on_store
-        out = capsys.readouterr().out
+        out = capsys.readouterr().err
         assert out.count("engine speed-up off, Flower's own code runs instead: this is flwr 1.43.0, not 1.41.0 or 1.42.0") == 1
     finally:
         flower_internals.speed_up_available.cache_clear()

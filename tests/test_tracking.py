@@ -98,7 +98,7 @@ def test_a_failing_tracker_is_one_warning_and_the_run_goes_on(tmp_path, monkeypa
     for r in (1, 2):
         recorder.append({"round": r, "test-accuracy": 0.5})
     summary = recorder.complete()
-    warnings = [line for line in capsys.readouterr().out.splitlines() if "warning: tracker" in line]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning: tracker" in line]
     assert warnings == ["[basin] warning: tracker tensorboard stopped: OSError: [Errno 28] No space left on device; "
                         "the run goes on"]
     assert summary["status"] == "completed" and len(pd.read_csv(tmp_path / "results.csv")) == 2

@@ -24,6 +24,7 @@ from flwr.app import RecordDict
 
 from clients.data import client_tensors
 from clients.local_round import LocalRound, round_randomness
+from clients.log import log
 from clients.models import build_run_model, resolve_model_name
 from clients.training import evaluate, select_device
 from experiments.runtime.cli import UsageError
@@ -292,7 +293,7 @@ def clients_command(args) -> int:
     with OutputLock(out_dir):
         # Untimed: the first K for one round, so that no row pays for decoding the data set
         # into its cache or for a cold file cache.
-        print("[benchmark] warm-up run (not measured)", flush=True)
+        log.getChild("benchmark").info("warm-up run (not measured)")
         try:
             launch({**configs[0], "num-rounds": 1}, out_dir / "warm-up", resources, progress=sys.stderr.isatty(),
                    label="warm-up")
@@ -301,8 +302,8 @@ def clients_command(args) -> int:
             return 1
         for config in configs:
             run_dir = out_dir / f"clients-{config['num-clients']}"
-            print(f"[benchmark] {config['num-clients']:,} clients, {cohort_size(config)} per round, "
-                  f"{config['num-rounds']} rounds", flush=True)
+            log.getChild("benchmark").info(f"{config['num-clients']:,} clients, {cohort_size(config)} per round, "
+                                           f"{config['num-rounds']} rounds")
             started = time.perf_counter()
             try:
                 with JobMemory(run_dir) as memory:
@@ -389,7 +390,7 @@ def sweep_command(args) -> int:
                    "resources": dataclasses.asdict(resources)}
         with MpsDaemon(args.mps) as mps:
             if mps.message:
-                print(f"[basin] {mps.message}", file=sys.stderr)
+                log.warning(mps.message)
             figures["mps"] = mps.active
             for label, at_once in (("one-at-a-time", 1), (f"parallel-{parallel}", parallel)):
                 started = time.perf_counter()
@@ -435,7 +436,7 @@ def run_command(args) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()  # leave the GPU to the Flower clients
         if mps.message:
-            print(f"[basin] {mps.message}", file=sys.stderr)
+            log.warning(mps.message)
         started = time.perf_counter()
         try:
             summary = launch(config, out_dir / "flower", resources, progress=sys.stderr.isatty(), label="flower")

@@ -101,6 +101,25 @@ def parallel_runs(text: str) -> int | None:
     return value
 
 
+def add_verbosity_options(parser: argparse.ArgumentParser) -> None:
+    """``--quiet`` and ``--verbose``: how much of Basin's log (``[basin] …`` lines) this
+    command shows; its results and errors are shown either way."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-q", "--quiet", action="store_true",
+                       help="show only Basin's warnings and errors, not its progress lines")
+    group.add_argument("-v", "--verbose", action="store_true", help="show Basin's debug lines too")
+
+
+def apply_verbosity(args: argparse.Namespace) -> None:
+    """Set the level of the ``basin`` logger of this process from ``--quiet``/``--verbose``
+    (the runs' own processes write their lines to the runs' logs whatever it is)."""
+    import logging
+
+    from clients.log import log
+
+    log.setLevel(logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO)
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """The exception types that mean bad input (imported here: not before the command needs them)."""
     from experiments.runtime.ray_cluster import RayClusterUnreachable

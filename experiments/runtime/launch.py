@@ -29,6 +29,7 @@ import tomli_w
 from clients import flower_internals
 from clients.flower_internals import ENGINE_MODULE
 from clients.kept_processes import KEEP_CLIENT_PROCESSES
+from clients.log import log
 from clients.warm_simulation import socket_path
 from experiments.runtime.cli import NO_SPACE, DiskFull, is_disk_full
 from experiments.runtime.flower_log import count_rounds, flower_failure_reason, follow_run, read_summary
@@ -257,7 +258,7 @@ FLWR_COMMAND = (sys.executable, "-m", "experiments.runtime.flwr_command")
 
 @functools.cache
 def say_once(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    log.warning(line)
 
 
 def flwr_executable() -> str:
@@ -323,7 +324,7 @@ def _launch_locked(
             env[KEEP_CLIENT_PROCESSES] = kept_processes_key(app, config)
         warm_simulation, flowers_own = None, flower_internals.speed_ups_off_because()
         if flowers_own and not flowers_own.startswith(flower_internals.SPEED_UPS_SWITCH):
-            say_once(f"[basin] speed-ups off, Flower's own commands run: {flowers_own} "
+            say_once(f"speed-ups off, Flower's own commands run: {flowers_own} "
                      f"(Basin's were checked against flwr {', '.join(flower_internals.FLOWER_RELEASES)})")
         if not flowers_own and (simulation_bin := write_simulation_command(Path(flwr_home), app)) is not None:
             env["PATH"] = f"{simulation_bin}{os.pathsep}{env['PATH']}"

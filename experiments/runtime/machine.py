@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clients.log import log
 from partitions.availability import data_problem
 from partitions.datasets import FASHION_MNIST_DEFAULT_DIR
 from strategies.config import ConfigError, cohort_size
@@ -170,19 +171,19 @@ def client_resources(
     by_cores = max(1, machine_cpus() // (int(cpus_per_client) * parallel))
     if not on_cuda:
         at_once = min(cohort, by_cores)
-        print(f"[basin] {at_once} client process{'es' if at_once != 1 else ''} train{'s' if at_once == 1 else ''} "
-              f"at once per run: cohort {cohort}, at most "
-              f"{by_cores} by CPU cores (--cpus-per-client {cpus_per_client:g} each)"
-              + (f" for {parallel} runs at once" if parallel > 1 else ""), file=sys.stderr, flush=True)
+        log.info(f"{at_once} client process{'es' if at_once != 1 else ''} train{'s' if at_once == 1 else ''} "
+                 f"at once per run: cohort {cohort}, at most "
+                 f"{by_cores} by CPU cores (--cpus-per-client {cpus_per_client:g} each)"
+                 + (f" for {parallel} runs at once" if parallel > 1 else ""))
         return ClientResources(cpus_per_client, 0.0)
     import torch
 
     free_bytes, _ = torch.cuda.mem_get_info()
     by_memory = max(1, free_bytes // (CLIENT_PROCESS_GPU_BYTES * parallel))
     processes = min(cohort, by_cores, by_memory)
-    print(f"[basin] {processes} client processes share the GPU per run (--gpus-per-client {1 / processes:.4g}): "
-          f"cohort {cohort}, at most {by_cores} by CPU cores and {by_memory} by free GPU memory"
-          + (f" for {parallel} runs at once" if parallel > 1 else ""), file=sys.stderr, flush=True)
+    log.info(f"{processes} client processes share the GPU per run (--gpus-per-client {1 / processes:.4g}): "
+             f"cohort {cohort}, at most {by_cores} by CPU cores and {by_memory} by free GPU memory"
+             + (f" for {parallel} runs at once" if parallel > 1 else ""))
     return ClientResources(cpus_per_client, 1.0 / processes)
 
 

@@ -9,7 +9,6 @@ import contextlib
 import gc
 import logging
 import statistics
-import sys
 import time
 import types
 from collections.abc import Iterator, Mapping
@@ -26,6 +25,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from clients import protocol
 from clients.flower_internals import task_identity
 from clients.local_round import LocalRound
+from clients.log import log
 from clients.models import MODEL_NAMES, build_model, uses_projection_head
 from clients.training import select_device
 from experiments.runtime.cli import UsageError
@@ -317,7 +317,7 @@ def run_costs(methods: list[str], model_name: str, input_shape: tuple[int, ...],
     costs = []
     for method in methods:
         if progress:
-            print(f"[costs] {method} on {torch_device} …", file=sys.stderr, flush=True)
+            log.getChild("costs").info(f"{method} on {torch_device} …")
         costs.append(measure(method, configs[method], model_name, input_shape, num_classes, batch_size, steps, torch_device))
     return cost_table(costs, round_steps)
 

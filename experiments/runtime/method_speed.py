@@ -13,7 +13,6 @@ without augmentation, the mode its step would take on a CUDA device, and why.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from flwr.app import ArrayRecord, RecordDict
 from clients import protocol
 from clients.client_step import WARMUP_STEPS
 from clients.local_round import LocalRound
+from clients.log import log
 from clients.models import build_model, uses_projection_head
 from clients.training import select_device
 from experiments.runtime.method_costs import REFERENCE, method_config, training_content
@@ -120,7 +120,7 @@ def speed_table(methods: list[str], resnet: str, device: str, overrides: Mapping
         rows = []
         for method in methods:
             if progress:
-                print(f"[benchmark] {setup.label}: {method} …", file=sys.stderr, flush=True)
+                log.getChild("benchmark").info(f"{setup.label}: {method} …")
             rows.append(steps_per_second(method, setup, device, overrides, steps))
         frame = pd.DataFrame(rows)
         frame["× FedAvg"] = frame["steps/s"] / frame.loc[frame["method"] == REFERENCE, "steps/s"].iloc[0]

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import psutil
 
+from clients.log import log
+
 REPO = Path(__file__).resolve().parents[2]
 
 ProcessTable = dict[int, tuple[int, int, str]]
@@ -238,8 +240,8 @@ class Guardian:
     def _keep(self) -> None:
         while not self._stopped.wait(GUARDIAN_CHECK_S):
             if self.process.poll() is not None:
-                print(f"[basin] the run's guardian (PID {self.process.pid}) died ({_how_it_ended(self.process.returncode)}); "
-                      "started a new one", file=sys.stderr, flush=True)
+                log.warning(f"the run's guardian (PID {self.process.pid}) died ({_how_it_ended(self.process.returncode)}); "
+                            "started a new one")
                 self.process = self._start()
                 self.restarts += 1
 

@@ -36,7 +36,6 @@ import dataclasses
 import json
 import math
 import re
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,12 +44,14 @@ from typing import Any
 import pandas as pd
 
 from clients.atomic_files import write_atomically
+from clients.log import log
 from experiments.runtime.machine import ClientResources, data_problem_of
 from experiments.runtime.run_config import default_run_config, load_preset, named_toml, read_toml, resolve_config
 from experiments.runtime.sweep_runs import Sweep, SweepRun, collect
 from strategies.config import ConfigError, cohort_size
 
 TABLES_DIR = Path(__file__).resolve().parents[1] / "paper_tables"
+reproduce_log = log.getChild("reproduce")  # its lines say [reproduce]
 RUN_METRICS = ("acc-last-k", "rounds-to-target", "speed-up")
 COST_METRICS = ("mflops", "params-m")
 KEPT_METRICS = ("seconds", "gflops", "hessian")  # data only: a cell with one of these needs an `unsupported` reason
@@ -575,8 +576,7 @@ def _cost_of(config: Mapping[str, Any], steps: int, progress: bool) -> dict[str,
     shape = INPUT_SHAPES[str(config["dataset"])]
     num_classes = 100 if config["dataset"] == "cifar100" else 10
     if progress:
-        print(f"[reproduce] measuring {config['strategy']} on {config['model']} ({steps} steps on the CPU) …",
-              file=sys.stderr, flush=True)
+        reproduce_log.info(f"measuring {config['strategy']} on {config['model']} ({steps} steps on the CPU) …")
     cost = measure(str(config["strategy"]), {**config, "device": "cpu"}, str(config["model"]), shape, num_classes,
                    int(config["batch-size"]), steps, torch.device("cpu"))
     return {"mflops": cost.forward_flops / 2 / 1e6, "params-m": cost.held_elements / 1e6}
@@ -756,7 +756,7 @@ def step_seconds(configs: Iterable[Mapping[str, Any]], progress: bool = True) ->
         if key in seconds or str(config["dataset"]) not in INPUT_SHAPES:
             continue
         if progress:
-            print(f"[reproduce] timing {config['strategy']} on {config['model']} ({device}) …", file=sys.stderr, flush=True)
+            reproduce_log.info(f"timing {config['strategy']} on {config['model']} ({device}) …")
         num_classes = 100 if config["dataset"] == "cifar100" else 10
         cost = measure(str(config["strategy"]), {**config, "device": device.type}, str(config["model"]),
                        INPUT_SHAPES[str(config["dataset"])], num_classes, int(config["batch-size"]), 2, device,
@@ -854,13 +854,13 @@ def reproduce_table(table_name: str, only: Sequence[str] = (), seeds: int | None
     seeds = seeds or table.seeds
     out_dir = (out or Path("runs") / "reproduce" / table.name).resolve()
     sweep, _ = build_sweep(table, seeds)
-    print(f"{table.title}: {len(table.cells)} cells, {len(sweep.runs)} runs ({seeds} seeds) → {out_dir}", flush=True)
+    reproduce_log.info(f"{table.title}: {len(table.cells)} cells, {len(sweep.runs)} runs ({seeds} seeds) → {out_dir}")
     problems = {run.run_id: data_problem_of(run.config) for run in sweep.runs}
     here = dataclasses.replace(sweep, runs=[run for run in sweep.runs if problems[run.run_id] is None])
     if len(here.runs) < len(sweep.runs):
         reasons = sorted({problem for problem in problems.values() if problem})
-        print(f"[reproduce] {len(sweep.runs) - len(here.runs)} runs cannot load their data here and are not run "
-              f"(their cells say so in the report): {reasons[0]}", file=sys.stderr, flush=True)
+        reproduce_log.warning(f"{len(sweep.runs) - len(here.runs)} runs cannot load their data here and are not run "
+                              f"(their cells say so in the report): {reasons[0]}")
     failed: list[str] = []
     if here.runs and not report_only:
         _, runs_table = execute_sweep(here, out_dir, retry_failed=retry_failed, progress=progress,

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clients.log import log
 from experiments.runtime.flower_log import STARTUP_STAGES
 from experiments.runtime.run_config import APP_DIR
 
@@ -98,8 +99,7 @@ def startup_command(args) -> int:
     for name, command_args in (("startup-command", STARTUP_ARGS), ("main-job", MAIN_JOB_ARGS)):
         measurements = []
         for repeat in range(args.startup):
-            print(f"[basin] {name} {repeat + 1}/{args.startup}: python -m experiments.run {' '.join(command_args)}",
-                  flush=True)
+            log.info(f"{name} {repeat + 1}/{args.startup}: python -m experiments.run {' '.join(command_args)}")
             measurements.append(time_command(command_args, out / f"{name}-{repeat + 1}"))
             print(f"        wall {measurements[-1]['wall-seconds']:.1f} s, rounds {measurements[-1]['round-seconds']:.1f} s, "
                   f"start-up {measurements[-1]['startup-seconds']:.1f} s", flush=True)

@@ -11,7 +11,6 @@ import itertools
 import json
 import re
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -23,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from clients.atomic_files import write_atomically
+from clients.log import log
 from experiments.runtime.cli import DiskFull
 from experiments.runtime.launch import RunFailed, end_summary, interrupted_reason, launch
 from experiments.runtime.machine import (
@@ -362,7 +362,7 @@ def auto_parallel(sweep: Sweep) -> int:
     cohort = max(cohort_size(run.config) for run in sweep.runs)
     free_bytes, _ = torch.cuda.mem_get_info()
     parallel = max(1, min(AUTO_PARALLEL_MAX, len(sweep.runs), free_bytes // (CLIENT_PROCESS_GPU_BYTES * cohort)))
-    print(f"[basin] --parallel auto: {parallel} runs at once", file=sys.stderr, flush=True)
+    log.info(f"--parallel auto: {parallel} runs at once")
     return parallel
 
 
@@ -395,14 +395,14 @@ def execute_sweep(
     with OutputLock(create_output_dir(out_dir)), MpsDaemon(mps) as mps_daemon, \
             LocalRayCluster(shared_ray, machine_cpus(), log_path=out_dir / "ray-cluster.log") as job_ray:
         if mps_daemon.message:
-            print(f"[basin] {mps_daemon.message}", file=sys.stderr)
+            log.warning(mps_daemon.message)
         try:
             table = run_sweep(sweep, out_dir, retry_failed, progress, ray_address or job_ray, parallel)
         except KeyboardInterrupt:
             table = write_tables(sweep, out_dir)
             completed, failed = int(table["status"].eq("completed").sum()), int(table["status"].eq("failed").sum())
-            print(f"interrupted: {completed} of {len(table)} runs completed, {failed} failed, "
-                  f"{len(table) - completed - failed} not finished; run the same command again to resume",
-                  file=sys.stderr)
+            log.warning(f"interrupted: {completed} of {len(table)} runs completed, {failed} failed, "
+                        f"{len(table) - completed - failed} not finished; run the same command again to resume",
+                        extra={"bare": True})
             raise
     return (1 if table["status"].eq("failed").any() else 0), table
