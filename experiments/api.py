@@ -441,7 +441,8 @@ def reproduce(
     """
     from experiments.runtime.cli import UsageError
     from experiments.runtime.launch import RunFailed
-    from experiments.runtime.reproduction import dry_run_table, load_table, reproduce_table, select
+    from experiments.runtime.paper_tables import load_table, select
+    from experiments.runtime.reproduction import dry_run_table, reproduce_table
 
     if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1):
         raise UsageError(f"seeds = {seeds!r} is not allowed; allowed: an integer >= 1")

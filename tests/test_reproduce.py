@@ -1,6 +1,7 @@
-"""Reproduction reports (experiments/runtime/reproduction.py, python -m experiments.reproduce): the
-papers' tables as data, every cell's run, the comparison and its verdicts, the report's
-files, and a real run of a small table on the digits (slow tier)."""
+"""Reproduction reports (experiments/runtime/paper_tables.py, verdicts.py,
+reproduction_report.py and reproduction.py; python -m experiments.reproduce): the papers'
+tables as data, every cell's run, the comparison and its verdicts, the report's files, and
+a real run of a small table on the digits (slow tier)."""
 
 from __future__ import annotations
 
@@ -15,25 +16,10 @@ import pandas as pd
 import pytest
 
 from experiments.runtime.machine import ClientResources, check_machine
-from experiments.runtime.reproduction import (
-    PaperValue,
-    TableError,
-    Tolerances,
-    basin_text,
-    build_sweep,
-    cell_status,
-    compare,
-    figure_panels,
-    gain_verdict,
-    headline,
-    load_table,
-    plotted,
-    report_markdown,
-    select,
-    table_names,
-    tolerance_bars,
-    write_report,
-)
+from experiments.runtime.paper_tables import PaperValue, TableError, cell_status, load_table, select, table_names
+from experiments.runtime.reproduction import build_sweep
+from experiments.runtime.reproduction_report import basin_text, figure_panels, plotted, report_markdown, tolerance_bars, write_report
+from experiments.runtime.verdicts import Tolerances, compare, gain_verdict, headline
 
 REPO = Path(__file__).resolve().parents[1]
 
