@@ -8,67 +8,13 @@
     python -m experiments.benchmark --methods              # client steps/s of every method, its step mode, × FedAvg
     python -m experiments.benchmark --methods --modes      # measures nothing: the step mode of every method on CUDA
 
-One invocation runs one setup (default: preset ``ima-fmnist-shards`` with ``averaging =
-"ima"``, ``avg-start`` at 75 % of the rounds; ``--preset none``: the pyproject defaults,
-the embedded digits) twice:
+One invocation runs one setup twice, as a real ``flwr run`` simulation and as a bare
+PyTorch loop of the same client work in this process, and prints client steps per second,
+their ratio, Flower's overhead per round and its start-up; ``--clients``, ``--startup`` and
+``--methods`` measure how a run grows with the number of clients, the wait before round 1,
+and every method's step speed. Writes ``benchmark.json`` and the run's files into ``--out``.
 
-1. as a real ``flwr run`` simulation (``experiments.runtime.launch.launch``), read back from its
-   ``results.csv``;
-2. sequentially in this process, without Flower's runtime or Ray, with eager steps (the
-   baseline of every ratio) and, on CUDA, again with CUDA-graph steps: the same cohorts
-   (``CohortSampling.sample_partitions``), per client the ClientApp's path (cached
-   device-resident partition, one model reused, the ServerApp's round config, the
-   per-(seed, round, partition) generators, ``LocalRound``), FedAvg weighted by
-   num-examples and central evaluation each round. Without IMA's window it is a reference
-   for client-work throughput, not accuracy; it trains FedAvg clients (``strategy`` must
-   be ``fedavg``).
-
-Measured, over the rounds only: client steps per second (Flower: over Σ round-seconds;
-bare: over its timed rounds, aggregation and evaluation included) and their ratio;
-Flower's *overhead per round*, train-seconds − client-seconds: the time from sending to
-aggregating outside the interval in which some client of the cohort was computing; its
-*startup*, the launch's wall time minus Σ round-seconds, paid once per run, and when each
-of its stages began (SuperLink, simulation, Ray and client processes, data and partition,
-client discovery, round 1; read from Flower's log every 0.2 s); on CUDA the
-peak memory of a client process and of the bare loop. Each is given over all rounds and
-excluding round 1 (warm-up). Flower's per-round client-steps (Σ over the cohort) must
-equal the bare loop's, else the runs did different work.
-
-The Flower run uses the run config's ``cuda-graphs`` (default on), ``--gpus-per-client``
-(default auto: a whole cohort of client processes at once) and, with ``--mps``, CUDA MPS;
-compare invocations with ``--set cuda-graphs=false`` and without ``--mps`` for the parts.
-
-``--clients [K,K,…]`` instead measures how a run's cost grows with the number of clients
-K at a fixed cohort (default 100, 1,000 and 10,000 clients, 10 per round, 5 rounds,
-Fashion-MNIST, 300 images per client at every K, 1 local epoch, batch 50: see
-CLIENTS_SETUP; ``--preset`` and ``--set`` change the setup,
-``--cohort`` and ``--rounds`` the rest): one ``flwr run`` simulation per K, one after
-another, then a table of the wall time, when round 1 starts, round 1's time, the mean
-overhead of rounds 2 … N, and the peak memory of the whole job (the proportional set size
-summed over every process of the run, sampled every 0.5 s), each with its ratio to the
-first K's. An untimed one-round run of the first K comes first (the data set's decode
-cache and the file cache are warm for every row).
-``--methods [all|M,M,…]`` instead measures client steps per second of every shipped method
-(or those named) on Basin's client path, outside Flower, in two setups: the Fashion-MNIST
-CNN and a CIFAR-shaped ResNet (``--resnet``, default resnet20-gn, synthetic 3×32×32
-tensors) with crop + flip; per method the step mode it takes on this device (eager or a
-replayed CUDA graph) and why, steps/s over one round of ``--steps`` steps after a warm-up
-round, and the ratio to FedAvg's steps/s in the same setup and invocation
-(experiments/runtime/method_speed.py). With ``--modes`` it runs nothing and prints, for
-every method with and without augmentation, the mode its step would take on a CUDA
-device and why.
-``--startup [N]`` instead times what a user waits before round 1: ``python -m
-experiments.run --set num-clients=100 --set participation=0.1 --set num-rounds=10 --set
-min-partition-size=1 --set alpha=1.0`` and the main job (``python -m experiments.run``),
-each N times (default 3) in a process of its own, and prints the medians: wall time,
-start-up (wall − Σ round-seconds), and when each stage began, from the launcher's first
-line to the command's exit (``benchmark-startup.json``; see
-experiments/runtime/startup_timing.py). Targets on 2 CPU cores: start-up ≤ 10 s, the main
-job ≤ 40 s.
-Targets: on one H100 the simulation at ≥ 10× the eager bare loop's throughput; on 2 CPU
-cores Flower's overhead ≤ 0.03 s per round and round 1 within 15 s. Writes ``benchmark.json`` (all figures, config,
-device, versions) and the Flower run's files (``flower/``) into ``--out``.
-"""
+In detail: docs/command-lines.md (``python -m experiments.benchmark``)."""
 from __future__ import annotations
 
 import argparse

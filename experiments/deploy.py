@@ -4,38 +4,12 @@
     python -m experiments.deploy --tls --set num-rounds=5      # TLS
     python -m experiments.deploy --auth --set num-rounds=5     # TLS + SuperNode authentication
 
-Unlike ``experiments.run`` (the Simulation Engine: one process, clients as Ray actors),
-this starts a real ``flower-superlink`` and one ``flower-supernode`` per client, each a
-separate process talking HTTP(S) over localhost, exactly as they would on separate
-machines; then ``flwr run APP_DIR <federation> --stream`` submits the run to that
-SuperLink. SuperNode ``K`` holds partition ``K`` of ``num-clients``
-(``--node-config "partition-id=K num-partitions=N"``); the ServerApp asks every node for
-its partition id before the first round, so cohorts, aggregation order and therefore the
-results are the same as in simulation. The same holds bit for bit because each
-SuperNode's ClientApp gets as many CPU threads as Ray gives a simulated client
-(``--cpus-per-client``, default 1; see ``LocalFederation._supernode_env``).
+A real ``flower-superlink`` and one ``flower-supernode`` per client, each its own process
+talking HTTP(S) over localhost as on separate machines, then ``flwr run`` submits the run:
+the same cohorts, order and results as the simulation, bit for bit. Everything it starts is
+stopped by PID when the run ends; logs go to the output directory.
 
-Security modes:
-
-* insecure: plain HTTP (``--insecure`` everywhere).
-* ``--tls``: a throw-away CA and a server certificate for 127.0.0.1/localhost
-  (experiments/certificates.py); the SuperLink serves with it, SuperNodes and the
-  ``flwr`` CLI trust the CA (``--root-certificates``; ``root-certificates`` in the
-  federation entry).
-* ``--auth`` (implies ``--tls``; Flower requires TLS for it): the SuperLink only admits
-  SuperNodes whose public key was registered with ``flwr supernode register`` before
-  they connect; each SuperNode signs its requests with its own ECDSA key.
-
-Data: the default ``digits`` dataset ships with scikit-learn, so SuperNodes need nothing
-else. For file datasets (``dataset = "fashion-mnist"`` …) the run-config key ``data-dir``
-is read on every SuperNode's machine (and the SuperLink's, for the server's test set):
-in a real deployment each machine needs the data at that path.
-
-Everything started here lives under a temporary directory (a ``FLWR_HOME`` per process,
-certificates, keys, the SuperLink's database) and is stopped by PID, whole process
-trees, when the run ends or fails. Logs go to the output directory:
-``superlink.log``, ``supernode-K.log`` and ``flwr.log`` (the ``flwr run`` stream).
-"""
+In detail: docs/command-lines.md (``python -m experiments.deploy``)."""
 
 from __future__ import annotations
 

@@ -4,30 +4,12 @@ how fast is it, is it reproducible, and does the IMA paper's pair come out?
     python -m experiments.gpu_check --data-dir /path/to/fashion-mnist            # one H100: about 11 minutes
     python -m experiments.gpu_check --data-dir /path/to/fashion-mnist --device cpu   # dry run: every step, tiny
 
-In order (each is skipped with ``--skip NAME``):
+In order, each skipped with ``--skip NAME``: ``tests`` (the ``gpu``-marked tests),
+``benchmark`` (CUDA graphs off, on, and under MPS against the bare loop), ``determinism``
+(two client-process counts, the same bits) and ``pair`` (IMA Table I's Fashion-MNIST #C=2
+pair beside the paper's 81.17 / 84.68); ``gpu-check.json`` in ``--out`` after each step.
 
-1. ``tests``: the test suite's ``gpu``-marked tests (``pytest -m gpu``).
-2. ``benchmark``: ``experiments.benchmark`` on the IMA Fashion-MNIST #C=2 setup
-   (``--bench-rounds`` rounds) three times: CUDA-graph steps off, on, and on under CUDA
-   MPS; each Flower run's client steps per second against the bare eager loop measured in
-   the same invocation (the ratio's baseline).
-3. ``determinism``: the same short run (``cuda-deterministic`` on, a cohort of the larger
-   process count) with two numbers of client processes sharing the GPU (``--processes``,
-   default 8 and 16), compared bit for bit (``experiments.run --check-reproducible``).
-4. ``pair``: the IMA paper's Fashion-MNIST #C=2 pair, FedAvg and FedAvg + IMA, for
-   ``--pair-rounds`` rounds (default 300, the paper's), both at once; their mean accuracy
-   over the last 10 rounds beside the paper's (81.17 and 84.68).
-
-Each step's rows are printed and written to ``gpu-check.json`` in ``--out`` as the step
-ends (``"complete": false`` until the last one), then the whole table is printed. On one
-H100 (2026-11-25) the steps took 27 s, 260 s, 138 s and 212 s: where a command may run
-10 minutes at most, run ``--skip pair`` and then the pair alone (``--skip tests --skip
-benchmark --skip determinism``). With ``--device cpu``
-(the dry run CI makes) every step runs on the CPU with tiny settings (2 rounds, 20
-clients, 1 local epoch; process counts 2 and 1, i.e. one or two client processes): what is
-checked is that the command works, not the figures. Data: the Fashion-MNIST IDX files in
-``--data-dir``.
-"""
+In detail: docs/command-lines.md (``python -m experiments.gpu_check``)."""
 
 from __future__ import annotations
 

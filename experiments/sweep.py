@@ -24,22 +24,11 @@ An axis is a run-config key with a list of values, or any name with a list of ta
 of keys that change together. Grid points that resolve to the same config run once.
 Everything is validated before the first run starts.
 
-Each run is a real Flower run (``experiments.runtime.launch``) in ``<out>/runs/<run id>``. A run
-is finished when its ``outcome.json`` (status, error, config) is written, after Flower
-returns; re-running the command skips finished runs whose config is unchanged, continues
-an interrupted run from its last checkpoint (``checkpoint-every``), reruns changed ones
-from scratch, and keeps failed runs as failed unless ``--retry-failed``. After every run
-the tables are rebuilt from the run directories and replaced atomically, so they are
-never half-written and a killed sweep loses at most the rounds since the last checkpoint:
+Each run is a real Flower run in ``<out>/runs/<run id>``, resumable; after every run the
+tables (``results.parquet``/``.csv``, ``curves.parquet``) are rebuilt atomically, and
+``report/`` holds the tables and figures (``experiments.sweep_report``).
 
-- ``results.parquet`` / ``results.csv``: one row per run: ``run``, ``status``
-  (completed, failed, pending), ``error``, every run-config key, and ``acc-last-k``,
-  ``last-k``, ``acc-best``, ``best-round``, ``acc-final``, ``rounds-to-target``,
-  ``rounds``, ``wall-seconds`` (ServerApp), ``run-seconds`` (with Flower's start-up),
-  ``run-dir``;
-- ``curves.parquet``: every round of every run (``run`` + the columns of results.csv);
-- ``report/``: tables and figures (``experiments.sweep_report``).
-"""
+In detail: docs/command-lines.md (``python -m experiments.sweep``)."""
 
 from __future__ import annotations
 

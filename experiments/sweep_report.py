@@ -2,28 +2,13 @@
 
     python -m experiments.sweep_report SWEEP_DIR [--out DIR]
 
-Reads ``SWEEP_DIR/results.parquet`` (one row per run, written by experiments/sweep.py; the
-CSV twin is the fallback) and ``curves.parquet`` (per-round rows), keeps the completed
-runs, and writes to ``SWEEP_DIR/report/`` the views the IMA and WIMA papers show:
+Reads ``SWEEP_DIR/results.parquet`` and ``curves.parquet`` and writes to
+``SWEEP_DIR/report/`` the views the IMA and WIMA papers show: the accuracy table with
+each averaging method's gain over its base run (the same seed, split and settings), the
+gains, gain against α, participation, local epochs and clients, rounds to target against
+the averaging start, the window ablation, and the accuracy curves.
 
-- ``accuracy-table.csv`` / ``.md``: methods × settings, accuracy of the last k rounds
-  ×100 as mean ± std over seeds, averaged methods with their gain over the base method in
-  percentage points, e.g. ``85.30 ± 0.41 (+1.18)``;
-- ``gains.csv``: every averaged run with its base run's accuracy and the gain;
-- ``gain-vs-<key>.png`` for alpha (Dirichlet runs), participation, local-epochs and
-  num-clients, where the key takes two or more values among the paired runs;
-- ``rounds-to-target-vs-start.png`` where avg-start varies, ``window-ablation.png`` where
-  window varies, each with the base method as a dashed line;
-- ``curves-<setting>.png``: mean test accuracy per round, one colour per strategy.
-
-A *setting* is what varies in the sweep besides the strategy, the seed and the averaging
-keys (e.g. ``Dir(0.1)``, ``#C=2``, ``IID``). Pairing rule: an averaged run (averaging !=
-"none") is compared with the completed base run (averaging == "none") whose config is equal
-on every key except AVERAGING_KEYS, so the gain of a seed is measured against the same
-seed, data split and hyper-parameters; an averaged run without such a base run has gain
-NaN, and a table cell's gain is the mean over its paired seeds. Means and stds over seeds use
-ddof=0 (a single seed has std 0).
-"""
+In detail: docs/command-lines.md (``python -m experiments.sweep_report``)."""
 
 from __future__ import annotations
 
