@@ -1,30 +1,23 @@
 """The Ray actor that runs a simulation's client work, in a module a client process can
 load without Flower's simulation package.
 
-Flower 1.41's ``ClientAppActor`` lives in ``flwr.simulation.ray_transport.ray_actor``:
-a client process that receives it imports ``flwr.simulation``, whose ``__init__``
-imports Flower's simulation runner and CLI, 1.3 s of CPU in each client process on 2
-cores (the ClientApp's own imports take 0.3 s). :class:`ClientAppActor` is the same
-actor, method for method (``VirtualClientEngineActor.run`` and ``terminate``, and the
-``on_actor_init_fn`` hook), defined here; the simulation engine
+:class:`ClientAppActor` is Flower's ``ClientAppActor`` (``flwr.simulation.ray_transport``),
+method for method (``VirtualClientEngineActor.run`` and ``terminate``, and the
+``on_actor_init_fn`` hook), defined here so that a client process does not import
+``flwr.simulation`` and with it Flower's simulation runner and CLI; the simulation engine
 (clients/simulation_engine.py) has Flower's Ray backend build its pool of it, through
-``clients/flower_internals.py``, only where that backend is 1.41.0's.
+clients/flower_internals.py, only on a checked Flower release.
 
-On a job's own Ray cluster (``experiments/runtime/ray_cluster.py``: the runs of a job, one
-after another) the client processes are kept from one run to the next
-(:class:`KeptClientActors`): a new client process spends ~4 s of CPU on 2 cores starting
-Ray's worker and importing torch and the ClientApp, in every run's round 1. The first run
-creates its actors as detached, named ones; a later run of the same job takes them by
-name. Kept are only processes that run the same sources under the same process-wide
-settings (the key the launcher gives, ``BASIN_KEEP_CLIENT_PROCESSES``) with the same
-resources: others are ended first. A kept process serves a new run as it serves another
-client of its run, every setting coming with the message (its caches are keyed by what
-they hold), so results are the same bit for bit. It goes on importing from the app
-folder of the run that started it (the same sources), so that run's FLWR_HOME, which
-holds it, stays until the job ends (the run marks it, ``KEPT_PROCESSES_STARTED``; see
-``LocalRayCluster.job_flwr_home``): its modules, and code that reads its own sources,
-need those files. Its printed lines reach the first run's log only, and once per process
-lines are said once per job. The job's cluster ends them when it stops.
+On a job's own Ray cluster (experiments/runtime/ray_cluster.py: a job's runs, one after
+another) the client processes are kept from one run to the next (:class:`KeptClientActors`):
+the first run creates its actors as detached, named ones, a later run of the job takes them
+by name. Kept are only processes that run the same sources under the same process-wide
+settings (the launcher's key, ``BASIN_KEEP_CLIENT_PROCESSES``) with the same resources;
+others are ended first. A kept process serves a new run as it serves another client of its
+run, every setting coming with the message, so results are the same bit for bit. It goes on
+importing from the app folder of the run that started it, so that run's FLWR_HOME stays
+until the job ends (the run marks it, ``KEPT_PROCESSES_STARTED``). The job's cluster ends
+them when it stops. What each saves: docs/speed.md.
 """
 
 from __future__ import annotations

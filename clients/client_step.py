@@ -1,38 +1,22 @@
 """One local SGD step, run eagerly, from static buffers, or replayed as a CUDA graph.
 
 A step is: the augmentation of the batch (crop and flip, when the run has it), the local
-objective's loss and gradient on it, the gradient terms
-(FedProx, SCAFFOLD, FedDyn, …), clipping to ``grad_clip`` in global 2-norm when > 0, the
-post-clip terms, then SGD (momentum, Nesterov, weight decay: clients/sgd.py, ``torch.optim.SGD``'s
-fused kernel) with the step's learning rate read from a one-element tensor on the device,
-the objective's ``after_step`` (FedFA's calibration), and the loss added to a
-device-resident sum. A step's inputs are its batch and its random draws (the crop offsets
-and flips, Mixup's λ and pairing, Stochastic Depth's drops), all drawn before the round. The fused SGD kernel is used in every mode: it
-accepts that lr tensor, so a captured step reads each step's η_k instead of a float frozen
-at capture.
+objective's loss and gradient on it, the gradient terms (FedProx, SCAFFOLD, FedDyn, …),
+clipping to ``grad_clip`` in global 2-norm when > 0, the post-clip terms, then SGD
+(momentum, Nesterov, weight decay: clients/sgd.py, ``torch.optim.SGD``'s fused kernel, which
+reads each step's learning rate from a one-element device tensor, so a captured step sees
+each step's η_k), the objective's ``after_step`` (FedFA's calibration), and the loss added
+to a device-resident sum. A step's inputs are its batch and its random draws (crop offsets
+and flips, Mixup's λ and pairing, Stochastic Depth's drops), all drawn before the round.
 
-Modes (:func:`step_mode`):
-
-- ``eager``: every batch as it comes (on the CPU, and where capture cannot be used).
-- ``static``: full batches and their draws are copied into fixed buffers and the step
-  reads only those (the gradient terms read static copies of their per-round inputs,
-  refreshed in place every round; the objective is the first round's, whose round state
-  later rounds' objectives write into and share: ``LocalObjective.adopt``); the step
-  object lives as long as the process and its model. On the CPU it runs without capture
-  and is bitwise the eager step (tests/test_client_step.py, one test per objective).
-- ``graph``: ``static`` on CUDA, captured once per process, model and step signature
-  (after :data:`WARMUP_STEPS` real steps on a side stream, as PyTorch's CUDA-graph notes
-  ask) and replayed for every full batch: one launch instead of hundreds per step.
-
-A graph that cannot be used falls back, it does not fail the run: when capture raises,
-or the first replay's parameters and loss differ from the same step run eagerly (beyond
-:data:`REPLAY_RTOL`/:data:`REPLAY_ATOL`; not checked for a model with dropout, whose draws
-differ between the two), the process says so once and trains with eager steps from then
-on, that step's eager result kept (:meth:`ClientStep._capture_checked`).
-
-The last, short batch of an epoch (n not a multiple of B) is trained eagerly, with the
-same parameters, gradients and optimizer state, so every sample is used as in the eager
-loop; nothing is recaptured and nothing dropped.
+Modes (:func:`step_mode`): ``eager`` (every batch as it comes); ``static`` (full batches
+and draws copied into fixed buffers, per-round inputs refreshed in place, the first round's
+objective adopting later rounds' state; on the CPU bitwise the eager step); ``graph``
+(``static`` on CUDA, captured once per process, model and step signature after
+:data:`WARMUP_STEPS` real steps, then replayed: one launch instead of hundreds per step).
+A graph that cannot be used falls back to eager steps, said once, without failing the
+run (:meth:`ClientStep._capture_checked`). The last, short batch of an epoch is trained
+eagerly with the same state: every sample is used, nothing recaptured.
 """
 
 from __future__ import annotations
@@ -73,7 +57,16 @@ class GradientTerm:
 def step_mode(device: torch.device, graphs: bool, objective, terms: Sequence) -> tuple[str, str]:
     """(mode, why): ``graph`` on CUDA when asked for and every part of the step has static
     shapes and no host work per step (augmentation runs inside any step); else ``eager``,
-    and why not graph."""
+    and why not graph.
+
+    In ``static`` and ``graph`` modes the gradient terms read static copies of their
+    per-round inputs, refreshed in place every round, and the objective is the first
+    round's, whose round state later rounds' objectives write into and share
+    (``LocalObjective.adopt``); the step object lives as long as the process and its model.
+    A graph is captured after :data:`WARMUP_STEPS` real steps on a side stream (PyTorch's
+    CUDA-graph notes); when capture raises, or the first replay's parameters and loss differ
+    from the same step run eagerly beyond :data:`REPLAY_RTOL`/:data:`REPLAY_ATOL` (not
+    checked for a model with dropout), the process trains eagerly from then on."""
     if device.type != "cuda":
         return "eager", "not on CUDA"
     if not graphs:

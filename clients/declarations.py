@@ -3,38 +3,16 @@ the server half (strategies/) and the client half (clients/) of a method both us
 
 Each method's own module ends with ``METHODS = (MethodSpec(...), ...)``; strategies/methods.py,
 the registry above both halves, lists those modules, and every table that used to name
-methods — config validation and ``--list-keys``, the checkpoint, reports, the cost table,
-the clients' objectives and components — iterates over the declarations instead. A method
+methods (config validation and ``--list-keys``, the checkpoint, reports, the cost table,
+the clients' objectives and components) iterates over the declarations instead. A method
 whose only change is the clients' objective is declared with :func:`objective_method` in
-clients/objectives/declarations.py; the registry gives it its server (FedAvg sending the objective,
-strategies/client_objective.py), so clients/ never imports strategies/.
+clients/objectives/declarations.py; the registry gives it its server (FedAvg sending the
+objective, strategies/client_objective.py), so clients/ never imports strategies/.
 
-A declaration says:
-
-- ``name`` (the ``strategy`` value) and ``display_name`` (as its paper writes it);
-- ``build``: the validated run config → the server strategy (Flower's Message API); the
-  strategies use ``strategies.method.COHORT`` for the arguments every Basin strategy shares;
-- ``options``: the run-config keys it adds, each an :class:`~clients.options.Option`
-  with its default (``pyproject.toml``'s table of method keys is generated from these:
-  ``python -m strategies.methods --write-pyproject``); a key two methods share is the same
-  ``Option`` object, declared by one and imported by the other;
-- ``check``: constraints on other keys, raising :class:`~clients.options.ConfigError`;
-- its client half: ``objective`` (what each client minimises, sent by name with the values
-  of ``objective_keys``) and ``client_components`` (builders of
-  :class:`~clients.components.ClientComponent`); ``client_state`` when clients keep
-  state across rounds (checkpoints then snapshot it);
-- what it needs: ``plain_sgd`` (its paper steps with plain SGD: no client momentum),
-  ``model_needs`` ("image": one label per image; "slimmable-residual"), and
-  ``default_server_lr`` (``server-lr = 0``);
-- ``projection_head``: on the models that have one to add (FedAlign's ResNet-56), train
-  with a two-layer projection head (MOON);
-- ``cost_table``: its rows in ``python -m experiments.costs``'s default table, each a name
-  and the run-config keys it sets besides ``strategy`` (GradAug's n = 1 and n = 2).
-
-The client half is named where it is defined, :class:`ImplementedIn` (``module:name``),
-and imported when first called: a declaration loads no torch, so the launcher, which
-validates a run against every declaration before Flower starts, starts ~1.5–2.5 s sooner
-on 2 CPU cores (a test keeps it torch-free).
+The client half is named where it is defined (:class:`ImplementedIn`, ``module:name``) and
+imported when first called: a declaration loads no torch, so the launcher validates a run
+against every declaration before Flower starts without importing it (a test keeps it
+torch-free; what that saves: docs/speed.md).
 """
 
 from __future__ import annotations
@@ -93,7 +71,28 @@ def _implementation(target: str, arguments: tuple[Any, ...]) -> Callable[..., An
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One method's declaration (see the module docstring)."""
+    """One method's declaration:
+
+    - ``name`` (the ``strategy`` value) and ``display_name`` (as its paper writes it);
+    - ``build``: the validated run config → the server strategy (Flower's Message API); the
+      strategies use ``strategies.method.COHORT`` for the arguments every Basin strategy shares;
+    - ``options``: the run-config keys it adds, each an :class:`~clients.options.Option`
+      with its default (``pyproject.toml``'s table of method keys is generated from these:
+      ``python -m strategies.methods --write-pyproject``); a key two methods share is the same
+      ``Option`` object, declared by one and imported by the other;
+    - ``check``: constraints on other keys, raising :class:`~clients.options.ConfigError`;
+    - its client half: ``objective`` (what each client minimises, sent by name with the values
+      of ``objective_keys``) and ``client_components`` (builders of
+      :class:`~clients.components.ClientComponent`); ``client_state`` when clients keep
+      state across rounds (checkpoints then snapshot it);
+    - what it needs: ``plain_sgd`` (its paper steps with plain SGD: no client momentum),
+      ``model_needs`` ("image": one label per image; "slimmable-residual"), and
+      ``default_server_lr`` (``server-lr = 0``);
+    - ``projection_head``: on the models that have one to add (FedAlign's ResNet-56), train
+      with a two-layer projection head (MOON);
+    - ``cost_table``: its rows in ``python -m experiments.costs``'s default table, each a name
+      and the run-config keys it sets besides ``strategy`` (GradAug's n = 1 and n = 2).
+    """
 
     name: str
     display_name: str

@@ -1,51 +1,26 @@
-"""Every use Basin makes of Flower's private surface, in one place, checked against the
-release it was written for.
+"""Every use Basin makes of Flower's (and Ray's) private surface, in one place, checked
+against the releases it was read from (flwr 1.41.0 and 1.42.0; Ray 2.55.1, which both pin).
 
-Basin builds on Flower's public API (``flwr.app``, ``flwr.serverapp``,
-``flwr.serverapp.strategy``, ``flwr.clientapp``) freely. What it uses beyond that is
-named here and nowhere else (``tests/test_flower_internals.py`` fails on a private name
-used in another module):
+Basin builds on Flower's public API freely; anything beyond it is named here and nowhere
+else (``tests/test_flower_internals.py`` fails on a private name used in another module):
 
-- **The simulation engine** (``clients/simulation_engine.py``, a speed-up): it replaces
-  ``vce_api.add_messages_to_queue``, ``vce_api._register_node_info_stores`` and
-  ``vce_api._register_nodes``, builds the stores ``DeprecatedRunInfoStore.register_context``
-  would, adds the nodes to the in-memory link state as its ``create_node`` and
-  ``acknowledge_node_heartbeat`` leave them, and wraps the in-memory link
-  state's ``store_message_ins``/``store_message_res``, relying on ``get_message_ins``
-  handing each message out once, and reads the messages waiting in its
-  ``message_ins_store``. It replaces ``RayBackend.init_ray`` by the same
-  ``ray.init`` without the job's ``runtime_env`` where the engine starts its own Ray,
-  and has ``RayBackend.build`` make its pool of ``clients/client_actor.py``'s copy of
-  ``ClientAppActor`` (``VirtualClientEngineActor``'s methods), so that client processes
-  do not import ``flwr.simulation``.
-- **Reply checks and FedAvg's mean** (``strategies/weighted_mean.py``, a speed-up):
-  ``FedAvg._check_and_log_replies``, and ``FedAvg.aggregate_train`` whose arithmetic the
-  in-place mean repeats bit for bit.
-- **Strategy state** (``strategies/checkpoint.py``): the attributes in which Flower's
-  FedAvgM and FedOpt keep their state across rounds (:data:`STRATEGY_STATE_ATTRIBUTES`).
-- **Array encoding** (``strategies/weighted_mean.py``): ``SType.NUMPY``, the tag of an
-  array serialised by ``np.save``.
-- **The task identity** (``experiments/costs.py``): ``TaskIdentity``'s ids, set to build
-  messages outside a ServerApp.
-- **The local SuperLink** (``experiments/runtime/flwr_command.py``, a speed-up): the command
-  line and environment with which ``flwr run`` starts its local SuperLink
-  (``local_superlink._start_local_superlink``, its files from
-  ``_get_local_superlink_paths``), and that ``ensure_local_superlink`` starts none where
-  one already answers on that port.
-- **Ray's head without the dashboard's API server** (:func:`init_ray`, a speed-up, for the
-  Ray release flwr 1.41.0 and 1.42.0 pin): with ``include_dashboard=False``, Ray 2.55.1's
-  ``Node.start_head_processes`` still starts the dashboard's API server (a process that
-  loads the dashboard's web stack to serve Ray's usage statistics) and
-  ``Node.start_api_server`` waits, polling every 0.1 s, until it has registered, before
-  the raylet starts. Nothing Flower or Basin runs reads it.
+- speed-ups, each with Flower's own code as the fallback: the simulation engine's
+  replacements (clients/simulation_engine.py: the engine's hand-out scan, node
+  registration and contexts, the link state's stores, ``RayBackend.init_ray`` and the
+  client actor the backend builds), the in-place FedAvg mean and its reply checks
+  (strategies/weighted_mean.py), the local SuperLink started ahead of ``flwr run``
+  (experiments/runtime/flwr_command.py) and Ray's head without the dashboard's API server
+  (:func:`init_ray`);
+- required: the attributes in which FedAvgM and FedOpt keep their state
+  (:data:`STRATEGY_STATE_ATTRIBUTES`, checkpoints), ``SType.NUMPY`` (array encoding) and
+  ``TaskIdentity`` (messages built outside a ServerApp, experiments/costs.py).
 
-:func:`mismatch` compares the installed release and each function's source with the
-hashes below (read from flwr 1.41.0 and 1.42.0, where they are the same). Where the use is
-only a speed-up, a mismatch says so once and Basin runs Flower's (or Ray's) own code
-instead (:func:`speed_up_available`); nothing refuses to run. On a release not checked,
-or with ``BASIN_SPEEDUPS=off``, every speed-up is off, decided before anything private
-is imported (:func:`speed_ups_off_because`): the launcher then runs Flower's own ``flwr``
-and ``flwr-simulation`` commands.
+:data:`SOURCE_SHA256` holds the hash of each private function's source; :func:`mismatch`
+compares the installed release and sources with it. A speed-up whose functions differ is
+off, said once (:func:`speed_up_available`); on a release not checked, or with
+``BASIN_SPEEDUPS=off``, every one is off, decided before anything private is imported
+(:func:`speed_ups_off_because`). Nothing refuses to run. What each speed-up does and saves:
+docs/speed.md.
 """
 
 from __future__ import annotations

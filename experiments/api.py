@@ -1,40 +1,25 @@
-"""Basin from Python: run, compare and sweep from a script or a notebook cell, with pandas
-data frames back. The command lines (``experiments.run``, ``experiments.sweep``) are thin
-wrappers over these functions.
+"""Basin from Python: run, compare, sweep and reproduce from a script or a notebook cell,
+with pandas data frames back. The command lines (``experiments.run``, ``.sweep``,
+``.reproduce``) are thin wrappers over these functions.
 
     from experiments.api import run, sweep, reproduce, load_run
 
     job = run(preset="ima-fmnist-dir0.1", set={"num-rounds": 50},
               compare={"averaging": ["none", "ima"]}, out="runs/nb")
-    job.rounds      # one row per (run, round): every results.csv column
-    job.summary     # one row per run: acc-last-k, best, final, rounds-to-target, seconds …
-    job.figure      # accuracy.png; job.runs: {label: run folder}
+    job.rounds, job.summary, job.figure       # per round, per run, accuracy.png
     s = sweep("ima-fmnist-alpha", set={"num-rounds": 20}, parallel=2)
     s.table, s.curves, s.report()
-    load_run("runs/nb")   # a finished job or run folder, back as the same object
-    r = reproduce("fedalign-table5")   # a paper table: r.report (DataFrame), r.headline, r.files
+    load_run("runs/nb")                       # a finished job or run folder, back
+    r = reproduce("fedalign-table5")          # a paper table: r.report, r.headline, r.files
 
-``run()`` with no ``preset``, ``set`` and ``compare`` is the README's main job (FedAvg,
-FedAvg + IMA, FedAvg + WIMA on the embedded digits).
-
-Errors are exceptions with the command lines' one-line messages, raised before Flower or
-Ray start (never ``SystemExit``):
-
-- ``ValueError`` for bad input, and its subclasses: ``ConfigError`` (a run-config key or
-  value; ``strategies.config``), ``UsageError`` (an argument; ``experiments.runtime.cli``),
-  ``SweepError`` (a sweep file), ``OutputDirError`` (an output folder), ``DataUnavailable``
-  (a data set that cannot be loaded here);
-- ``FileNotFoundError``: an unknown preset, sweep or run folder;
-- ``CheckpointError``: a folder whose checkpoint belongs to another config;
-- ``RayClusterUnreachable``: ``ray_address`` answers no Ray cluster;
-- ``DiskFull``: the disk filled; what was written is kept, whole;
-- ``RunFailed``: a run ended without completing (after the job's other runs); the folders
-  stay, ``error.job`` holds what finished;
-- ``KeyboardInterrupt`` (a notebook's interrupt, Ctrl-C): the run's processes are stopped
-  as on the command line and the folder stays resumable: the same call with the same
-  ``out`` continues it.
-
-Progress: bars in a terminal, a widget in a Jupyter notebook, whole lines in a log file.
+``run()`` with no ``preset``, ``set`` and ``compare`` is the README's main job. Errors are
+exceptions with the command lines' one-line messages, raised before Flower or Ray start
+(never ``SystemExit``): ``ValueError`` and its subclasses for bad input,
+``FileNotFoundError``, ``CheckpointError``, ``RayClusterUnreachable``, ``DiskFull``,
+``RunFailed`` (after the job's other runs; ``error.job`` holds what finished) and
+``KeyboardInterrupt`` (the runs stopped, the folder resumable by the same call): each in
+docs/python-api.md. Progress: bars in a terminal, a widget in a notebook, whole lines in
+a log file; Basin's own lines through the ``basin`` logger.
 """
 
 from __future__ import annotations

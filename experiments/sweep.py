@@ -5,20 +5,14 @@
     python -m experiments.sweep my-sweep.toml --list        # the runs and their status
     python -m experiments.sweep ima-fmnist-alpha --ray-address 10.0.0.5:6379  # on a Ray cluster
 
-A sweep file (TOML)::
+A sweep file (TOML; every field: docs/sweeps.md)::
 
-    name = "ima-fmnist-alpha"        # optional; output goes to runs/<name> (or --out)
-    preset = "ima-fmnist-dir0.1"     # optional base preset (experiments/presets/)
+    preset = "ima-fmnist-dir0.1"     # optional base preset; name = "…" names the output folder
     [set]                            # run-config overrides for every run
     num-rounds = 300
-    [resources]                      # Ray resources of each virtual client
-    num-cpus = 1
-    num-gpus = 0.125                 # 8 clients share one GPU (omitted: auto, see --gpus-per-client of run)
     [grid]                           # every combination of these axes, in this order
     alpha = [0.05, 0.1, 0.3]
     method = [{strategy = "fedavg"}, {strategy = "fedprox", prox-mu = 0.01}]
-    averaging = ["none", "ima"]
-    seed = [0, 1, 2]
 
 An axis is a run-config key with a list of values, or any name with a list of tables
 of keys that change together. Grid points that resolve to the same config run once.
@@ -28,7 +22,8 @@ Each run is a real Flower run in ``<out>/runs/<run id>``, resumable; after every
 tables (``results.parquet``/``.csv``, ``curves.parquet``) are rebuilt atomically, and
 ``report/`` holds the tables and figures (``experiments.sweep_report``).
 
-In detail: docs/command-lines.md (``python -m experiments.sweep``)."""
+In detail: docs/command-lines.md (``python -m experiments.sweep``).
+"""
 
 from __future__ import annotations
 

@@ -16,18 +16,9 @@ averages of the global models the base produces — never of its own outputs:
   instead after rounds S + c, S + 2c, … of its start round S: the first round of each
   cycle in the lr schedule's phase, with the first sample c rounds after the start.
 
-**IMA on an adaptive server optimiser** (FedAdam, FedYogi, FedAdagrad; strategies/fedopt.py)
-has its own ordering by default (``optimizer_target=True``; run config
-``ima-server-opt = fma-target``), as the paper ("storing P global models obtained by FMA")
-and its authors' ``utils/aggregator.py`` (modes ``fedadam+ima``, ``fedyogi+ima``,
-``fedadagrad+ima``) do: the window holds each round's **FMA aggregate** (the clients'
-weighted mean), not the optimiser's output; from t_s on the window mean is the **target**
-of the optimiser's step, Δ = mean − w with w the model sent; m and v are reset to zero at
-t_s (FedAdam and FedYogi; the code does not reset FedAdagrad's); the clients receive the
-optimiser's output. In results.csv that output is the averaged (sent) model and the
-round's FMA the base model (the authors log it as "before moving averaging").
-``ima-server-opt = output-window`` is the older ordering: the window holds the
-optimiser's outputs and their mean is sent, as for any other base.
+**IMA on an adaptive server optimiser** (FedAdam, FedYogi, FedAdagrad) takes the window mean
+as the target of the optimiser's step by default, as the paper and its authors' code do
+(:class:`IMA`).
 
 The component's state (window, running average, counters) lives here and round-trips
 through :meth:`state_dict` / :meth:`load_state_dict` for checkpoints. Because the round
@@ -305,6 +296,19 @@ class IMA(ModelAveraging):
     its outputs is sent. :meth:`state_dict` / :meth:`load_state_dict` checkpoint the window.
     IMA's client-side exploration schedule (lr decay after t_s) is the clients' business:
     Basin's ClientApp follows ``lr`` in the round config.
+
+    **IMA on an adaptive server optimiser** (FedAdam, FedYogi, FedAdagrad; strategies/fedopt.py)
+    has its own ordering by default (``optimizer_target=True``; run config
+    ``ima-server-opt = fma-target``), as the paper ("storing P global models obtained by FMA")
+    and its authors' ``utils/aggregator.py`` (modes ``fedadam+ima``, ``fedyogi+ima``,
+    ``fedadagrad+ima``) do: the window holds each round's **FMA aggregate** (the clients'
+    weighted mean), not the optimiser's output; from t_s on the window mean is the **target**
+    of the optimiser's step, Δ = mean − w with w the model sent; m and v are reset to zero at
+    t_s (FedAdam and FedYogi; the code does not reset FedAdagrad's); the clients receive the
+    optimiser's output. In results.csv that output is the averaged (sent) model and the
+    round's FMA the base model (the authors log it as "before moving averaging").
+    ``ima-server-opt = output-window`` is the older ordering: the window holds the
+    optimiser's outputs and their mean is sent, as for any other base.
     """
 
     def __init__(self, strategy: Strategy, window: int = 5, start_round: int = 1, subset: str = "all",

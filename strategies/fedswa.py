@@ -15,21 +15,8 @@ replies:
 so m is a momentum of the cohort's control variates, not SCAFFOLD's (s/N)-scaled sum of
 changes; γ = 0.4 by default (the value the authors' code fixes).
 
-Authors' public code (``variant="official-code"``): FedSWA's in-round lr decays from
-2·η_l to 0 (factors 2 and 0); FedMoSWA uses a constant in-round lr (factors 1 and 1) and
-K = 50 local steps (``LOCAL_STEPS``; a client with fewer batches runs min(50, E·⌈n/B⌉)) and
-divides its control update by η·50 whatever it ran (``CONTROL_STEP_COUNT``), clients reply
-with c_i⁺ (``MOSWA_NEW_CONTROL``) and the server control is an EMA, m ← 0.6·m + 0.4·mean_i c_i⁺,
-except in its first round, where m = mean_i c_i⁺ (γ = 1; :func:`official_control_update`;
-γ is unused there, the code fixes it to 0.4); the model update w += lg·mean(Δw), lg = 1,
-is the same α-step, taken with ``server_step``. What no variant reproduces: the code
-keeps no control variate per client (each sampled client starts from the server's), so
-Basin's per-client c_i (kept in the client's state) is the paper's, in both variants. The code's local optimizer is sent too:
-plain SGD (momentum 0), weight decay 1e-3, grad-norm clip 10; its MoFedSWA clips the
-gradient first and then adds the correction m − c_i (``CONTROL_AFTER_CLIP``; the paper
-and SCAFFOLD correct the gradient before any clipping). Its cosine round lr is not part
-of the method: the code gives it to every algorithm of the comparison, so it is the run
-config's ``lr-schedule = cosine``, which the FedSWA presets set for all methods.
+Authors' public code (``variant="official-code"``): its in-round lr factors, step count,
+control update and local optimizer, as :class:`FedSwa` describes.
 
 Differences: v_t is the uniform mean of the cohort's models, as in Algorithm 1, not
 weighted by sample counts like every FMA in this project. θ_{t−1} is the model the
@@ -109,6 +96,22 @@ class FedSwa(CohortSampling, InPlaceFedAvg):
         γ, the server control's step (paper variant of FedMoSWA).
     variant : str
         'paper' (Algorithm 1) or 'official-code' (the authors' public code).
+
+    Authors' public code (``variant="official-code"``): FedSWA's in-round lr decays from
+    2·η_l to 0 (factors 2 and 0); FedMoSWA uses a constant in-round lr (factors 1 and 1) and
+    K = 50 local steps (``LOCAL_STEPS``; a client with fewer batches runs min(50, E·⌈n/B⌉)) and
+    divides its control update by η·50 whatever it ran (``CONTROL_STEP_COUNT``), clients reply
+    with c_i⁺ (``MOSWA_NEW_CONTROL``) and the server control is an EMA, m ← 0.6·m + 0.4·mean_i c_i⁺,
+    except in its first round, where m = mean_i c_i⁺ (γ = 1; :func:`official_control_update`;
+    γ is unused there, the code fixes it to 0.4); the model update w += lg·mean(Δw), lg = 1,
+    is the same α-step, taken with ``server_step``. What no variant reproduces: the code
+    keeps no control variate per client (each sampled client starts from the server's), so
+    Basin's per-client c_i (kept in the client's state) is the paper's, in both variants. The code's local optimizer is sent too:
+    plain SGD (momentum 0), weight decay 1e-3, grad-norm clip 10; its MoFedSWA clips the
+    gradient first and then adds the correction m − c_i (``CONTROL_AFTER_CLIP``; the paper
+    and SCAFFOLD correct the gradient before any clipping). Its cosine round lr is not part
+    of the method: the code gives it to every algorithm of the comparison, so it is the run
+    config's ``lr-schedule = cosine``, which the FedSWA presets set for all methods.
     """
 
     client_half = "the in-round lr schedule (and FedMoSWA's control variates)"

@@ -1,34 +1,21 @@
 """Run a Basin simulation's clients on an existing Ray cluster, or on one the job starts.
 
-Flower's simulation engine calls ``ray.init()`` without an address, and Ray then joins
-the cluster named by ``RAY_ADDRESS``; the launcher sets that variable for ``flwr run``,
-which passes it on to the SuperLink and the simulation process it starts. Flower 1.41's
-local federation sets no ``init-args`` (``num-cpus``/``num-gpus``, which Ray refuses when
-joining a cluster), so nothing else changes. If nothing answers at the address, Ray would
-only fail inside the simulation, after Flower started, with the reason buried in
-``flwr.log``: :func:`check_ray_address` fails first, with a clear error.
+Flower's simulation engine calls ``ray.init()`` without an address, and Ray then joins the
+cluster named by ``RAY_ADDRESS``: the launcher sets it for ``flwr run``, which passes it on
+to the SuperLink and the simulation process. :func:`check_ray_address` fails first, with a
+clear error, where nothing answers (Ray would only fail inside the simulation, the reason
+buried in flwr.log). The simulation process is a Ray driver and connects through a raylet
+on its own machine: launch from a node of the cluster (e.g. the head).
 
-The simulation process is a Ray driver, and Ray connects a driver through a raylet on its
-own machine: launch from a node of the cluster (e.g. the head), or Ray fails after about
-60 s ("No node info found matching attributes") and the run fails.
-
-:class:`LocalRayCluster` is the same on this machine without ``ray start``: a job of
-several runs one after another (``experiments.run`` with ``--compare`` or the main job;
-``experiments.sweep`` without ``--parallel``) starts one Ray cluster and runs every run on
-it, instead of each run's simulation starting and stopping Ray (~4 s, and on 2 cores
-~10 s of round 1's start with the processes it competes with). A child process holds the
-cluster (``python -m experiments.runtime.ray_cluster``: ``ray.init`` with this machine's cores and
-GPUs, the launcher's environment, e.g. MPS's pipe folder) until the launcher closes its
-stdin or dies; Ray's processes end with it. It hands its address over on a pipe of its own;
-its output and errors go to the job's log (``ray-cluster.log``).
-
-The job's cluster starts beside its first run (~5 s of Ray's processes, which the first
-run's SuperLink and simulation process would otherwise wait for): its GCS port is chosen
-before it starts (Ray's ``RAY_GCS_SERVER_PORT``), so its address is known at once, and a
-launch on it (:func:`job_cluster`) starts ``flwr run`` without waiting, where it would check
-an existing cluster's address before Flower starts; while it follows the run it stops it
-with RayClusterUnreachable if the cluster cannot start
-(:meth:`LocalRayCluster.raise_if_failed`).
+:class:`LocalRayCluster` is the same on this machine without ``ray start``: a job of several
+runs one after another (``experiments.run`` with ``--compare``, the main job, a sweep
+without ``--parallel``) starts one Ray cluster beside its first run and runs every run on it,
+instead of each run starting and stopping Ray (what that saves: docs/speed.md). A child
+process holds it (``python -m experiments.runtime.ray_cluster``) until the launcher closes
+its stdin or dies; it hands its address over on a pipe of its own, and its output goes to
+the job's ``ray-cluster.log``. The GCS port is chosen first, so the address is known at
+once; a run launched on the cluster meanwhile is stopped with RayClusterUnreachable if it
+cannot start (:meth:`LocalRayCluster.raise_if_failed`).
 """
 
 from __future__ import annotations
