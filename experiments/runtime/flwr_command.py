@@ -1,10 +1,9 @@
 """``python -m experiments.runtime.flwr_command run ARGS``: Flower's ``flwr run ARGS``, with
 its local SuperLink started before Flower's command line has loaded.
 
-``flwr run`` on a local federation loads Flower's command line (1.8 s on 2 CPU cores), finds
-no SuperLink answering, starts one and waits for it to answer: ~3.3 s more, as the SuperLink
-loads Flower too, and creates its SQLite database (~1 s of it: each run has its own
-FLWR_HOME, so the database is always new). Here:
+``flwr run`` on a local federation loads Flower's command line, finds no SuperLink
+answering, starts one and waits while it loads Flower too and creates its SQLite database
+(seconds each: docs/speed.md, "Start-up, stage by stage"). Here:
 
 - the run's Flower configuration (``FLWR_HOME/config.toml``, where ``flwr`` would write its
   default) names the local SuperLink ``:local-in-memory:``, Flower's setting for a local
