@@ -73,7 +73,8 @@ class LocalRayCluster:
     pass as a launch's ``ray_address`` (the launch waits until it is up). ``num_cpus``: the
     cores Ray may hand out (the machine's); ``timeout``: how long it may take to start;
     ``log_path``: where the holder's output and errors go (the job's folder; default a
-    file in the cluster's temporary folder), their last lines quoted when it cannot start.
+    temporary file beside the cluster's temporary folder), their last lines quoted when it
+    cannot start.
 
     The holder writes the address on a pipe of its own (never its stdout, where Ray or a
     library may print first) and closes it; end of file without an address is a failed start.
@@ -101,8 +102,8 @@ class LocalRayCluster:
         env = {**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",  # as the launcher gives `flwr run`
                "RAY_GCS_SERVER_PORT": str(port)}
         self.folder = Path(tempfile.mkdtemp(prefix="basin-ray-job-"))
-        if self.log_path is None:
-            self.log_path = self.folder / "ray-cluster.log"
+        if self.log_path is None:  # beside the job's folder (which holds the runs' homes only), removed with it
+            self.log_path = Path(f"{self.folder}.log")
         read_end, write_end = os.pipe()
         try:
             with open(self.log_path, "ab") as log:
@@ -204,9 +205,10 @@ class LocalRayCluster:
             holder.wait()
         if self.folder is not None:  # the holder removes it too: also where this process died
             shutil.rmtree(self.folder, ignore_errors=True)
-        with contextlib.suppress(OSError):  # a log with nothing in it says nothing
-            if self.log_path is not None and Path(self.log_path).stat().st_size == 0:
-                Path(self.log_path).unlink()
+        with contextlib.suppress(OSError):  # a log with nothing in it says nothing; a temporary one goes with the job
+            log = Path(self.log_path) if self.log_path is not None else None
+            if log is not None and (log.stat().st_size == 0 or log == Path(f"{self.folder}.log")):
+                log.unlink()
         remove_finished_ray_sessions(self.sessions_before)
 
 
@@ -238,6 +240,7 @@ def hold_cluster(num_cpus: int, folder: Path, address_fd: int) -> None:
         ray.shutdown()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        Path(f"{folder}.log").unlink(missing_ok=True)  # the default log beside it (LocalRayCluster.log_path)
 
 
 if __name__ == "__main__":
