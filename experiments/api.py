@@ -360,12 +360,10 @@ def sweep(
     Raises:
         See the module docstring; ``RunFailed`` when a run failed (the others ran).
     """
-    from experiments.runtime.cli import UsageError
     from experiments.runtime.launch import RunFailed
     from experiments.runtime.sweep_runs import execute_sweep, load_sweep, sweep_path
 
-    if parallel is not None and (isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1):
-        raise UsageError(f"parallel = {parallel!r} is not allowed; allowed: an integer >= 1 or None (auto)")
+    _check_parallel(parallel)
     loaded = load_sweep(sweep_path(name_or_path), {**(set or {}), **({"track": track} if track is not None else {})})
     out_dir = (Path(out) if out is not None else Path("runs") / loaded.name).resolve()
     result = SweepResult(out_dir, loaded.name, {r.run_id: out_dir / "runs" / r.run_id for r in loaded.runs})
@@ -426,20 +424,15 @@ def reproduce(
     """
     from experiments.runtime.cli import UsageError
     from experiments.runtime.launch import RunFailed
-    from experiments.runtime.paper_tables import load_table, select
-    from experiments.runtime.reproduction import dry_run_table, reproduce_table
+    from experiments.runtime.reproduction import dry_run_cells, reproduce_table
 
     if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1):
         raise UsageError(f"seeds = {seeds!r} is not allowed; allowed: an integer >= 1")
-    if parallel is not None and (isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1):
-        raise UsageError(f"parallel = {parallel!r} is not allowed; allowed: an integer >= 1 or None (auto)")
+    _check_parallel(parallel)
     if isinstance(only, str):
         raise UsageError(f"only = {only!r} is not allowed; allowed: a list of filters, e.g. [{only!r}]")
     if dry_run:
-        loaded = load_table(table, set)
-        loaded = select(loaded, only) if only else loaded
-        cells, _ = dry_run_table(loaded, seeds or loaded.seeds, timing=False)
-        return cells
+        return dry_run_cells(table, only, seeds, set, timing=False)[1]
     done = reproduce_table(table, only, seeds, set, Path(out) if out is not None else None, parallel, mps,
                            ray_address, retry_failed, report_only, progress)
     if done.failed:
@@ -448,6 +441,14 @@ def reproduce(
         error.job = done
         raise error
     return done
+
+
+def _check_parallel(parallel: int | None) -> None:
+    """``parallel`` of sweep() and reproduce(): runs at once, or None (auto)."""
+    from experiments.runtime.cli import UsageError
+
+    if parallel is not None and (isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1):
+        raise UsageError(f"parallel = {parallel!r} is not allowed; allowed: an integer >= 1 or None (auto)")
 
 
 def load_run(path: str | Path) -> Job | SweepResult:

@@ -187,6 +187,9 @@ def test_a_run_whose_flower_died_with_the_interrupt_is_interrupted_and_resumes_n
     table, _ = collect(load_sweep(path), out)
     assert table.set_index("run").loc["seed=1", ["status", "error"]].tolist() == [
         "pending", "interrupted at round 2 of 2 — run the same command to resume"]
+    # A run under way (its summary says running, as in a parallel sweep's tables) is not called interrupted.
+    (out / "runs" / "seed=0" / "summary.json").write_text(json.dumps({"status": "running", "rounds": 1}))
+    assert collect(load_sweep(path), out)[0].set_index("run").loc["seed=0", "error"] == ""
 
 
 def test_a_changed_config_reruns_and_an_unfinished_run_is_pending(tmp_path, monkeypatch):

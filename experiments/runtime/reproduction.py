@@ -175,6 +175,15 @@ def dry_run_table(table: PaperTable, seeds: int, timing: bool = True) -> tuple[p
     return pd.DataFrame(rows), total
 
 
+def dry_run_cells(table_name: str, only: Sequence[str] = (), seeds: int | None = None,
+                  overrides: Mapping[str, Any] | None = None, timing: bool = True) -> tuple[PaperTable, pd.DataFrame, str]:
+    """The table (``only``'s cells), its dry run's cells and the closing line (:func:`dry_run_table`)."""
+    table = load_table(table_name, overrides)
+    table = select(table, only) if only else table
+    cells, total = dry_run_table(table, seeds or table.seeds, timing)
+    return table, cells, total
+
+
 def results_of(table: PaperTable, out_dir: Path, seeds: int) -> tuple[pd.DataFrame, dict[str, list[str]]]:
     """The sweep table of the table's runs as they stand in ``out_dir`` (finished or not)."""
     sweep, runs_of = build_sweep(table, seeds)
@@ -270,10 +279,8 @@ def run_command(args) -> int:
               "this machine (CIFAR downloads where the hub is reachable); cost: MFLOPs/parameters measured here on the CPU")
         return 0
     if args.dry_run:
-        table = load_table(args.table, overrides)
-        table = select(table, args.only) if args.only else table
+        table, cells, total = dry_run_cells(args.table, args.only, args.seeds, overrides, timing=not args.no_timing)
         seeds = args.seeds or table.seeds
-        cells, total = dry_run_table(table, seeds, timing=not args.no_timing)
         with pd.option_context("display.max_colwidth", 120, "display.width", 250):
             print(f"{table.title} ({table.name}): {len(table.cells)} cells, seeds 0–{seeds - 1}\n")
             print(cells.to_string(index=False))

@@ -314,7 +314,7 @@ def _where_it_stopped(run_dir: Path, config: Mapping[str, Any]) -> str:
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, json.JSONDecodeError):
         return ""
-    if summary.get("status") not in ("interrupted", "killed", "running"):
+    if summary.get("status") not in ("interrupted", "killed"):  # "running": under way now (a parallel sweep)
         return ""
     return f"interrupted at round {summary.get('rounds', 0)} of {config['num-rounds']} — run the same command to resume"
 
