@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -143,12 +144,15 @@ def test_parallel_runs_finish_every_run_and_ctrl_c_stops_the_running_ones(tmp_pa
     assert sorted(calls) == [f"seed={k}" for k in range(4)] and table["status"].eq("completed").all()
     assert table["run"].tolist() == [f"seed={k}" for k in range(4)]  # the table keeps the sweep's order
 
-    stopped = []
+    stopped, seed_1_started = [], threading.Event()
 
     def interrupted_launch(config, out_dir, resources, progress, label, leave, ray_address=None, stop=None):
         out_dir.mkdir(parents=True)
         if label == "seed=0":
+            # Not before seed=1 runs: on a loaded machine its thread may not have started yet.
+            assert seed_1_started.wait(timeout=30)
             raise KeyboardInterrupt  # as Ctrl-C reaches the sweep while seed=1 runs beside
+        seed_1_started.set()
         assert stop.wait(timeout=30), "the other run was never told to stop"
         stopped.append(label)
         raise KeyboardInterrupt
@@ -168,10 +172,14 @@ def test_a_run_whose_flower_died_with_the_interrupt_is_interrupted_and_resumes_n
     and the same command did not run it again."""
     path = write_sweep(tmp_path, SMALL + "[grid]\nseed = [0, 1]\n")
 
+    seed_1_started = threading.Event()
+
     def launch_dying_with_the_group(config, out_dir, resources, progress, label, leave, ray_address=None, stop=None):
         out_dir.mkdir(parents=True)
         if label == "seed=0":
+            assert seed_1_started.wait(timeout=30)  # seed=1 runs beside (its thread may start late)
             raise KeyboardInterrupt  # the launcher's own interrupt
+        seed_1_started.set()
         assert stop.wait(timeout=30)
         (out_dir / "results.csv").write_text("round,test-accuracy\n1,0.5\n2,0.6\n")
         (out_dir / "summary.json").write_text(json.dumps({"status": "killed", "error": "the ServerApp's process ended"}))
