@@ -20,11 +20,6 @@ When a class has no sample left (``exhaustion``):
   samples are reused (within a client too), and n·K may exceed N.
 
 α = 0 is the limit in which a client's mix is one class: client k's class is (k mod C).
-Clients are filled one after another in id order. The draws use one seeded generator: a
-client's n class labels are one multinomial draw from q_k (the same law as n draws one
-sample at a time); with ``"drop"``, the draws of an exhausted class beyond what it had
-left are drawn again from q_k renormalised over the classes left, which is the law of
-sample-at-a-time drawing with removal.
 """
 
 from __future__ import annotations
@@ -41,6 +36,12 @@ EXHAUSTIONS = ("drop", "refill")
 
 class ClientDirichletPartitioner(LabelPartitioner):
     """Equal-size clients, each with a Dirichlet mix of classes.
+
+    Clients are filled one after another in id order. The draws use one seeded generator: a
+    client's n class labels are one multinomial draw from q_k (the same law as n draws one
+    sample at a time); with ``"drop"``, the draws of an exhausted class beyond what it had
+    left are drawn again from q_k renormalised over the classes left, which is the law of
+    sample-at-a-time drawing with removal.
 
     Parameters
     ----------

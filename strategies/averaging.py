@@ -16,15 +16,9 @@ averages of the global models the base produces — never of its own outputs:
   instead after rounds S + c, S + 2c, … of its start round S: the first round of each
   cycle in the lr schedule's phase, with the first sample c rounds after the start.
 
-**IMA on an adaptive server optimiser** (FedAdam, FedYogi, FedAdagrad) takes the window mean
+IMA on an adaptive server optimiser (FedAdam, FedYogi, FedAdagrad) takes the window mean
 as the target of the optimiser's step by default, as the paper and its authors' code do
-(:class:`IMA`).
-
-The component's state (window, running average, counters) lives here and round-trips
-through :meth:`state_dict` / :meth:`load_state_dict` for checkpoints. Because the round
-loop sends whatever :meth:`aggregate_train` returned, a base that keeps its own copy of
-the current model must take its pseudo-gradient against the arrays it is given in
-``configure_train`` (Flower's FedOpt family does; Basin's FedAvgM is fixed to).
+(:class:`IMA`). The state round-trips through checkpoints (:class:`ModelAveraging`).
 """
 
 from __future__ import annotations
@@ -57,6 +51,12 @@ def window_mean(models: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray
 
 class ModelAveraging(RoundStrategy, Strategy):
     """Average the base strategy's global models over a window of rounds.
+
+    The state (window, running average, counters) lives here and round-trips through
+    :meth:`state_dict` / :meth:`load_state_dict` for checkpoints. Because the round loop
+    sends whatever :meth:`aggregate_train` returned, a base that keeps its own copy of the
+    current model must take its pseudo-gradient against the arrays it is given in
+    ``configure_train`` (Flower's FedOpt family does; Basin's FedAvgM is fixed to).
 
     Parameters
     ----------

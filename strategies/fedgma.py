@@ -12,21 +12,8 @@ With Δ_i = w − w_i the update of client i in cohort S and p_i = n_i/Σ_j n_j:
 Server lr η_s defaults to 1: GMA is a drop-in replacement for FedAvg's aggregation,
 whose server step is 1, and mask ≡ 1 (ε = 0) then gives FedAvg exactly.
 
-What the IMA authors' η = 1e-4 means (their utils/aggregator.py, ``agg_mode == 'gma'``):
-the new model is the FMA model w_FMA minus 1e-4·mask_i ⊙ (w_i − w)/|S| — and since the
-loop resets the model to w_FMA for every client, only the last client's term remains. So
-their "FedGMA" is the FMA up to a correction of relative size 1e-4: in effect FedAvg. The
-same number as Basin's η_s would scale the *whole* masked step and leave the model almost
-where it was. The IMA sweeps therefore run FedGMA with η_s = 1 (the masked FedAvg of the
-GMA paper); ``server-lr`` sets another value.
-
-Differences: the agreement is a plain count over clients (each client one vote, not
-weighted by n_i), and a coordinate a client left unchanged (sign 0) counts against
-agreement. The mask is the hard AND-mask that METHODS.md specifies: coordinates below ε
-are dropped. declearn's GradientMaskedAveraging, which implements and cites the GMA
-paper, uses a soft mask instead: 1 where A ≥ ε, else A (the paper's own text was not
-checked for this project); that variant is not offered here. Flower has no FedGMA.
-Updates are summed in partition order.
+Flower has no FedGMA. Updates are summed in partition order; the class says how the
+IMA authors' η = 1e-4 maps to η_s and where Basin's mask differs from other codes.
 """
 
 from __future__ import annotations
@@ -71,7 +58,22 @@ def fedgma_update(
 
 
 class FedGMA(ServerUpdate, InPlaceFedAvg):
-    """Gradient masked averaging over a seeded cohort."""
+    """Gradient masked averaging over a seeded cohort.
+
+    What the IMA authors' η = 1e-4 means (their utils/aggregator.py, ``agg_mode == 'gma'``):
+    the new model is the FMA model w_FMA minus 1e-4·mask_i ⊙ (w_i − w)/|S| — and since the
+    loop resets the model to w_FMA for every client, only the last client's term remains. So
+    their "FedGMA" is the FMA up to a correction of relative size 1e-4: in effect FedAvg. The
+    same number as Basin's η_s would scale the *whole* masked step and leave the model almost
+    where it was. The IMA sweeps therefore run FedGMA with η_s = 1 (the masked FedAvg of the
+    GMA paper); ``server-lr`` sets another value.
+
+    Differences: the agreement is a plain count over clients (each client one vote, not
+    weighted by n_i), and a coordinate a client left unchanged (sign 0) counts against
+    agreement. The mask is the hard AND-mask: coordinates below ε are dropped. declearn's
+    GradientMaskedAveraging, which implements and cites the GMA paper, uses a soft mask
+    instead (1 where A ≥ ε, else A); that variant is not offered here.
+    """
 
     def __init__(self, mask_threshold: float = 0.8, server_learning_rate: float = 1.0, **kwargs):
         if not 0.0 <= mask_threshold <= 1.0:

@@ -53,3 +53,20 @@ def test_a_planted_import_breaks_a_contract(sources, module, planted, broken):
     finally:
         path.write_text(original)
     assert result.returncode != 0 and broken in result.stdout, result.stdout[-3000:]
+
+
+MODULE_DOCSTRING_LINES = 25  # a few lines of what and why; equations go to the class or function
+
+
+def test_module_docstrings_say_what_and_why_in_a_few_lines():
+    """Detail (an algorithm's steps, another code's quirks) sits on the class or function that
+    implements it, and measurements in docs/speed.md, where they are read beside the code."""
+    import ast
+
+    too_long = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            docstring = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
+            if len(docstring.splitlines()) > MODULE_DOCSTRING_LINES:
+                too_long[str(path.relative_to(REPO))] = len(docstring.splitlines())
+    assert not too_long, f"module docstrings over {MODULE_DOCSTRING_LINES} lines: {too_long}"

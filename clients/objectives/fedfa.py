@@ -19,13 +19,6 @@ At each epoch's end (:meth:`FeatureAnchors.end_epoch`), for each class c seen in
 m_c = s_c/(batches in the epoch) (all batches, as the code: rare classes shrink), and
 ā_c ← ρ·ā_c + (1 − ρ)·m_c; ā starts as A. The client sends ā. IMA's variant turns the
 anchor loss and the calibration off per round (strategies/fedfa.py).
-
-Steps 1–4 run inside the local step, so it is captured as a CUDA graph: the class counts
-and sums are formed with ``index_add_`` and ``torch.where`` (no boolean-mask indexing,
-whose result size the host would have to read), the batch count is a device tensor, and
-on CUDA the calibration's Adam is ``capturable``. The anchors, the sums and Adam's state
-are the step's round state (``LocalObjective.adopt``): a fresh Adam each round is the
-first round's Adam with its state zeroed.
 """
 
 from __future__ import annotations
@@ -39,7 +32,15 @@ from clients.training import LocalObjective
 
 
 class FeatureAnchors(LocalObjective):
-    """FedFA's local objective, calibration and anchor EMA for one round."""
+    """FedFA's local objective, calibration and anchor EMA for one round.
+
+    Steps 1–4 (the module docstring) run inside the local step, so it is captured as a CUDA graph: the class counts
+    and sums are formed with ``index_add_`` and ``torch.where`` (no boolean-mask indexing,
+    whose result size the host would have to read), the batch count is a device tensor, and
+    on CUDA the calibration's Adam is ``capturable``. The anchors, the sums and Adam's state
+    are the step's round state (``LocalObjective.adopt``): a fresh Adam each round is the
+    first round's Adam with its state zeroed.
+    """
 
     capturable = True
     round_state = ("anchors", "class_sums", "seen", "epoch_batches", "calibration")

@@ -6,13 +6,9 @@ models, and the locality O(Δ²), Δ = max_k ‖w_k − w_FMA‖ (Lemma 1: FMA e
 ensemble f_WENS = Σ_k p_k·f_{w_k} up to O(Δ²)). The paper does not give its estimators;
 Basin's (ANALYSIS.md's suggestion), per saved round t with the cohort's client models w_k:
 
-- E_{w_k} f_{w_k}(x) is taken as the one trained model's f_{w_k^(t)}(x), with f = softmax
-  probabilities and y one-hot, so a squared error is ‖·‖² summed over classes;
-- D = the union of those clients' training sets; p_k = n_k / Σ_j n_j over them;
-- TB(t) = (1/n)·Σ_{(x,y)∈D} ‖Σ_k p_k·𝟙[(x,y)∈D_k]·(y − f_k(x))‖²  (TrainBias),
-  HB(t) = the same with 𝟙[(x,y)∈D∖D_k]  (HeterBias), and the bias term
-  (1/n)·Σ_D ‖Σ_k p_k·(y − f_k(x))‖² (their sum inside the square: the indicators partition D);
-- per client: mean_{D_k} ‖y − f_k‖² and mean_{D∖D_k} ‖y − f_k‖²;
+- TrainBias, HeterBias and the bias term over D, the union of those clients' training
+  sets, with E_{w_k} f_{w_k}(x) taken as the one trained model's f_{w_k^(t)}(x)
+  (:func:`bias_terms`), and per client the mean squared error on and off its own data;
 - the ensemble gap ‖f_WENS(x) − f_{w_FMA}(x)‖² of the logits, averaged over the first
   test samples (Lemma 1: zero to first order in Δ);
 - locality Δ (max, the paper's "maximum distance") and the mean distance;
@@ -55,6 +51,13 @@ def bias_terms(
     predictions: torch.Tensor, targets: torch.Tensor, membership: torch.Tensor, weights: Sequence[float],
 ) -> dict[str, torch.Tensor | float]:
     """IMA Thm 1's bias terms from each client's predictions on D.
+
+    f = softmax probabilities and y one-hot, so a squared error is ‖·‖² summed over classes;
+    p_k = n_k / Σ_j n_j over the clients of D;
+    TB = (1/n)·Σ_{(x,y)∈D} ‖Σ_k p_k·𝟙[(x,y)∈D_k]·(y − f_k(x))‖² (TrainBias),
+    HB = the same with 𝟙[(x,y)∈D∖D_k] (HeterBias), and the bias term
+    (1/n)·Σ_D ‖Σ_k p_k·(y − f_k(x))‖² (their sum inside the square: the indicators
+    partition D); per client mean_{D_k} ‖y − f_k‖² and mean_{D∖D_k} ‖y − f_k‖².
 
     ``predictions`` (K, n, c): f_k(x) for every x of D; ``targets`` (n, c): y; ``membership``
     (K, n) bool: x ∈ D_k; ``weights`` (K,): p_k (normalised here). Returns ``train-bias``,

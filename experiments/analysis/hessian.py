@@ -2,29 +2,12 @@
 Table 1, Fig 1), as its code computes them (pyhessian/hessian.py, compute_hessian.py,
 parse_logs.py).
 
-- **Loss and HVP.** The model in eval mode (BatchNorm uses its running statistics), the
-  batch-mean cross-entropy, θ = every tensor with ``requires_grad``. One Hessian-vector
-  product Hv = ∂(∇L·v)/∂θ (double backward) over ``--batches`` mini-batches of the global
-  training set is Σ_b |b|·H_b v / Σ_b |b|; every product draws new random batches, as
-  FedAlign's shuffling loader does (first 10 batches of 64), unless ``--fixed-batches``.
-  Training-set augmentation is not applied (Basin's choice; FedAlign's loader augments).
-- **λ_max** (power iteration with deflation): v ~ N(0, I), v ← v/(‖v‖ + 1e-6); up to 100
-  times: orthonormalise v against the eigenvectors found, λ = vᵀHv, v ← Hv/‖Hv‖; stop when
-  |λ − λ_prev|/(|λ_prev| + 1e-6) < 1e-3 (keeping λ_prev, as pyhessian does). Finds the
-  eigenvalues of largest magnitude, signed; ``--top-n`` of them.
-- **Trace** (Hutchinson): z with i.i.d. Rademacher entries; t_s = zᵀHz and per parameter
-  tensor l the block term z_lᵀ(Hz)_l; stop after sample i when |mean(t_1..i) − m_{i−1}| /
-  (|m_{i−1}| + 1e-6) < 1e-3 (m_0 = 0), at most 100 samples. H_T = mean(t_s). The block
-  traces d = mean_s of the block terms estimate tr H_11 … tr H_LL — what FedAlign's code
-  saves as ``diag.npy`` and uses as "Diag(H)". ``--diagonal`` also estimates the true
-  d-dimensional diagonal mean_s z ⊙ Hz (the paper's Diag(H)); the tables say which is used.
-- **H_N, H_D across clients** (FedAlign Eqs. 3–4): for client vectors d_k,
-  H_N^{k,j} = (‖d_k‖ − ‖d_j‖)², H_D^{k,j} = d_k·d_j/(‖d_k‖‖d_j‖). ``pairs``: the mean over
-  pairs k ≠ j (the paper's words); ``code``: the mean of the K×K matrix with k = j included
-  (parse_logs.py) = ((K−1)/K)·pairs for H_N and 1/K + ((K−1)/K)·pairs for H_D. Both are
-  reported. Client Hessians use the global training set, as FedAlign's code does.
-- **Eigen-surface** (Fig 1, ``--surface``): the training loss at θ + a·ε0 + b·ε1 over
-  a, b ∈ [−1, 1] (41 × 41), ε0, ε1 the top-2 unit eigenvectors; a 3-D surface.
+λ_max by power iteration with deflation (:func:`power_iteration`), the trace and block
+traces by Hutchinson's estimator (:func:`hutchinson`), both on Hessian-vector products of
+the batch-mean cross-entropy (:class:`HessianOperator`); H_N and H_D across clients
+(FedAlign Eqs. 3–4, :func:`pair_indicators`); and Fig 1's eigen-surface (``--surface``):
+the training loss at θ + a·ε0 + b·ε1 over a, b ∈ [−1, 1] (41 × 41), ε0, ε1 the top-2
+unit eigenvectors. Client Hessians use the global training set, as FedAlign's code does.
 
 Command (tables per run, so a sweep gives λ_max and trace per method)::
 
@@ -78,7 +61,15 @@ def hessian_vector_product(loss: torch.Tensor, params: Sequence[torch.Tensor], v
 
 
 class HessianOperator:
-    """v ↦ H v of a model's batch-mean cross-entropy, averaged over mini-batches by size."""
+    """v ↦ H v of a model's batch-mean cross-entropy, averaged over mini-batches by size.
+
+    The model is in eval mode (BatchNorm uses its running statistics) and θ is every tensor
+    with ``requires_grad``. One product Hv = ∂(∇L·v)/∂θ (double backward) over ``batches``
+    mini-batches of the training set is Σ_b |b|·H_b v / Σ_b |b|; every product draws new
+    random batches, as FedAlign's shuffling loader does (first 10 batches of 64), unless
+    ``fixed_batches``. Training-set augmentation is not applied (Basin's choice; FedAlign's
+    loader augments).
+    """
 
     def __init__(
         self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 64, batches: int = 10,
@@ -115,7 +106,12 @@ class HessianOperator:
 def power_iteration(
     hvp: HVP, like: Vectors, top_n: int = 1, max_iter: int = 100, tol: float = 1e-3, seed: int = 1,
 ) -> tuple[list[float], list[Vectors]]:
-    """The ``top_n`` eigenvalues of largest magnitude (signed) and their unit eigenvectors."""
+    """The ``top_n`` eigenvalues of largest magnitude (signed) and their unit eigenvectors.
+
+    Per eigenvalue: v ~ N(0, I), v ← v/(‖v‖ + 1e-6); up to ``max_iter`` times: orthonormalise
+    v against the eigenvectors found, λ = vᵀHv, v ← Hv/‖Hv‖; stop when
+    |λ − λ_prev|/(|λ_prev| + 1e-6) < ``tol`` (keeping λ_prev, as pyhessian does).
+    """
     generator = torch.Generator().manual_seed(seed)
     eigenvalues: list[float] = []
     eigenvectors: list[Vectors] = []
@@ -141,7 +137,14 @@ def hutchinson(
     hvp: HVP, like: Vectors, max_iter: int = 100, tol: float = 1e-3, seed: int = 1, diagonal: bool = False,
 ) -> dict[str, object]:
     """Hutchinson's trace: ``trace`` (mean zᵀHz), ``block-traces`` (per tensor, mean
-    z_lᵀ(Hz)_l), ``samples``, and with ``diagonal`` the estimate mean z ⊙ Hz (flattened)."""
+    z_lᵀ(Hz)_l), ``samples``, and with ``diagonal`` the estimate mean z ⊙ Hz (flattened).
+
+    z has i.i.d. Rademacher entries; stop after sample i when |mean(t_1..i) − m_{i−1}| /
+    (|m_{i−1}| + 1e-6) < ``tol`` (m_0 = 0), at most ``max_iter`` samples. The block traces
+    estimate tr H_11 … tr H_LL: what FedAlign's code saves as ``diag.npy`` and uses as
+    "Diag(H)". ``diagonal`` also estimates the true d-dimensional diagonal (the paper's
+    Diag(H)); the tables say which is used.
+    """
     generator = torch.Generator().manual_seed(seed)
     samples: list[float] = []
     blocks: list[np.ndarray] = []
@@ -167,7 +170,13 @@ def hutchinson(
 
 
 def pair_indicators(vectors: Sequence[np.ndarray]) -> dict[str, object]:
-    """H_N and H_D of client curvature vectors: the K×K matrices and both pair averages."""
+    """H_N and H_D of client curvature vectors: the K×K matrices and both pair averages.
+
+    For client vectors d_k: H_N^{k,j} = (‖d_k‖ − ‖d_j‖)², H_D^{k,j} = d_k·d_j/(‖d_k‖‖d_j‖).
+    ``pairs``: the mean over pairs k ≠ j (the paper's words); ``code``: the mean of the K×K
+    matrix with k = j included (parse_logs.py) = ((K−1)/K)·pairs for H_N and
+    1/K + ((K−1)/K)·pairs for H_D. Both are reported.
+    """
     d = np.stack([np.asarray(v, dtype=np.float64) for v in vectors])
     norms = np.linalg.norm(d, axis=1)
     hn = (norms[:, None] - norms[None, :]) ** 2
