@@ -22,7 +22,7 @@ Each run is a real Flower run in ``<out>/runs/<run id>``, resumable; after every
 tables (``results.parquet``/``.csv``, ``curves.parquet``) are rebuilt atomically, and
 ``report/`` holds the tables and figures (``experiments.sweep_report``).
 
-In detail: docs/command-lines.md (``python -m experiments.sweep``).
+In detail: docs/sweeps.md.
 """
 
 from __future__ import annotations

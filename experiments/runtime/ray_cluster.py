@@ -102,8 +102,8 @@ class LocalRayCluster:
         env = {**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",  # as the launcher gives `flwr run`
                "RAY_GCS_SERVER_PORT": str(port)}
         self.folder = Path(tempfile.mkdtemp(prefix="basin-ray-job-"))
-        if self.log_path is None:  # beside the job's folder (which holds the runs' homes only), removed with it
-            self.log_path = Path(f"{self.folder}.log")
+        if self.log_path is None:
+            self.log_path = default_log_path(self.folder)
         read_end, write_end = os.pipe()
         try:
             with open(self.log_path, "ab") as log:
@@ -207,9 +207,15 @@ class LocalRayCluster:
             shutil.rmtree(self.folder, ignore_errors=True)
         with contextlib.suppress(OSError):  # a log with nothing in it says nothing; a temporary one goes with the job
             log = Path(self.log_path) if self.log_path is not None else None
-            if log is not None and (log.stat().st_size == 0 or log == Path(f"{self.folder}.log")):
+            if log is not None and (log.stat().st_size == 0 or log == default_log_path(self.folder)):
                 log.unlink()
         remove_finished_ray_sessions(self.sessions_before)
+
+
+def default_log_path(folder: Path) -> Path:
+    """The holder's log where the job names none: beside the job's temporary folder (which
+    holds the runs' homes only), and removed with it."""
+    return Path(f"{folder}.log")
 
 
 # The job clusters this process has started and not yet stopped, by address.
@@ -240,7 +246,7 @@ def hold_cluster(num_cpus: int, folder: Path, address_fd: int) -> None:
         ray.shutdown()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-        Path(f"{folder}.log").unlink(missing_ok=True)  # the default log beside it (LocalRayCluster.log_path)
+        default_log_path(folder).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
