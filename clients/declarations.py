@@ -91,7 +91,11 @@ class MethodSpec:
     - ``projection_head``: on the models that have one to add (FedAlign's ResNet-56), train
       with a two-layer projection head (MOON);
     - ``cost_table``: its rows in ``python -m experiments.costs``'s default table, each a name
-      and the run-config keys it sets besides ``strategy`` (GradAug's n = 1 and n = 2).
+      and the run-config keys it sets besides ``strategy`` (GradAug's n = 1 and n = 2);
+    - ``smoke_runs``: its real ``flwr run`` jobs in tests/test_end_to_end.py, each a name and
+      the run-config keys it sets besides ``strategy`` on the suite's small setting (4
+      clients, 3 rounds, the 8×8 digits); the smallest that still run every part of the
+      method. Default: one run with nothing else set.
     """
 
     name: str
@@ -114,6 +118,7 @@ class MethodSpec:
     default_server_lr: float = 1.0
     projection_head: bool = False
     cost_table: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    smoke_runs: Mapping[str, Mapping[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.build is None and self.objective is None:
@@ -123,6 +128,11 @@ class MethodSpec:
         missing = [key for key, option in self.options.items() if option.default is None]
         if missing:
             raise ValueError(f"{self.name}: option(s) {', '.join(missing)} declare no default")
+
+    def end_to_end_runs(self) -> dict[str, dict[str, Any]]:
+        """Its smoke runs' run-config overrides, ``strategy`` included."""
+        runs = {self.name: {}} if self.smoke_runs is None else self.smoke_runs
+        return {name: {"strategy": self.name, **overrides} for name, overrides in runs.items()}
 
     def steps_plain_sgd(self, config: Mapping[str, Any]) -> bool:
         """Whether this run of the method steps with plain SGD (client momentum must be 0)."""

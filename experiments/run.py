@@ -78,9 +78,11 @@ def list_keys() -> str:
     """Every run-config key with its default and what it allows."""
     from experiments.runtime.run_config import default_run_config
     from strategies.config import SCHEMA
+    from strategies.methods import BROKEN_PLUGINS
 
     defaults = default_run_config()
-    return "\n".join(f"{key:26s} default {defaults[key]!r:12s} {option.allowed}" for key, option in SCHEMA.items())
+    lines = [f"{key:26s} default {defaults[key]!r:12s} {option.allowed}" for key, option in SCHEMA.items()]
+    return "\n".join([*lines, *(f"error: {broken.line()}" for broken in BROKEN_PLUGINS.values())])
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -108,5 +108,6 @@ METHODS = (
                                variant=config["adabest-variant"]),
         options=ADABEST_OPTIONS, client_components=(ImplementedIn("clients.adabest:adabest_component"),), client_state=True, plain_sgd=True,
         cost_table={"adabest": {}},
+        smoke_runs={"adabest+wima": {"participation": 1.0, "momentum": 0.0, "averaging": "wima", "window": 2}},
     ),
 )

@@ -23,6 +23,7 @@ as the target of the optimiser's step by default, as the paper and its authors' 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, cast
@@ -36,6 +37,7 @@ from clients.options import ConfigError
 from strategies.arrays import to_arrays, to_numpy
 from strategies.method import AveragingSpec, averaging_start_round
 from strategies.round_interface import RoundStrategy, attribute_state
+from strategies.schedules import ClientSchedule
 
 if TYPE_CHECKING:
     from strategies.fedopt import ServerOptimizer
@@ -374,11 +376,24 @@ def build_swa(base: Strategy, config) -> ModelAveraging:
     return ModelAveraging(base, None, start, feedback=False, sample_every=cycle, subset=config["avg-subset"])
 
 
+def ima_exploration(config, schedule: ClientSchedule) -> ClientSchedule:
+    """IMA's client exploration from t_s on (``ima-exploration``, ×``ima-decay`` per round)."""
+    return dataclasses.replace(schedule, exploration=config["ima-exploration"],
+                               exploration_start=averaging_start_round(config), exploration_decay=config["ima-decay"])
+
+
+def swa_cycles(config, schedule: ClientSchedule) -> ClientSchedule:
+    """Server SWA's cyclic client lr from its start round, cycles of ``swa-cycle`` rounds."""
+    return dataclasses.replace(schedule, swa_start=averaging_start_round(config), swa_cycle=config["swa-cycle"])
+
+
 AVERAGINGS = (
-    AveragingSpec("ima", "IMA", build_ima, check=window_fits),
+    # IMA and WIMA run end to end under other methods' smoke runs (fedyogi+ima, fedprox+wima, …).
+    AveragingSpec("ima", "IMA", build_ima, check=window_fits, client_schedule=ima_exploration),
     AveragingSpec("wima", "WIMA",
                   lambda base, config: ModelAveraging(base, config["window"], config["window"],
                                                       feedback=config["avg-feedback"], subset=config["avg-subset"]),
                   check=window_fits, first_average=lambda config: config["window"]),
-    AveragingSpec("swa", "SWA", build_swa),
+    AveragingSpec("swa", "SWA", build_swa, client_schedule=swa_cycles,
+                  smoke_runs={"fedavg+swa": {"averaging": "swa", "avg-start": 2, "swa-cycle": 1}}),
 )

@@ -24,7 +24,7 @@ from partitions.datasets import BUILTIN_DATASETS, INPUT_SHAPES, is_known_dataset
 from partitions.stats import LABEL_SCHEMES, PARTITION_SCHEMES
 from strategies.averaging import AVERAGING_SUBSETS
 from strategies.method import averaging_start_round as averaging_start_round
-from strategies.methods import AVERAGINGS, METHODS, method, method_options
+from strategies.methods import AVERAGINGS, METHODS, method, method_options, refuse_broken_plugin
 from strategies.schedules import EXPLORATIONS, LR_SCHEDULES
 from strategies.tracking import TRACKERS, tracker_names
 
@@ -207,6 +207,8 @@ def _coerce(key: str, value: Any) -> Any:
 
 def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Return a checked copy of the run config or raise :class:`ConfigError`."""
+    for key in ("strategy", "averaging"):
+        refuse_broken_plugin(key, run_config.get(key))
     unknown = sorted(set(run_config) - set(SCHEMA))
     if unknown:
         guesses = [f"'{k}' (did you mean '{m[0]}'?)" if (m := difflib.get_close_matches(k, SCHEMA, n=1)) else f"'{k}'"

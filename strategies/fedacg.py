@@ -110,5 +110,6 @@ METHODS = (
             "fedacg-variant": one_of(*FEDACG_VARIANTS, default="code"),
         },
         client_components=(ImplementedIn("clients.components:proximal"),), plain_sgd=True, cost_table={"fedacg": {}},
+        smoke_runs={"fedacg+ima": {"momentum": 0.0, "averaging": "ima", "window": 2, "avg-start": 2}},
     ),
 )

@@ -33,6 +33,6 @@ METHODS: tuple[MethodSpec, ...] = (
         "fedavgm", "FedAvgM",
         lambda config: FedAvgM(**COHORT, server_learning_rate=METHODS[0].server_lr(config),
                                server_momentum=config["server-momentum"]),
-        options={"server-momentum": SERVER_MOMENTUM},
+        options={"server-momentum": SERVER_MOMENTUM}, smoke_runs={"fedavgm": {"num-rounds": 2}},
     ),
 )

@@ -108,6 +108,6 @@ METHODS: tuple[MethodSpec, ...] = (
         lambda config: FedCm(**COHORT, alpha=config["fedcm-alpha"], variant=config["fedcm-variant"],
                              server_learning_rate=METHODS[0].server_lr(config)),
         options=FEDCM_OPTIONS, client_components=(ImplementedIn("clients.fedcm:momentum_direction"),), plain_sgd=True,
-        cost_table={"fedcm": {}},
+        cost_table={"fedcm": {}}, smoke_runs={"fedcm": {"grad-clip": 10.0, "momentum": 0.0}},
     ),
 )

@@ -85,5 +85,6 @@ METHODS = (
         "feddyn", "FedDyn", lambda config: FedDyn(**COHORT, alpha=config["feddyn-alpha"]),
         options={"feddyn-alpha": Option(float, "a number > 0 (FedDyn's α)", lambda v: v > 0, default=0.01)},
         client_components=(ImplementedIn("clients.feddyn:feddyn_component"),), client_state=True,
+        smoke_runs={"feddyn": {"participation": 1.0}},
     ),
 )

@@ -94,5 +94,6 @@ METHODS: tuple[MethodSpec, ...] = (
                               server_learning_rate=METHODS[0].server_lr(config)),
         options={"gma-threshold": Option(float, "a number in (0, 1] (FedGMA's sign-agreement threshold ε)",
                                          lambda v: 0 < v <= 1, default=0.8)},
+        smoke_runs={"fedgma+wima": {"averaging": "wima", "window": 2}},
     ),
 )

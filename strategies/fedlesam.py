@@ -24,12 +24,12 @@ from __future__ import annotations
 import numpy as np
 
 from clients.declarations import ImplementedIn, MethodSpec
-from clients.objectives.declarations import SAM_RHO
 from clients.options import one_of
 from clients.protocol import FEDLESAM_UPDATE
 from strategies.arrays import counter_mean, is_float, to_arrays, to_numpy, with_record
 from strategies.client_objective import ClientObjectiveFedAvg
 from strategies.method import COHORT
+from strategies.sam import SAM_RHO
 
 FEDLESAM_DEFAULT_RHO = 0.1
 FEDLESAM_VARIANTS = ("paper", "official-code")
@@ -90,6 +90,6 @@ METHODS = (
         options={"sam-rho": SAM_RHO, "fedlesam-variant": one_of(*FEDLESAM_VARIANTS, default="paper"),
                  "fedlesam-weighting": one_of(*FEDLESAM_WEIGHTINGS, default="uniform")},
         objective=ImplementedIn("clients.objectives.fedlesam:fedlesam_objective"), objective_keys=("sam-rho",),
-        client_state=True, cost_table={"fedlesam": {}},
+        client_state=True, cost_table={"fedlesam": {}}, smoke_runs={"fedlesam": {"participation": 1.0, "num-rounds": 2}},
     ),
 )

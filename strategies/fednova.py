@@ -73,4 +73,5 @@ def _check(config) -> None:
         )
 
 
-METHODS = (MethodSpec("fednova", "FedNova", lambda config: FedNova(**COHORT), check=_check),)
+METHODS = (MethodSpec("fednova", "FedNova", lambda config: FedNova(**COHORT), check=_check,
+                      smoke_runs={"fednova+ima": {"averaging": "ima", "window": 2, "avg-start": 2}}),)

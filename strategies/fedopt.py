@@ -26,6 +26,8 @@ pseudo-gradient is taken against the averaged model.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp.strategy import FedAdagrad as FlowerFedAdagrad
@@ -138,7 +140,8 @@ FEDOPT_OPTIONS = {
 }
 
 
-def _fedopt(name: str, display_name: str, cls: type[ServerOptimizer]) -> MethodSpec:
+def _fedopt(name: str, display_name: str, cls: type[ServerOptimizer],
+            smoke_runs: dict[str, dict[str, Any]]) -> MethodSpec:
     def build(config):
         moments = {} if cls is FedAdagrad else {"beta_1": config["server-momentum"], "beta_2": config["beta-2"]}
         if cls is FedAdam:
@@ -147,9 +150,14 @@ def _fedopt(name: str, display_name: str, cls: type[ServerOptimizer]) -> MethodS
 
     options = {key: FEDOPT_OPTIONS[key] for key in ("tau",)} if cls is FedAdagrad else (
         FEDOPT_OPTIONS if cls is FedAdam else {k: v for k, v in FEDOPT_OPTIONS.items() if k != "fedadam-bias-correction"})
-    spec = MethodSpec(name, display_name, build, options=options, default_server_lr=0.01)
+    spec = MethodSpec(name, display_name, build, options=options, default_server_lr=0.01, smoke_runs=smoke_runs)
     return spec
 
 
-METHODS = (_fedopt("fedadam", "FedAdam", FedAdam), _fedopt("fedyogi", "FedYogi", FedYogi),
-           _fedopt("fedadagrad", "FedAdagrad", FedAdagrad))
+METHODS = (
+    # FedAdam+IMA end to end: tests/test_checkpoint_resume.py (its uninterrupted run).
+    _fedopt("fedadam", "FedAdam", FedAdam, smoke_runs={}),
+    _fedopt("fedyogi", "FedYogi", FedYogi,
+            smoke_runs={"fedyogi+ima": {"server-lr": 0.05, "averaging": "ima", "window": 2, "avg-start": 2}}),
+    _fedopt("fedadagrad", "FedAdagrad", FedAdagrad, smoke_runs={"fedadagrad": {"server-lr": 0.05, "num-rounds": 2}}),
+)

@@ -24,5 +24,6 @@ METHODS = (
         "fedprox", "FedProx", lambda config: FedProx(**COHORT, proximal_mu=config["prox-mu"]),
         options={"prox-mu": Option(float, "a number >= 0 (FedProx proximal weight)", lambda v: v >= 0, default=0.01)},
         client_components=(ImplementedIn("clients.components:proximal"),), cost_table={"fedprox": {}},
+        smoke_runs={"fedprox+wima": {"num-rounds": 4, "averaging": "wima", "window": 2}},
     ),
 )

@@ -226,5 +226,11 @@ METHODS = (
         client_components=(ImplementedIn("clients.control_variates:control_variate", (MOSWA_SERVER_CONTROL,)),), client_state=True,
         # The paper's variant derives its control on plain local SGD steps.
         plain_sgd=lambda config: config["fedswa-variant"] == "paper",
+        smoke_runs={
+            "fedmoswa+ima": {"participation": 1.0, "momentum": 0.0, "lr": 0.1, "averaging": "ima", "window": 2,
+                             "avg-start": 3},
+            # The FedSWA comparison's round schedule (lr-schedule = cosine, every method of it).
+            "fedmoswa-official-code": {"fedswa-variant": "official-code", "num-rounds": 2, "lr-schedule": "cosine"},
+        },
     ),
 )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clients.options import Option
+from strategies.schedules import ClientSchedule
 
 # Every Basin strategy addresses exactly the sampled cohort (fraction 1, no minimum), and
 # federated evaluation is off: the ServerApp evaluates the global model centrally.
@@ -29,9 +30,10 @@ class AveragingSpec:
     """An averaging rule's declaration (the ``averaging`` key's value ``name``): how it wraps
     the base method's strategy (``build(base, config)``, a
     :class:`~strategies.averaging.ModelAveraging`), its own run-config keys, constraints on
-    other keys, and the first round whose reported model is an average (figures mark it).
-    Rules live in strategies/averaging.py (IMA, WIMA, SWA) and their own modules
-    (strategies/ema.py), listed in strategies/methods.py's ``AVERAGING_MODULES``."""
+    other keys, the first round whose reported model is an average (figures mark it), the
+    clients' schedule under it, and its smoke runs. Rules live in strategies/averaging.py
+    (IMA, WIMA, SWA) and their own modules (strategies/ema.py), listed in
+    strategies/methods.py's ``AVERAGING_MODULES``, or in a plug-in (docs/extending.md)."""
 
     name: str
     display_name: str
@@ -39,6 +41,12 @@ class AveragingSpec:
     options: Mapping[str, Option] = field(default_factory=dict)
     check: Callable[[Mapping[str, Any]], None] | None = None
     first_average: Callable[[Mapping[str, Any]], int] = averaging_start_round
+    # The clients' schedule under this rule: (validated config, the base method's schedule)
+    # → the schedule the clients get (IMA's exploration, SWA's cyclic lr); None: unchanged.
+    client_schedule: Callable[[Mapping[str, Any], ClientSchedule], ClientSchedule] | None = None
+    # Its end-to-end smoke runs (tests/test_end_to_end.py): name → run-config overrides of
+    # the suite's small setting; the smallest that still exercise the rule's code.
+    smoke_runs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         missing = [key for key, option in self.options.items() if option.default is None]

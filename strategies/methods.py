@@ -1,10 +1,17 @@
-"""Every method Basin knows: the modules that declare one, and what is derived from them.
+"""Every method Basin knows: its own, and those of installed plug-ins; what is derived from them.
 
-A method is declared once, in its own module (``METHODS = (MethodSpec(...),)``, see
-clients/declarations.py); adding one is adding its module to :data:`METHOD_MODULES`. The
-methods that only change the clients' local objective are declared together, in
-clients/objectives/declarations.py, each objective in a module of its own. The order here
-is the order of ``strategy``'s allowed values: server-side methods, then those.
+A method is declared once, in its own module, ending with ``METHODS = (MethodSpec(...),)``
+(clients/declarations.py) or, for an averaging rule, ``AVERAGINGS = (AveragingSpec(...),)``
+(strategies/method.py). Basin's own modules are listed below; a researcher's live in their
+own package, found by an entry point in the group ``basin.methods`` whose name is the
+method's and whose value is the module that declares it (docs/extending.md). The order
+here is the order of ``strategy``'s allowed values: server-side methods, then those that
+only change the clients' objective, then plug-ins by name.
+
+A plug-in that cannot be used (its module fails to import, its declaration is malformed,
+its name or a key of it clashes with another method's) is kept as a :class:`BrokenPlugin`:
+one line naming it, its distribution and what is wrong, raised when a run asks for it and
+shown when methods are listed; every other method runs.
 
     python -m strategies.methods --write-pyproject   # regenerate pyproject.toml's method keys
 """
@@ -15,15 +22,18 @@ import argparse
 import dataclasses
 import importlib
 import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import cache
+from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import tomli_w
 
 from clients.declarations import MethodSpec
 from clients.halves import ClientHalves, provide
-from clients.options import Option
+from clients.options import ConfigError, Option
 from strategies.client_objective import objective_server
 from strategies.method import AveragingSpec
 
@@ -36,41 +46,165 @@ METHOD_MODULES = (
     "strategies.fednova", "strategies.feddyn", "strategies.fedgma", "strategies.fedswa", "strategies.fedcm",
     "strategies.fedacg", "strategies.mofedsam", "strategies.fedlesam", "strategies.adabest", "strategies.mime",
     "strategies.fedfa", "strategies.fedavg_clip",
-    "clients.objectives.declarations",
+    # Methods that only change the clients' objective (their objectives: clients/objectives/).
+    "strategies.moon", "strategies.sam", "strategies.fedalign", "strategies.mixup", "strategies.stochastic_depth",
+    "strategies.gradaug", "strategies.label_smoothing",
 )
 # Averaging rules (the ``averaging`` key), each module ending with ``AVERAGINGS = (AveragingSpec(...),)``.
 AVERAGING_MODULES = ("strategies.averaging", "strategies.ema")
+ENTRY_POINT_GROUP = "basin.methods"
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 BLOCK_START = "# -- method keys: generated from the methods' declarations by `python -m strategies.methods --write-pyproject`"
 BLOCK_END = "# -- end of method keys"
 
+Declaration = MethodSpec | AveragingSpec
 
-def _load() -> dict[str, MethodSpec]:
-    """Every declaration, a method that only changes the clients' objective given its
-    server here (clients/ declares its half without importing strategies/)."""
+
+@dataclass(frozen=True)
+class Plugin:
+    """Where a plug-in's method comes from: its entry point's name and module, its distribution."""
+
+    name: str
+    module: str
+    distribution: str
+
+    def describe(self) -> str:
+        return f"plug-in {self.name!r} (distribution {self.distribution}, module {self.module})"
+
+
+@dataclass(frozen=True)
+class BrokenPlugin:
+    """A plug-in that cannot be used, and why."""
+
+    plugin: Plugin
+    problem: str
+
+    def line(self) -> str:
+        return f"{self.plugin.describe()} cannot be used: {self.problem}"
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The methods and averaging rules by name, where each plug-in's came from, and the broken plug-ins."""
+
+    methods: dict[str, MethodSpec]
+    averagings: dict[str, AveragingSpec]
+    plugins: dict[str, Plugin]
+    broken: dict[str, BrokenPlugin]
+
+
+def _given_its_server(spec: MethodSpec) -> MethodSpec:
+    """A method that only changes the clients' objective gets its server here: FedAvg sending
+    the objective (clients/ declares its half without importing strategies/)."""
+    return spec if spec.build is not None else dataclasses.replace(spec, build=objective_server(spec))
+
+
+def _declarations_of(module: Any) -> list[Declaration]:
+    declarations = [*getattr(module, "METHODS", ()), *getattr(module, "AVERAGINGS", ())]
+    wrong = [repr(d) for d in declarations if not isinstance(d, (MethodSpec, AveragingSpec))]
+    if wrong:
+        raise TypeError(f"METHODS/AVERAGINGS hold something other than a MethodSpec or AveragingSpec: {wrong[0][:80]}")
+    return declarations
+
+
+def installed_plugins() -> list[Plugin]:
+    """The entry points of the group ``basin.methods`` in this environment, by name."""
+    plugins = []
+    for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        distribution = entry_point.dist.name if entry_point.dist is not None else "an unknown distribution"
+        plugins.append(Plugin(entry_point.name, entry_point.value, distribution))
+    return sorted(plugins, key=lambda plugin: (plugin.name, plugin.distribution))
+
+
+def _plugin_declaration(plugin: Plugin) -> Declaration:
+    """The declaration a plug-in's entry point names, or an exception saying what is wrong."""
+    if ":" in plugin.module:
+        raise ValueError(f"the entry point's value must be a module (no ':'): {plugin.module!r}")
+    try:
+        module = importlib.import_module(plugin.module)
+    except Exception as error:  # any failure of a researcher's module is that plug-in's, not Basin's
+        raise ImportError(f"importing it failed: {type(error).__name__}: {error}") from error
+    declarations = _declarations_of(module)
+    named = [d for d in declarations if d.name == plugin.name]
+    if not named:
+        declared = ", ".join(repr(d.name) for d in declarations) or "nothing (no METHODS or AVERAGINGS)"
+        raise ValueError(f"its module declares no method named {plugin.name!r} (it declares {declared})")
+    return named[0]
+
+
+def _shared_key_problem(declaration: Declaration, options: dict[str, Option]) -> str | None:
+    for key, option in declaration.options.items():
+        if key in options and options[key] is not option:
+            return f"its run-config key {key!r} is declared differently by another method"
+    return None
+
+
+def load_registry(plugins: Iterable[Plugin] | None = None) -> Registry:
+    """Basin's declarations, then each plug-in's (those installed, or ``plugins``)."""
     methods: dict[str, MethodSpec] = {}
-    for module_name in METHOD_MODULES:
-        for spec in importlib.import_module(module_name).METHODS:
-            if spec.name in methods:
-                raise ValueError(f"method {spec.name!r} is declared twice ({module_name})")
-            methods[spec.name] = spec if spec.build is not None else dataclasses.replace(
-                spec, build=objective_server(spec))
-    return methods
+    averagings: dict[str, AveragingSpec] = {}
+    for module_name in (*METHOD_MODULES, *AVERAGING_MODULES):
+        for declaration in _declarations_of(importlib.import_module(module_name)):
+            table: dict[str, Any] = methods if isinstance(declaration, MethodSpec) else averagings
+            if declaration.name in table:
+                raise ValueError(f"method {declaration.name!r} is declared twice ({module_name})")
+            table[declaration.name] = declaration
+    options: dict[str, Option] = {}
+    for declaration in [*methods.values(), *averagings.values()]:
+        for key, option in declaration.options.items():
+            options.setdefault(key, option)
+
+    candidates = list(installed_plugins() if plugins is None else plugins)
+    by_name: dict[str, list[Plugin]] = {}
+    for plugin in candidates:
+        by_name.setdefault(plugin.name, []).append(plugin)
+    found: dict[str, Plugin] = {}
+    broken: dict[str, BrokenPlugin] = {}
+    for name, same_name in by_name.items():
+        plugin = same_name[0]
+        if len(same_name) > 1:
+            others = ", ".join(p.distribution for p in same_name[1:])
+            broken[name] = BrokenPlugin(plugin, f"its name is also a plug-in of {others}")
+            continue
+        if name in methods or name in averagings or name == "none":
+            broken[name] = BrokenPlugin(plugin, "its name is one of Basin's own methods")
+            continue
+        try:
+            declaration = _plugin_declaration(plugin)
+        except Exception as error:
+            broken[name] = BrokenPlugin(plugin, str(error))
+            continue
+        if (problem := _shared_key_problem(declaration, options)) is not None:
+            broken[name] = BrokenPlugin(plugin, problem)
+            continue
+        options.update(declaration.options)
+        if isinstance(declaration, MethodSpec):
+            methods[name] = declaration
+        else:
+            averagings[name] = declaration
+        found[name] = plugin
+    return Registry({name: _given_its_server(spec) for name, spec in methods.items()}, averagings, found, broken)
 
 
-METHODS: dict[str, MethodSpec] = _load()
-AVERAGINGS: dict[str, AveragingSpec] = {
-    rule.name: rule for module in AVERAGING_MODULES for rule in importlib.import_module(module).AVERAGINGS
-}
+REGISTRY = load_registry()
+METHODS: dict[str, MethodSpec] = REGISTRY.methods
+AVERAGINGS: dict[str, AveragingSpec] = REGISTRY.averagings
+BROKEN_PLUGINS: dict[str, BrokenPlugin] = REGISTRY.broken
 
 
-def _declarations() -> list[MethodSpec | AveragingSpec]:
+def _declarations() -> list[Declaration]:
     return [*METHODS.values(), *AVERAGINGS.values()]
 
 
 def method(name: str) -> MethodSpec:
     """The declaration of method ``name`` (a validated ``strategy`` value)."""
     return METHODS[name]
+
+
+def refuse_broken_plugin(key: str, value: Any) -> None:
+    """Raise ConfigError when ``value`` of ``strategy`` or ``averaging`` names a broken plug-in."""
+    if isinstance(value, str) and value in BROKEN_PLUGINS:
+        raise ConfigError(f"run config key '{key}' = {value!r}: {BROKEN_PLUGINS[value].line()}")
 
 
 def method_options() -> dict[str, Option]:
@@ -82,6 +216,22 @@ def method_options() -> dict[str, Option]:
             if options.setdefault(key, option) is not option:
                 raise ValueError(f"run-config key {key!r} is declared differently by {spec.name!r} and another method")
     return options
+
+
+def plugin_defaults() -> dict[str, Any]:
+    """The run-config keys that plug-ins add, with their defaults (pyproject.toml holds Basin's own)."""
+    own = {key for spec in _declarations() if spec.name not in REGISTRY.plugins for key in spec.options}
+    return {key: option.default for key, option in method_options().items() if key not in own}
+
+
+def end_to_end_runs() -> dict[str, dict[str, Any]]:
+    """Every declared smoke run (tests/test_end_to_end.py): name → run-config overrides."""
+    runs: dict[str, dict[str, Any]] = {}
+    for spec in METHODS.values():
+        runs.update(spec.end_to_end_runs())
+    for rule in AVERAGINGS.values():
+        runs.update({name: dict(overrides) for name, overrides in rule.smoke_runs.items()})
+    return runs
 
 
 @cache  # asked by every client round: the declarations do not change in a process
@@ -98,8 +248,6 @@ def objective_builders() -> dict[str, ObjectiveBuilder]:
     return {spec.name: spec.objective for spec in METHODS.values() if spec.objective is not None}
 
 
-
-
 def client_halves() -> ClientHalves:
     """What the client side needs of every method: objectives, components, who wants a projection head."""
     return ClientHalves(objective_builders(), client_components(),
@@ -109,37 +257,49 @@ def client_halves() -> ClientHalves:
 provide(client_halves)  # the client side reads them from clients/halves.py (clients/ does not import strategies/)
 
 
-def pyproject_block() -> str:
+def pyproject_block(with_plugins: bool = False) -> str:
     """The method keys of ``[tool.flwr.app.config]``, from the declarations (Flower accepts
-    overrides only of keys that pyproject.toml declares)."""
+    overrides only of keys that pyproject.toml declares): Basin's own, or with the installed
+    plug-ins' too (the pyproject.toml of a run's staged app)."""
     lines, seen = [BLOCK_START], set()
     for spec in _declarations():
+        if spec.name in REGISTRY.plugins and not with_plugins:
+            continue
         own = [key for key in spec.options if key not in seen]
         seen.update(own)
         if own:
-            lines.append(f"# {spec.display_name}")
+            lines.append(f"# {spec.display_name}" + (f" ({REGISTRY.plugins[spec.name].describe()})"
+                                                     if spec.name in REGISTRY.plugins else ""))
             lines += tomli_w.dumps({key: spec.options[key].default for key in own}).splitlines()
     return "\n".join([*lines, BLOCK_END])
 
 
-def write_pyproject(path: Path = PYPROJECT) -> bool:
+def write_pyproject(path: Path = PYPROJECT, with_plugins: bool = False) -> bool:
     """Replace the generated block of ``path``; True when it changed."""
     text = path.read_text()
     pattern = re.compile(re.escape(BLOCK_START) + r".*?" + re.escape(BLOCK_END), re.DOTALL)
     if not pattern.search(text):
         raise ValueError(f"{path} has no generated block of method keys ({BLOCK_START!r} … {BLOCK_END!r})")
-    new = pattern.sub(lambda _: pyproject_block(), text)
+    new = pattern.sub(lambda _: pyproject_block(with_plugins), text)
     if new != text:
         path.write_text(new)
     return new != text
+
+
+def listing() -> str:
+    """Each method and averaging rule, a plug-in's origin beside it, then the broken plug-ins."""
+    lines = [f"{spec.name:18s} {spec.display_name}" + (f"  [{REGISTRY.plugins[spec.name].describe()}]"
+                                                       if spec.name in REGISTRY.plugins else "")
+             for spec in _declarations()]
+    return "\n".join([*lines, *(f"{name:18s} error: {broken.line()}" for name, broken in BROKEN_PLUGINS.items())])
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m strategies.methods", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write-pyproject", action="store_true",
-                        help="rewrite pyproject.toml's generated block of method keys")
+                        help="rewrite pyproject.toml's generated block of method keys (Basin's own methods)")
     if parser.parse_args().write_pyproject:
         print("pyproject.toml " + ("updated" if write_pyproject() else "already up to date"))
     else:
-        print("\n".join(f"{spec.name:18s} {spec.display_name}" for spec in METHODS.values()))
+        print(listing())

@@ -25,6 +25,8 @@ state. Replies are summed in partition order.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
@@ -144,7 +146,7 @@ MIME_OPTIONS = {
 }
 
 
-def _mime(name: str, display_name: str, lite: bool) -> MethodSpec:
+def _mime(name: str, display_name: str, lite: bool, smoke_run: dict[str, Any]) -> MethodSpec:
     def build(config):
         return Mime(**COHORT, lite=lite, beta=config["mime-momentum"], server_learning_rate=spec.server_lr(config),
                     variant=config["mime-variant"], timeout=config["round-timeout"])
@@ -152,8 +154,9 @@ def _mime(name: str, display_name: str, lite: bool) -> MethodSpec:
     spec = MethodSpec(name, display_name, build, options=MIME_OPTIONS,
                       objective=None if lite else ImplementedIn("clients.mime:mime_objective"),
                       client_components=(ImplementedIn("clients.mime:server_momentum"),), plain_sgd=True,
-                      default_server_lr=0.1, cost_table={name: {}})
+                      default_server_lr=0.1, cost_table={name: {}}, smoke_runs={name: smoke_run})
     return spec
 
 
-METHODS = (_mime("mime", "MIME", lite=False), _mime("mimelite", "MimeLite", lite=True))
+METHODS = (_mime("mime", "MIME", lite=False, smoke_run={"server-lr": 1.0, "momentum": 0.0}),
+           _mime("mimelite", "MimeLite", lite=True, smoke_run={"num-rounds": 2, "momentum": 0.0, "lr": 0.2}))

@@ -20,10 +20,10 @@ means it), α = 0.1 (``fedcm-alpha``), η_g = 1. FedSWA's code hard-codes ρ = 0
 from __future__ import annotations
 
 from clients.declarations import ImplementedIn, MethodSpec
-from clients.objectives.declarations import SAM_RHO
 from clients.protocol import OBJECTIVE
 from strategies.fedcm import FEDCM_OPTIONS, FedCm
 from strategies.method import COHORT
+from strategies.sam import SAM_RHO
 
 MOFEDSAM_DEFAULT_RHO = 0.1
 
@@ -52,5 +52,6 @@ METHODS: tuple[MethodSpec, ...] = (
         objective=ImplementedIn("clients.objectives.sam:esam_objective"), objective_keys=("sam-rho",),
         client_components=(ImplementedIn("clients.fedcm:momentum_direction"),),
         plain_sgd=True, cost_table={"mofedsam": {}},
+        smoke_runs={"mofedsam": {"num-rounds": 2, "grad-clip": 10.0, "momentum": 0.0, "lr": 0.2}},
     ),
 )

@@ -11,7 +11,6 @@ from typing import Any, cast
 
 from flwr.serverapp.strategy import Strategy
 
-from strategies.method import averaging_start_round
 from strategies.methods import AVERAGINGS, method
 from strategies.round_interface import RoundStrategy
 from strategies.schedules import ClientSchedule
@@ -35,17 +34,15 @@ def build_strategy(config: Mapping[str, Any]) -> RoundStrategy:
 
 
 def build_client_schedule(config: Mapping[str, Any]) -> ClientSchedule:
-    """Client lr and epochs per round, including IMA exploration and SWA's cyclic lr."""
-    start = averaging_start_round(config)
-    return ClientSchedule(
+    """Client lr and epochs per round: the base schedule, as the averaging rule's declaration
+    changes it (IMA's exploration, SWA's cyclic lr)."""
+    schedule = ClientSchedule(
         lr=config["lr"],
         decay=config["lr-decay"],
         local_epochs=config["local-epochs"],
-        exploration=config["ima-exploration"] if config["averaging"] == "ima" else "none",
-        exploration_start=start if config["averaging"] == "ima" else 0,
-        exploration_decay=config["ima-decay"],
-        swa_start=start if config["averaging"] == "swa" else 0,
-        swa_cycle=config["swa-cycle"] if config["averaging"] == "swa" else 0,
         # The FedSWA comparison's cosine over the rounds (every method of it), else lr-decay.
         cosine_rounds=config["num-rounds"] if config["lr-schedule"] == "cosine" else 0,
     )
+    if config["averaging"] == "none" or (rule := AVERAGINGS[config["averaging"]]).client_schedule is None:
+        return schedule
+    return rule.client_schedule(config, schedule)

@@ -55,5 +55,6 @@ class Scaffold(CohortSampling, InPlaceFedAvg):
 METHODS = (
     MethodSpec("scaffold", "SCAFFOLD", lambda config: Scaffold(**COHORT), client_state=True,
                client_components=(ImplementedIn("clients.control_variates:control_variate", (SCAFFOLD_SERVER_CONTROL,)),),
-               cost_table={"scaffold": {}}),
+               # End to end, its c_i carried across rounds and a resume: tests/test_checkpoint_resume.py.
+               cost_table={"scaffold": {}}, smoke_runs={}),
 )

@@ -18,59 +18,19 @@ import torch
 from experiments.runtime.flower_log import startup_stage
 from experiments.runtime.launch import launch
 from experiments.runtime.run_config import load_preset, resolve_config
+from strategies.methods import end_to_end_runs
 
 pytestmark = pytest.mark.slow  # real `flwr run` jobs: the second tier (.ci/run)
 
 SMALL = {"num-clients": 4, "participation": 0.5, "num-rounds": 3, "local-epochs": 1, "device": "cpu"}
 
-# Every method of METHODS.md §1.4 and §2 as a real `flwr run`, most composed with an
-# averaging method. Residual-network methods train ResNet-20-GN (FedAlign: ResNet-56-BN)
-# on the 8×8 digits.
-RESNET = {"model": "resnet20-gn", "lr": 0.05}
-METHOD_RUNS = {
-    "fedavgm": {"strategy": "fedavgm", "num-rounds": 2},
-    "fedyogi+ima": {"strategy": "fedyogi", "server-lr": 0.05, "averaging": "ima", "window": 2, "avg-start": 2},
-    "fedadagrad": {"strategy": "fedadagrad", "server-lr": 0.05, "num-rounds": 2},
-    "fedavg-clip": {"strategy": "fedavg-clip"},
-    "fednova+ima": {"strategy": "fednova", "averaging": "ima", "window": 2, "avg-start": 2},
-    "feddyn": {"strategy": "feddyn", "participation": 1.0},
-    "fedgma+wima": {"strategy": "fedgma", "averaging": "wima", "window": 2},
-    "fedswa": {"strategy": "fedswa"},
-    "fedmoswa+ima": {"strategy": "fedmoswa", "participation": 1.0, "momentum": 0.0, "lr": 0.1,
-                     "averaging": "ima", "window": 2, "avg-start": 3},
-    # The FedSWA comparison's round schedule (lr-schedule = cosine, every method of it).
-    "fedmoswa-official-code": {"strategy": "fedmoswa", "fedswa-variant": "official-code", "num-rounds": 2,
-                               "lr-schedule": "cosine"},
-    "fedcm": {"strategy": "fedcm", "grad-clip": 10.0, "momentum": 0.0},
-    "fedacg+ima": {"strategy": "fedacg", "momentum": 0.0, "averaging": "ima", "window": 2, "avg-start": 2},
-    "mofedsam": {"strategy": "mofedsam", "num-rounds": 2, "grad-clip": 10.0, "momentum": 0.0, "lr": 0.2},
-    "fedlesam": {"strategy": "fedlesam", "participation": 1.0, "num-rounds": 2},
-    "mime": {"strategy": "mime", "server-lr": 1.0, "momentum": 0.0},
-    "fedfa": {"strategy": "fedfa"},
-    "mimelite": {"strategy": "mimelite", "num-rounds": 2, "momentum": 0.0, "lr": 0.2},
-    "adabest+wima": {"strategy": "adabest", "participation": 1.0, "momentum": 0.0, "averaging": "wima", "window": 2},
-    "moon": {"strategy": "moon", "num-rounds": 2},
-    "fedsam": {"strategy": "fedsam", "num-rounds": 2},
-    "fedasam": {"strategy": "fedasam", "num-rounds": 2},
-    # The FedAlign study as its authors ran it: BatchNorm ResNet-56, Nesterov, crop + flip.
-    # Crop + flip end to end on a hub set (Basin refuses it on the built-in 8×8 digits, too
-    # small to crop from; a hub set's image size is known only once loaded).
-    "fedalign+wima": {"strategy": "fedalign", "averaging": "wima", "window": 2, **RESNET, "dataset": "hf:{cifar100}",
-                      "model": "resnet56-bn", "nesterov": True, "augment": "crop-flip"},
-    "mixup": {"strategy": "mixup", "num-rounds": 2, **RESNET},
-    "stochastic-depth": {"strategy": "stochastic-depth", "num-rounds": 2, **RESNET},
-    "gradaug": {"strategy": "gradaug", "num-rounds": 2, **RESNET},
-    "label-smoothing": {"strategy": "label-smoothing"},
-    "fedavg+ema": {"averaging": "ema", "avg-start": 2, "ema-decay": 0.5},
-    "fedavg+swa": {"averaging": "swa", "avg-start": 2, "swa-cycle": 1},
-}
+# Every declared method and averaging rule as a real `flwr run`: the smoke runs their
+# declarations give (`smoke_runs`), most composed with an averaging rule; a data set
+# ``hf:{name}`` is the miniature hub set of that name (tests/miniature.py).
+METHOD_RUNS = end_to_end_runs()
 RUNS = {
     "fedavg": {},
     "fedavg-again": {},  # the same seed: must repeat "fedavg" bit for bit
-    # FedAdam+IMA end to end: tests/test_checkpoint_resume.py (its uninterrupted run).
-    "fedprox+wima": {"num-rounds": 4, "strategy": "fedprox", "averaging": "wima", "window": 2},
-    # SCAFFOLD end to end, its c_i carried across rounds and across a resume:
-    # tests/test_checkpoint_resume.py (scaffold+ima).
     **METHOD_RUNS,
     # Heterogeneity beyond label skew, on small local copies of hub sets (tests/miniature.py):
     # Pachinko over 4 × 100 CIFAR-100-like images; feature + label skew, 3 domains × 2

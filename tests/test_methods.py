@@ -105,8 +105,8 @@ def test_every_method_builds_its_strategy_from_the_default_config(name):
 
 
 def test_a_key_shared_by_two_methods_is_one_declaration():
-    from clients.objectives.declarations import SAM_RHO
     from strategies.fedcm import FEDCM_OPTIONS
+    from strategies.sam import SAM_RHO
 
     assert METHODS["fedsam"].options["sam-rho"] is METHODS["mofedsam"].options["sam-rho"] is SAM_RHO
     assert METHODS["mofedsam"].options["fedcm-alpha"] is FEDCM_OPTIONS["fedcm-alpha"]

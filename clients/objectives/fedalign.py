@@ -102,5 +102,5 @@ class FedAlign(LocalObjective):
 
 
 def fedalign_objective(settings, model: nn.Module, state, rng, records) -> FedAlign:
-    """FedAlign's objective with the round's μ and ω_S (the declaration: clients/objectives/declarations.py)."""
+    """FedAlign's objective with the round's μ and ω_S (the declaration: strategies/fedalign.py)."""
     return FedAlign(float(settings["fedalign-mu"]), float(settings["fedalign-width"]))

@@ -68,6 +68,6 @@ class GradAug(LocalObjective):
 
 
 def gradaug_objective(settings, model: nn.Module, state, rng: np.random.Generator, records) -> GradAug:
-    """GradAug with the round's n, ω_b and μ (the declaration: clients/objectives/declarations.py)."""
+    """GradAug with the round's n, ω_b and μ (the declaration: strategies/gradaug.py)."""
     return GradAug(int(settings["gradaug-subnets"]), float(settings["gradaug-min-width"]), float(settings["gradaug-mu"]),
                    rng)

@@ -37,5 +37,5 @@ class LabelSmoothing(LocalObjective):
 
 
 def label_smoothing_objective(settings, model: nn.Module, state, rng, records) -> LabelSmoothing:
-    """Label smoothing with the round's ε (the declaration: clients/objectives/declarations.py)."""
+    """Label smoothing with the round's ε (the declaration: strategies/label_smoothing.py)."""
     return LabelSmoothing(float(settings["label-smoothing"]))

@@ -49,5 +49,5 @@ class Mixup(LocalObjective):
 
 
 def mixup_objective(settings, model: nn.Module, state, rng: np.random.Generator, records) -> Mixup:
-    """Mixup with the round's γ (the declaration: clients/objectives/declarations.py)."""
+    """Mixup with the round's γ (the declaration: strategies/mixup.py)."""
     return Mixup(float(settings["mixup-gamma"]), rng)

@@ -76,5 +76,5 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 
 
 def moon_objective(settings, model: nn.Module, state: RecordDict, rng, records) -> Moon:
-    """MOON's objective with the round's μ and τ (the declaration: clients/objectives/declarations.py)."""
+    """MOON's objective with the round's μ and τ (the declaration: strategies/moon.py)."""
     return Moon(model, state, float(settings["moon-mu"]), float(settings["moon-temperature"]))

@@ -73,7 +73,7 @@ def esam_objective(settings: Mapping[str, Any], model: nn.Module, state, rng, re
 
 
 def fedsam_objective(settings: Mapping[str, Any], model: nn.Module, state, rng, records) -> SharpnessAware:
-    """FedSAM's SAM step with the round's ρ (the declaration: clients/objectives/declarations.py)."""
+    """FedSAM's SAM step with the round's ρ (the declaration: strategies/sam.py)."""
     return SharpnessAware(float(settings["sam-rho"]))
 
 

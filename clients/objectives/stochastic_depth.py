@@ -75,5 +75,5 @@ class StochasticDepth(LocalObjective):
 
 
 def stochastic_depth_objective(settings, model: nn.Module, state, rng, records) -> StochasticDepth:
-    """Stochastic Depth with the round's p_L (the declaration: clients/objectives/declarations.py)."""
+    """Stochastic Depth with the round's p_L (the declaration: strategies/stochastic_depth.py)."""
     return StochasticDepth(model, float(settings["stochdepth-survival"]))

@@ -48,6 +48,7 @@ from experiments.runtime.ray_cluster import LocalRayCluster, check_ray_address, 
 from experiments.runtime.run_config import APP_DIR
 from strategies.checkpoint import read_checkpoint, run_identity
 from strategies.config import summary_horizon, validate_run_config
+from strategies.methods import REGISTRY, write_pyproject
 from strategies.results import summarize, write_json_atomic
 
 # What `flwr run` packs: the ServerApp's and ClientApp's packages, the app's pyproject.toml and README.
@@ -76,6 +77,8 @@ def stage_app(destination: Path) -> Path:
         shutil.copytree(APP_DIR / package, destination / package, ignore=shutil.ignore_patterns("__pycache__"))
     for name in APP_FILES:
         shutil.copy2(APP_DIR / name, destination / name)
+    if REGISTRY.plugins:  # Flower accepts the run-config keys that the app's pyproject.toml declares
+        write_pyproject(destination / "pyproject.toml", with_plugins=True)
     return destination
 
 

@@ -12,15 +12,16 @@ from typing import Any
 from experiments.runtime.machine import check_data, local_label_directory
 from partitions.feasibility import check_partition
 from strategies.config import ConfigError, validate_run_config
+from strategies.methods import plugin_defaults
 
 APP_DIR = Path(__file__).resolve().parents[2]
 PRESETS_DIR = APP_DIR / "experiments" / "presets"
 
 
 def default_run_config() -> dict[str, Any]:
-    """The run-config defaults declared in pyproject.toml."""
+    """The run-config defaults declared in pyproject.toml, and those of the installed plug-ins' keys."""
     with open(APP_DIR / "pyproject.toml", "rb") as f:
-        return dict(tomllib.load(f)["tool"]["flwr"]["app"]["config"])
+        return {**tomllib.load(f)["tool"]["flwr"]["app"]["config"], **plugin_defaults()}
 
 
 def named_toml(name_or_path: str, directory: Path, kind: str) -> Path:

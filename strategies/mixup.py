@@ -1,0 +1,18 @@
+"""Mixup's declaration (Zhang et al., "mixup: Beyond Empirical Risk Minimization", ICLR
+2018; one of the FedAlign study's regularizers): FedAvg whose clients train on mixed
+batches (clients/objectives/mixup.py).
+"""
+
+from __future__ import annotations
+
+from clients.declarations import ImplementedIn, objective_method
+from clients.options import Option
+
+METHODS = (
+    objective_method(
+        "mixup", "Mixup", ImplementedIn("clients.objectives.mixup:mixup_objective"), ("mixup-gamma",),
+        options={"mixup-gamma": Option(float, "a number > 0 (Mixup's Beta(γ, γ))", lambda v: v > 0, default=0.1)},
+        model_needs="image",
+        smoke_runs={"mixup": {"num-rounds": 2, "model": "resnet20-gn", "lr": 0.05}},
+    ),
+)
