@@ -150,8 +150,8 @@ def load_registry(plugins: Iterable[Plugin] | None = None) -> Registry:
                 raise ValueError(f"method {declaration.name!r} is declared twice ({module_name})")
             table[declaration.name] = declaration
     options: dict[str, Option] = {}
-    for declaration in [*methods.values(), *averagings.values()]:
-        for key, option in declaration.options.items():
+    for builtin in [*methods.values(), *averagings.values()]:
+        for key, option in builtin.options.items():
             options.setdefault(key, option)
 
     candidates = list(installed_plugins() if plugins is None else plugins)
