@@ -150,7 +150,8 @@ def load_registry(plugins: Iterable[Plugin] | None = None) -> Registry:
                 raise ValueError(f"method {declaration.name!r} is declared twice ({module_name})")
             table[declaration.name] = declaration
     options: dict[str, Option] = {}
-    for builtin in [*methods.values(), *averagings.values()]:
+    builtins: list[Declaration] = [*methods.values(), *averagings.values()]
+    for builtin in builtins:
         for key, option in builtin.options.items():
             options.setdefault(key, option)
 
