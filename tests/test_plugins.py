@@ -1,0 +1,140 @@
+"""A researcher's method from their own package (entry points ``basin.methods``): found,
+run by Basin's commands unchanged, and when broken one line naming the plug-in, its
+distribution and the problem, raised only when asked for or listed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from clients.options import ConfigError
+from experiments.runtime.run_config import APP_DIR, default_run_config
+from strategies import methods
+from strategies.config import validate_run_config
+from strategies.methods import BrokenPlugin, Plugin, load_registry
+
+EXAMPLE = APP_DIR / "examples" / "feddecorr"
+
+GOOD = '''
+from clients.declarations import objective_method
+from clients.options import Option
+
+METHODS = (objective_method("{name}", "Good", lambda *args: None, ("{key}",),
+           options={{"{key}": Option(float, "a number", lambda v: v >= 0, default=0.5)}}),)
+'''
+
+
+def _module(tmp_path: Path, monkeypatch, name: str, text: str) -> str:
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(text))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+def _problem(registry, name: str) -> str:
+    assert name not in registry.methods and name not in registry.averagings
+    return registry.broken[name].line()
+
+
+def test_a_good_plugin_adds_its_method_and_keys(tmp_path, monkeypatch):
+    module = _module(tmp_path, monkeypatch, "plugin_good", GOOD.format(name="good-method", key="good-weight"))
+    registry = load_registry([Plugin("good-method", module, "good-dist")])
+    assert registry.methods["good-method"].build is not None  # FedAvg sending the objective, given by the registry
+    assert registry.plugins["good-method"].distribution == "good-dist" and not registry.broken
+
+
+def test_each_kind_of_broken_plugin_is_one_line_naming_it_its_distribution_and_the_problem(tmp_path, monkeypatch):
+    failing = _module(tmp_path, monkeypatch, "plugin_failing", "import a_module_that_is_not_there\n")
+    misnamed = _module(tmp_path, monkeypatch, "plugin_misnamed", GOOD.format(name="other-name", key="misnamed-weight"))
+    malformed = _module(tmp_path, monkeypatch, "plugin_malformed", "METHODS = ('not a declaration',)\n")
+    clashing_key = _module(tmp_path, monkeypatch, "plugin_key", GOOD.format(name="key-clash", key="prox-mu"))
+    twice = _module(tmp_path, monkeypatch, "plugin_twice", GOOD.format(name="twice", key="twice-weight"))
+    registry = load_registry([
+        Plugin("failing", failing, "dist-a"), Plugin("misnamed", misnamed, "dist-b"),
+        Plugin("malformed", malformed, "dist-c"), Plugin("fedavg", twice, "dist-d"),
+        Plugin("key-clash", clashing_key, "dist-e"), Plugin("twice", twice, "dist-f"), Plugin("twice", twice, "dist-g"),
+        Plugin("colon", "plugin_twice:METHODS", "dist-h"),
+    ])
+    assert _problem(registry, "failing") == (
+        "plug-in 'failing' (distribution dist-a, module plugin_failing) cannot be used: importing it failed: "
+        "ModuleNotFoundError: No module named 'a_module_that_is_not_there'")
+    assert "its module declares no method named 'misnamed' (it declares 'other-name')" in _problem(registry, "misnamed")
+    assert "dist-c" in _problem(registry, "malformed") and "MethodSpec or AveragingSpec" in _problem(registry, "malformed")
+    assert "dist-d" in registry.broken["fedavg"].line() and "one of Basin's own methods" in registry.broken["fedavg"].line()
+    assert registry.methods["fedavg"].display_name == "FedAvg"  # Basin's own is kept
+    assert "run-config key 'prox-mu' is declared differently" in _problem(registry, "key-clash")
+    assert "also a plug-in of dist-g" in _problem(registry, "twice")
+    assert "must be a module" in _problem(registry, "colon")
+    assert all("\n" not in broken.line() for broken in registry.broken.values())
+
+
+def test_a_broken_plugin_is_refused_only_when_a_run_asks_for_it(monkeypatch):
+    broken = BrokenPlugin(Plugin("decorr-typo", "decorr_typo", "dist-x"), "importing it failed: SyntaxError")
+    monkeypatch.setitem(methods.BROKEN_PLUGINS, "decorr-typo", broken)
+    validate_run_config(default_run_config())  # every other method still runs
+    for key in ("strategy", "averaging"):
+        with pytest.raises(ConfigError) as error:
+            validate_run_config({**default_run_config(), key: "decorr-typo"})
+        assert str(error.value) == (f"run config key '{key}' = 'decorr-typo': plug-in 'decorr-typo' (distribution "
+                                    f"dist-x, module decorr_typo) cannot be used: importing it failed: SyntaxError")
+
+
+def _installed_entry_point(directory: Path, name: str, module: str, text: str) -> dict[str, str]:
+    """A distribution in ``directory`` (as ``pip install --target`` leaves one) with one entry point."""
+    info = directory / "plugin_dist-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: plugin-dist\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[basin.methods]\n{name} = {module}\n")
+    (directory / f"{module}.py").write_text(textwrap.dedent(text))
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(directory), str(APP_DIR)])}
+
+
+def test_an_installed_broken_plugin_is_listed_and_refused_in_one_line_and_other_runs_are_not_touched(tmp_path):
+    env = _installed_entry_point(tmp_path, "broken-method", "broken_method", "raise RuntimeError('half-written')\n")
+    listed = subprocess.run([sys.executable, "-m", "experiments.run", "--list-keys"], env=env, capture_output=True,
+                            text=True, timeout=120, cwd=APP_DIR)
+    assert listed.returncode == 0
+    line = ("plug-in 'broken-method' (distribution plugin-dist, module broken_method) cannot be used: importing it "
+            "failed: RuntimeError: half-written")
+    assert listed.stdout.splitlines()[-1] == f"error: {line}"
+    asked = subprocess.run([sys.executable, "-m", "experiments.run", "--set", "strategy=broken-method", "--out",
+                            str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=120, cwd=APP_DIR)
+    assert asked.returncode == 2 and "Traceback" not in asked.stderr
+    assert asked.stderr.strip().endswith(f"run config key 'strategy' = 'broken-method': {line}")
+    assert not (tmp_path / "out" / "flwr.log").exists()  # refused before Flower started
+
+
+@pytest.mark.slow
+def test_the_example_plugin_installed_with_pip_runs_end_to_end_with_and_without_averaging(tmp_path):
+    """examples/feddecorr installed as a user would (pip, into a folder of its own), found by
+    its entry point: listed with its key, and run by `experiments.run --compare` through
+    Flower and Ray, composed with IMA, with nothing in Basin edited."""
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--disable-pip-version-check", "--target", str(target), str(EXAMPLE)], check=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), str(APP_DIR)])}
+    keys = subprocess.run([sys.executable, "-m", "experiments.run", "--list-keys"], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=APP_DIR, check=True).stdout
+    assert "'feddecorr'" in keys and any(line.startswith("feddecorr-beta ") for line in keys.splitlines())
+    out = tmp_path / "runs"
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "--set", "strategy=feddecorr", "--set", "feddecorr-beta=0.2",
+         "--set", "num-rounds=2", "--set", "num-clients=4", "--set", "window=2", "--set", "avg-start=2",
+         "--compare", "averaging=none,ima", "--out", str(out), "--quiet"],
+        env=env, capture_output=True, text=True, timeout=600, cwd=APP_DIR)
+    assert result.returncode == 0, result.stderr[-3000:]
+    folders = sorted(path.parent for path in out.glob("*/summary.json"))
+    assert len(folders) == 2
+    for folder in folders:
+        summary = json.loads((folder / "summary.json").read_text())
+        config = json.loads((folder / "config.json").read_text())
+        assert summary["status"] == "completed" and summary["rounds"] == 2
+        assert (config["strategy"], config["feddecorr-beta"]) == ("feddecorr", 0.2)
+        # Every sampled client built the plug-in's objective (an unknown objective fails the client).
+        assert "client failures" not in result.stderr and summary["client-failures"] == 0
+    assert {json.loads((f / "config.json").read_text())["averaging"] for f in folders} == {"none", "ima"}
