@@ -17,11 +17,6 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from clients import protocol
-from clients.simulation_engine import install_engine_wakeup
-
-# In the simulation engine's process (which loads this module before it starts handing
-# out messages), messages then reach the actors when stored, not after a 0.1 s sleep.
-install_engine_wakeup()
 
 
 def query(msg: Message, context: Context) -> Message:

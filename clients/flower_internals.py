@@ -245,6 +245,11 @@ def load_engine() -> None:
     importlib.import_module(ENGINE_MODULE)
 
 
+def engine_function(name: str) -> Any:
+    """The function ``name`` of Flower's simulation engine module where this process runs it, else None."""
+    return getattr(engine_module(), name, None)
+
+
 def replace_engine_functions(add_messages_to_queue: Any, register_node_info_stores: Any, register_nodes: Any) -> bool:
     """In a process running Flower's simulation engine, put the given functions in place
     of the engine's functions of the same names (its message hand-out scan, its

@@ -13,8 +13,9 @@ Each does what Flower's function does, sooner or once instead of many times:
 - :func:`init_ray_sharing_workers`: Ray started without the job ``runtime_env`` that kept
   the client actors off Ray's prestarted workers, and without the dashboard's API server.
 
-They are installed before Flower's engine starts (:func:`run_flower_simulation`, the run's
-``flwr-simulation``), or as the ClientApp module loads; Flower's private names are touched
+They are installed before Flower's engine starts, by Basin's own simulation command only
+(:func:`run_flower_simulation`, the run's ``flwr-simulation``): importing Basin, in a
+user's own Flower app too, changes nothing in Flower. Flower's private names are touched
 only through clients/flower_internals.py, which checks the installed release's sources:
 on any other, or with ``BASIN_SPEEDUPS=off`` or ``BASIN_ENGINE_WAKEUP=off``, the engine
 runs unchanged. What each saves, measured: docs/speed.md ("The engine's replacements").
@@ -241,12 +242,17 @@ def expect_replies() -> None:
     _reply_stored.clear()
 
 
+def engine_wakeup_installed() -> bool:
+    """Whether Basin's simulation command put this module's replacements in this process's engine."""
+    return flower_internals.engine_function("add_messages_to_queue") is add_messages_to_queue_on_store
+
+
 def simulated_partitions(timeout: float) -> dict[int, int] | None:
     """{node id: partition id} of the simulated SuperNodes when this process runs Flower's
-    simulation engine with the replacement (installed here if the ClientApp has not been
-    loaded yet), waiting up to ``timeout`` seconds for the engine to start; None where
-    nodes must be asked (no engine in this process, or ``BASIN_ENGINE_WAKEUP=off``) or
-    the engine did not start in time."""
-    if not install_engine_wakeup() or not _engine_nodes_published.wait(timeout):
+    simulation engine with the replacement (Basin's simulation command), waiting up to
+    ``timeout`` seconds for the engine to start; None where nodes must be asked (no engine
+    in this process, Flower's own command, or ``BASIN_ENGINE_WAKEUP=off``) or the engine
+    did not start in time."""
+    if not engine_wakeup_installed() or not _engine_nodes_published.wait(timeout):
         return None
     return dict(_engine_nodes)

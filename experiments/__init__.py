@@ -3,7 +3,9 @@ API: ``from experiments.api import run, sweep, reproduce, load_run`` (docs/pytho
 
 Run by a Python without Basin's dependencies (the system's ``python`` instead of the
 environment ``experiments/setup.sh`` creates), a tool would fail on its first import
-with a traceback that does not say why; this package says it in one line instead.
+with a traceback that does not say why; this package says it in one line instead (exit
+2) when a command starts, and raises ModuleNotFoundError with that line when imported
+from Python (the API never exits the interpreter).
 """
 
 import importlib.util
@@ -21,7 +23,11 @@ def _installed(module: str) -> bool:
 
 
 if missing := [module for module in REQUIRED if not _installed(module)]:
-    print(f"error: this Python ({sys.executable}) lacks Basin's dependencies ({', '.join(missing)}); create "
-          f"the environment with `bash experiments/setup.sh` and run the tools with "
-          f"`.venv/bin/python -m experiments.<tool>`", file=sys.stderr)
-    sys.exit(2)
+    _message = (f"this Python ({sys.executable}) lacks Basin's dependencies ({', '.join(missing)}); create the "
+                f"environment with `bash experiments/setup.sh` and run the tools with "
+                f"`.venv/bin/python -m experiments.<tool>`")
+    # `python -m experiments.<tool>` imports this package while sys.argv[0] is still "-m".
+    if sys.argv[:1] == ["-m"]:
+        print(f"error: {_message}", file=sys.stderr)
+        sys.exit(2)
+    raise ModuleNotFoundError(_message, name=missing[0])

@@ -7,11 +7,12 @@ included, in a user's own ServerApp::
     from strategies import IMA
 
     result = IMA(FedAvg(), window=5, start_round=150).start(grid=grid, initial_arrays=arrays, num_rounds=200)
+
+Importing Basin changes nothing in Flower: its engine replacements
+(clients/simulation_engine.py) go in only where Basin's own simulation command runs.
 """
 
 from typing import TYPE_CHECKING
-
-from clients.simulation_engine import install_engine_wakeup
 
 if TYPE_CHECKING:
     from strategies.averaging import IMA, WIMA, ModelAveraging, ServerSWA
@@ -27,9 +28,3 @@ def __getattr__(name: str):
 
         return getattr(averaging, name)
     raise AttributeError(f"module 'strategies' has no attribute {name!r}")
-
-# In Flower's simulation process this package is the ServerApp thread's first import,
-# made while the engine registers the simulated nodes: installing the engine changes now
-# lets a large federation's node contexts be built from one read of the run config
-# (clients/simulation_engine.py). Elsewhere it does nothing.
-install_engine_wakeup()

@@ -61,10 +61,19 @@ def test_a_run_with_its_output_in_a_file_writes_a_few_whole_lines(tmp_path):
     assert lines[-1].split(":")[1].strip().startswith("100% 3/3")
 
 
-def test_a_python_without_the_dependencies_is_told_to_use_the_environment_in_one_line():
-    """The system's python instead of .venv/bin/python: one line, exit 2, no traceback."""
-    code = "import sys, runpy; sys.modules['pandas'] = None; runpy.run_module('experiments.run', run_name='__main__')"
-    done = subprocess.run([sys.executable, "-c", code, "--help"], cwd=APP_DIR, capture_output=True, text=True, timeout=60)
+def test_a_python_without_the_dependencies_is_told_to_use_the_environment_in_one_line(tmp_path):
+    """The system's python instead of .venv/bin/python: a command says it in one line, exit 2,
+    no traceback; an import from Python raises ModuleNotFoundError with that line (no SystemExit)."""
+    import os
+
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['pandas'] = None\n")  # as if not installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(APP_DIR)])}
+    done = subprocess.run([sys.executable, "-m", "experiments.run", "--help"], cwd=APP_DIR, env=env, capture_output=True,
+                          text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]
     assert "lacks Basin's dependencies (pandas)" in done.stderr and ".venv/bin/python -m experiments.<tool>" in done.stderr
+    code = ("try:\n    import experiments.api\nexcept ModuleNotFoundError as error:\n    print('raised:', error)\n"
+            "except SystemExit:\n    print('exited')\n")
+    imported = subprocess.run([sys.executable, "-c", code], cwd=APP_DIR, env=env, capture_output=True, text=True, timeout=60)
+    assert imported.stdout.startswith("raised: this Python") and "lacks Basin's dependencies (pandas)" in imported.stdout

@@ -180,3 +180,43 @@ def test_the_wrappers_are_the_papers_settings_and_checkpoint_their_window():
     restored = IMA(FedAvg(), window=3, start_round=5)
     restored.load_state_dict(ima.state_dict())
     assert len(restored.window) == 1 and restored.window[0]["w"].tolist() == [1.0, 1.0]
+
+
+IMPORT_EVERYTHING = '''
+import importlib, pkgutil, sys
+import flwr.server.superlink.fleet.vce.vce_api as engine
+from flwr.server.superlink.fleet.vce.backend import raybackend
+
+def flowers():
+    return {name: getattr(engine, name) for name in ("add_messages_to_queue", "_register_node_info_stores",
+                                                      "_register_nodes")} | {
+        "init_ray": raybackend.RayBackend.init_ray, "ClientAppActor": raybackend.ClientAppActor}
+
+before = flowers()
+imported = []
+for package in ("partitions", "clients", "strategies", "experiments"):
+    root = importlib.import_module(package)
+    imported.append(package)
+    for module in pkgutil.walk_packages(root.__path__, package + "."):
+        if not module.name.endswith("__main__"):
+            importlib.import_module(module.name)
+            imported.append(module.name)
+from strategies import IMA  # noqa: the public wrappers, as a user's app imports them
+changed = [name for name, function in flowers().items() if function is not before[name]]
+print(len(imported), "modules;", "changed:", changed)
+'''
+
+
+def test_importing_every_basin_module_leaves_flowers_engine_as_it_was():
+    """A user's own Flower app that imports Basin keeps Flower's simulation engine: Basin's
+    replacements go in only where its own simulation command runs."""
+    import subprocess
+    import sys
+
+    from experiments.runtime.run_config import APP_DIR
+
+    result = subprocess.run([sys.executable, "-c", IMPORT_EVERYTHING], cwd=APP_DIR, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    count, _, changed = result.stdout.strip().partition(" modules; changed: ")
+    assert int(count) > 150 and changed == "[]", result.stdout
