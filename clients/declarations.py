@@ -70,6 +70,16 @@ def _implementation(target: str, arguments: tuple[Any, ...]) -> Callable[..., An
 
 
 @dataclass(frozen=True)
+class TableRow:
+    """A method's line in docs/methods.md's table (generated: ``python -m strategies.methods
+    --write-docs``): what it implements (paper, equation, its keys) and its default variant
+    with the other options."""
+
+    implements: str
+    variants: str = "—"
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """One method's declaration:
 
@@ -92,6 +102,8 @@ class MethodSpec:
       with a two-layer projection head (MOON);
     - ``cost_table``: its rows in ``python -m experiments.costs``'s default table, each a name
       and the run-config keys it sets besides ``strategy`` (GradAug's n = 1 and n = 2);
+    - ``table_row``: its line in docs/methods.md (None: it shares the line of the declaration
+      before it in its module, FedYogi FedAdam's);
     - ``smoke_runs``: its real ``flwr run`` jobs in tests/test_end_to_end.py, each a name and
       the run-config keys it sets besides ``strategy`` on the suite's small setting (4
       clients, 3 rounds, the 8×8 digits); the smallest that still run every part of the
@@ -119,6 +131,7 @@ class MethodSpec:
     projection_head: bool = False
     cost_table: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     smoke_runs: Mapping[str, Mapping[str, Any]] | None = None
+    table_row: TableRow | None = None
 
     def __post_init__(self) -> None:
         if self.build is None and self.objective is None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import ImplementedIn, MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option, one_of
 from clients.protocol import ADABEST_MEAN_EXAMPLES_PER_STEP, ADABEST_MU, ADABEST_OFFICIAL_CODE
 from strategies.arrays import counter_mean, is_float, to_numpy
@@ -109,5 +109,11 @@ METHODS = (
         options=ADABEST_OPTIONS, client_components=(ImplementedIn("clients.adabest:adabest_component"),), client_state=True, plain_sgd=True,
         cost_table={"adabest": {}},
         smoke_runs={"adabest+wima": {"participation": 1.0, "momentum": 0.0, "averaging": "wima", "window": 2}},
+        table_row=TableRow("AdaBest (Varno et al., ECCV 2022; GHBM's form): each step g − h_i; after the round "
+                           'h_i ← h_i/(t − t_i′) + μ·(θ^{t−1} − y_K), t_i′ ← t (client state); server θ̄^t = '
+                           'avg_i y_i, θ^t = θ̄^t − β·(θ̄^{t−1} − θ̄^t); μ = `adabest-mu` (0.02), β = '
+                           '`adabest-beta` (0.85)',
+                           "`adabest-variant = paper` (`official-code`: fedsim's g − μ_ad·h_i, μ_ad = μ·m̄·E/n_i,"
+                           ' h_i update without μ)'),
     ),
 )

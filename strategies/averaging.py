@@ -33,6 +33,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from clients.declarations import TableRow
 from clients.options import ConfigError
 from strategies.arrays import to_arrays, to_numpy
 from strategies.method import AveragingSpec, averaging_start_round
@@ -389,11 +390,27 @@ def swa_cycles(config, schedule: ClientSchedule) -> ClientSchedule:
 
 AVERAGINGS = (
     # IMA and WIMA run end to end under other methods' smoke runs (fedyogi+ima, fedprox+wima, …).
-    AveragingSpec("ima", "IMA", build_ima, check=window_fits, client_schedule=ima_exploration),
+    AveragingSpec("ima", "IMA", build_ima, check=window_fits, client_schedule=ima_exploration,
+                  table_row=TableRow('IMA (Zhou et al.) eq. 4: mean of the last P = `window` base models from t_s'
+                                     ' = `avg-start`, sent to the clients; exploration `ima-exploration`',
+                                     '`exponential` (×`ima-decay` 0.97 per round after t_s; also constant, '
+                                     'cyclic, epoch: one epoch fewer every 20 rounds from t_s + 20, none; the IMA'
+                                     " code's forms `cyclic-official-code`: cycles from lr_{t_s} to 5e-5, "
+                                     '`epoch-official-code`: lr restarts at t_s, lr₀·decay^(t − t_s))')),
     AveragingSpec("wima", "WIMA",
                   lambda base, config: ModelAveraging(base, config["window"], config["window"],
                                                       feedback=config["avg-feedback"], subset=config["avg-subset"]),
-                  check=window_fits, first_average=lambda config: config["window"]),
+                  check=window_fits, first_average=lambda config: config["window"],
+                  table_row=TableRow('WIMA (Caldarola et al.) eq. 4: mean of the last W = `window` base models '
+                                     'from round W',
+                                     'server-side shadow model (`avg-feedback = true`: sent); `avg-subset` ∈ all,'
+                                     ' features, classifier'),
+    ),
     AveragingSpec("swa", "SWA", build_swa, client_schedule=swa_cycles,
-                  smoke_runs={"fedavg+swa": {"averaging": "swa", "avg-start": 2, "swa-cycle": 1}}),
+                  smoke_runs={"fedavg+swa": {"averaging": "swa", "avg-start": 2, "swa-cycle": 1}},
+                  table_row=TableRow('server SWA (Caldarola et al., ECCV 2022): cyclic client lr, w_SWA ← '
+                                     "(n·w_SWA + w)/(n + 1) at each cycle's end from `avg-start`",
+                                     '`swa-variant = paper` (`official-code`: samples after rounds S + c, S + 2c,'
+                                     " …, as fedsam's main.py)"),
+    ),
 )

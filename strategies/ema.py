@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from flwr.serverapp.strategy import Strategy
 
+from clients.declarations import TableRow
 from clients.options import Option
 from strategies.averaging import ModelAveraging
 from strategies.method import AveragingSpec, averaging_start_round
@@ -57,5 +58,9 @@ AVERAGINGS = (
         options={"ema-decay": Option(float, "a number in [0, 1) (the EMA's β: w_EMA ← β·w_EMA + (1 − β)·w)",
                                      lambda v: 0 <= v < 1, default=0.9)},
         smoke_runs={"fedavg+ema": {"averaging": "ema", "avg-start": 2, "ema-decay": 0.5}},
+        table_row=TableRow("an exponential moving average of the base models (the mean teacher's EMA, Tarvainen &"
+                           ' Valpola 2017, eq. 1): w_EMA ← β·w_EMA + (1 − β)·w from `avg-start`, β = `ema-decay` '
+                           '(0.9); the worked example of an averaging rule in [extending.md](extending.md)',
+                           'shadow, evaluated (`avg-feedback = true`: sent)'),
     ),
 )

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import ImplementedIn, MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option, one_of
 from strategies.arrays import counter_mean, is_float, to_arrays, to_numpy
 from strategies.method import COHORT
@@ -111,5 +111,10 @@ METHODS = (
         },
         client_components=(ImplementedIn("clients.components:proximal"),), plain_sgd=True, cost_table={"fedacg": {}},
         smoke_runs={"fedacg+ima": {"momentum": 0.0, "averaging": "ima", "window": 2, "avg-start": 2}},
+        table_row=TableRow("FedACG (Kim et al., CVPR 2024; the authors' code): the server sends the look-ahead θ̃"
+                           ' = θ + λ·m; clients minimise CE + β·‖y − θ̃‖² (gradient 2β(y − θ̃)); m ← λ·m + '
+                           'mean_i(y_i − θ̃), θ ← θ̃ + mean_i(y_i − θ̃); λ = `fedacg-lambda` (0.85), β = '
+                           '`fedacg-beta` (1e-3)',
+                           '`fedacg-variant = code` (β‖·‖²; `half`: (β/2)‖·‖², as the paper may write it)'),
     ),
 )

@@ -5,7 +5,7 @@ Lipschitz-alignment term of a slim sub-network (clients/objectives/fedalign.py).
 
 from __future__ import annotations
 
-from clients.declarations import ImplementedIn, objective_method
+from clients.declarations import ImplementedIn, TableRow, objective_method
 from clients.options import Option
 
 METHODS = (
@@ -27,5 +27,10 @@ METHODS = (
         # flip needs images of 24 px or more, so on the suite's miniature CIFAR-100 hub set.
         smoke_runs={"fedalign+wima": {"averaging": "wima", "window": 2, "lr": 0.05, "dataset": "hf:{cifar100}",
                                       "model": "resnet56-bn", "nesterov": True, "augment": "crop-flip"}},
+        table_row=TableRow('FedAlign (Mendieta et al., CVPR 2022) eq. 5–7: CE + μ·(CE/L_Lip)·L_Lip with the '
+                           'factor carrying no gradient, σ_F from detached full-width features, μ = '
+                           '`fedalign-mu`, ω_S = `fedalign-width`; gradient-norm clip `fedalign-grad-clip` (10), '
+                           "FedAlign's own, sent in place of `grad-clip`",
+                           "as the authors' code (ResNets only)"),
     ),
 )

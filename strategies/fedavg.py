@@ -4,7 +4,7 @@ Flower's FedAvg (its weighted mean read in place: strategies/weighted_mean.py), 
 seeded cohort sampling and partition-ordered aggregation.
 """
 
-from clients.declarations import MethodSpec
+from clients.declarations import MethodSpec, TableRow
 from strategies.method import COHORT
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
@@ -14,4 +14,6 @@ class FedAvg(CohortSampling, InPlaceFedAvg):
     """Federated averaging over a seeded cohort."""
 
 
-METHODS = (MethodSpec("fedavg", "FedAvg", lambda config: FedAvg(**COHORT), cost_table={"fedavg": {}, "fedavg+crop-flip": {}}),)
+METHODS = (MethodSpec("fedavg", "FedAvg", lambda config: FedAvg(**COHORT), cost_table={"fedavg": {}, "fedavg+crop-flip": {}},
+                      table_row=TableRow('FedAvg (McMahan et al. 2017): w ← Σ_i (n_i/n)·w_i',
+                                         '—')),)

@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from clients.declarations import MethodSpec
+from clients.declarations import MethodSpec, TableRow
 from clients.options import Option
 from strategies.arrays import is_float
 from strategies.method import COHORT
@@ -62,5 +62,10 @@ METHODS = (
         lambda config: FedAvgClip(**COHORT, clip_norm=config["fedavg-clip-norm"]),
         options={"fedavg-clip-norm": Option(float, "a number > 0 (the largest norm of a client's update, C)",
                                             lambda v: v > 0, default=1.0)},
+        table_row=TableRow('FedAvg with clipped updates (the clipping of DP-FedAvg, McMahan et al., ICLR 2018, '
+                           'Algorithm 1, without noise): Δ̃_i = Δ_i·min(1, C/‖Δ_i‖), w ← w + Σ p_i Δ̃_i, C = '
+                           '`fedavg-clip-norm` (1.0); the worked example of a server rule in '
+                           '[extending.md](extending.md)',
+                           '—'),
     ),
 )

@@ -11,7 +11,7 @@ the copy is refreshed from the arrays sent each round.
 
 from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
 
-from clients.declarations import MethodSpec
+from clients.declarations import MethodSpec, TableRow
 from clients.options import Option
 from strategies.method import COHORT
 from strategies.sampling import CohortSampling
@@ -34,5 +34,8 @@ METHODS: tuple[MethodSpec, ...] = (
         lambda config: FedAvgM(**COHORT, server_learning_rate=METHODS[0].server_lr(config),
                                server_momentum=config["server-momentum"]),
         options={"server-momentum": SERVER_MOMENTUM}, smoke_runs={"fedavgm": {"num-rounds": 2}},
+        table_row=TableRow('FedAvgM (Hsu et al. 2019): server momentum on the pseudo-gradient, β = '
+                           '`server-momentum`, η = `server-lr` (default 1)',
+                           '—'),
     ),
 )

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import ImplementedIn, MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option, one_of
 from clients.protocol import FEDCM_ALPHA, FEDCM_DIRECTION, FEDCM_SCALE
 from strategies.arrays import counter_mean, is_float, to_numpy, with_record
@@ -109,5 +109,11 @@ METHODS: tuple[MethodSpec, ...] = (
                              server_learning_rate=METHODS[0].server_lr(config)),
         options=FEDCM_OPTIONS, client_components=(ImplementedIn("clients.fedcm:momentum_direction"),), plain_sgd=True,
         cost_table={"fedcm": {}}, smoke_runs={"fedcm": {"grad-clip": 10.0, "momentum": 0.0}},
+        table_row=TableRow("FedCM (Xu et al. 2021; the form of three authors' codes): client step v = α·g + (1 − "
+                           'α)·Δ_t, clipped to `grad-clip` as g would be, α = `fedcm-alpha` (0.1); server θ ← θ +'
+                           ' η_g·mean_i(y_i − θ) (uniform mean, η_g = `server-lr`, default 1) and sends D = '
+                           'mean_i(θ − y_i), 0 in round 1',
+                           "`fedcm-variant = per-client`: each client's Δ_t = D/(η_l·K_i), its own lr and steps "
+                           "(`server`: D/(η_l·K) at the server with the first client's K)"),
     ),
 )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import ImplementedIn, MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option
 from clients.protocol import FEDDYN_ALPHA
 from strategies.arrays import to_numpy
@@ -86,5 +86,7 @@ METHODS = (
         options={"feddyn-alpha": Option(float, "a number > 0 (FedDyn's α)", lambda v: v > 0, default=0.01)},
         client_components=(ImplementedIn("clients.feddyn:feddyn_component"),), client_state=True,
         smoke_runs={"feddyn": {"participation": 1.0}},
+        table_row=TableRow('FedDyn (Acar et al. 2021) Algorithm 1, α = `feddyn-alpha`',
+                           '—'),
     ),
 )

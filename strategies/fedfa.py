@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import ImplementedIn, MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option, one_of
 from clients.protocol import FEDFA_ANCHOR_LOSS, FEDFA_ANCHORS, FEDFA_CALIBRATE, OBJECTIVE_RECORD
 from strategies.arrays import with_record
@@ -104,5 +104,13 @@ METHODS = (
         objective=ImplementedIn("clients.objectives.fedfa:fedfa_objective"), objective_keys=("fedfa-lambda", "fedfa-rho"),
         model_needs="image",
         cost_table={"fedfa": {}},
+        table_row=TableRow("FedFA (Zhou et al., IEEE TMC 2023; the authors' code): one feature anchor per class A"
+                           " (C × d, in the classifier's input space) sent with the model; each step CE + "
+                           'λ·(1/C)·Σ_j ‖h_j − a_{y_j}‖²/n_{y_j}, then one Adam step of the classifier alone on '
+                           'CE(W·A + b, classes); per epoch ā_c ← ρ·ā_c + (1 − ρ)·(class-mean features); server '
+                           'averages models and anchors by n_i; λ = `fedfa-lambda` (0.1), ρ = `fedfa-rho` (0.5). '
+                           'Needs a model with features and a linear `classifier`: every Basin model has them',
+                           "`fedfa-variant = paper` (`fedfa-ima`: IMA's code, plain CE in round 1 and calibration"
+                           ' only after R/4; the IMA sweeps use it)'),
     ),
 )

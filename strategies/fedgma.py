@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import MethodSpec
+from clients.declarations import MethodSpec, TableRow
 from clients.options import Option
 from strategies.method import COHORT
 from strategies.sampling import ServerUpdate
@@ -95,5 +95,9 @@ METHODS: tuple[MethodSpec, ...] = (
         options={"gma-threshold": Option(float, "a number in (0, 1] (FedGMA's sign-agreement threshold ε)",
                                          lambda v: 0 < v <= 1, default=0.8)},
         smoke_runs={"fedgma+wima": {"averaging": "wima", "window": 2}},
+        table_row=TableRow('FedGMA (Tenison et al.): AND-mask of update signs, ε = `gma-threshold` (0.8), w − '
+                           'η_s·mask ⊙ Σ p_i Δ_i',
+                           "η_s = `server-lr`, default 1 (the IMA code's 1e-4 scales a correction to the FMA "
+                           'model, i.e. ≈ FedAvg; see the file)'),
     ),
 )

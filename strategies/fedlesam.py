@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import ImplementedIn, MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import one_of
 from clients.protocol import FEDLESAM_UPDATE
 from strategies.arrays import counter_mean, is_float, to_arrays, to_numpy, with_record
@@ -91,5 +91,13 @@ METHODS = (
                  "fedlesam-weighting": one_of(*FEDLESAM_WEIGHTINGS, default="uniform")},
         objective=ImplementedIn("clients.objectives.fedlesam:fedlesam_objective"), objective_keys=("sam-rho",),
         client_state=True, cost_table={"fedlesam": {}}, smoke_runs={"fedlesam": {"participation": 1.0, "num-rounds": 2}},
+        table_row=TableRow("FedLESAM (Fan et al., ICML 2024; the authors' code with FedSWA's fix of its norm): "
+                           "each step's gradient at y + ε, ε = ρ·(θ^{τ_i} − θ^t)/‖θ^{τ_i} − θ^t‖ fixed for the "
+                           'round, θ^{τ_i} the global model the client got when it last trained (client state; '
+                           'plain SGD on its first round); FedAvg server with the uniform mean of the client '
+                           "models (its authors' `server/server.py`; `fedlesam-weighting = samples`: "
+                           'n_i-weighted); ρ = `sam-rho` (0: 0.1)',
+                           '`fedlesam-variant = paper` (`official-code`: the server sends the last global update '
+                           'u, ε = −ρ·u/‖u‖, no client state)'),
     ),
 )

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import MethodSpec
+from clients.declarations import MethodSpec, TableRow
 from clients.options import ConfigError
 from clients.protocol import SOLVER_A_NORM
 from strategies.method import COHORT
@@ -74,4 +74,8 @@ def _check(config) -> None:
 
 
 METHODS = (MethodSpec("fednova", "FedNova", lambda config: FedNova(**COHORT), check=_check,
-                      smoke_runs={"fednova+ima": {"averaging": "ima", "window": 2, "avg-start": 2}}),)
+                      smoke_runs={"fednova+ima": {"averaging": "ima", "window": 2, "avg-start": 2}},
+                      table_row=TableRow('FedNova (Wang et al. 2020) eq. 6–7: updates normalised by the client '
+                                         "solver's ‖a_i‖₁ (momentum-aware)",
+                                         'heavy-ball momentum (Nesterov refused)'),
+),)

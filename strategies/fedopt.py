@@ -34,7 +34,7 @@ from flwr.serverapp.strategy import FedAdagrad as FlowerFedAdagrad
 from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 
-from clients.declarations import MethodSpec
+from clients.declarations import MethodSpec, TableRow
 from clients.options import Option
 from strategies.arrays import to_arrays, to_numpy
 from strategies.fedavgm import SERVER_MOMENTUM
@@ -141,7 +141,7 @@ FEDOPT_OPTIONS = {
 
 
 def _fedopt(name: str, display_name: str, cls: type[ServerOptimizer],
-            smoke_runs: dict[str, dict[str, Any]]) -> MethodSpec:
+            smoke_runs: dict[str, dict[str, Any]], table_row: TableRow | None = None) -> MethodSpec:
     def build(config):
         moments = {} if cls is FedAdagrad else {"beta_1": config["server-momentum"], "beta_2": config["beta-2"]}
         if cls is FedAdam:
@@ -150,13 +150,20 @@ def _fedopt(name: str, display_name: str, cls: type[ServerOptimizer],
 
     options = {key: FEDOPT_OPTIONS[key] for key in ("tau",)} if cls is FedAdagrad else (
         FEDOPT_OPTIONS if cls is FedAdam else {k: v for k, v in FEDOPT_OPTIONS.items() if k != "fedadam-bias-correction"})
-    spec = MethodSpec(name, display_name, build, options=options, default_server_lr=0.01, smoke_runs=smoke_runs)
+    spec = MethodSpec(name, display_name, build, options=options, default_server_lr=0.01, smoke_runs=smoke_runs,
+                      table_row=table_row)
     return spec
 
 
 METHODS = (
     # FedAdam+IMA end to end: tests/test_checkpoint_resume.py (its uninterrupted run).
-    _fedopt("fedadam", "FedAdam", FedAdam, smoke_runs={}),
+    _fedopt("fedadam", "FedAdam", FedAdam, smoke_runs={},
+            table_row=TableRow('Reddi et al. (ICLR 2021) Algorithm 2, η = 0.01, β1 = 0.9, β2 = 0.99, τ = 1e-3',
+                               "FedAdam: the paper's step w + η·m/(√v + τ) (`fedadam-bias-correction = true`: "
+                               "Flower's Adam bias correction). Under IMA: `ima-server-opt = fma-target` (the IMA"
+                               " authors' ordering: the window holds FMA aggregates, from t_s their mean is the "
+                               "step's target, Δ = mean − w, and m, v are reset at t_s — not FedAdagrad's; "
+                               "`output-window`: the window holds the optimiser's outputs and their mean is sent)")),
     _fedopt("fedyogi", "FedYogi", FedYogi,
             smoke_runs={"fedyogi+ima": {"server-lr": 0.05, "averaging": "ima", "window": 2, "avg-start": 2}}),
     _fedopt("fedadagrad", "FedAdagrad", FedAdagrad, smoke_runs={"fedadagrad": {"server-lr": 0.05, "num-rounds": 2}}),

@@ -6,7 +6,7 @@ proximal term is added by the client's training loop (clients/training.py).
 
 from flwr.serverapp.strategy import FedProx as FlowerFedProx
 
-from clients.declarations import ImplementedIn, MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option
 from strategies.method import COHORT
 from strategies.sampling import CohortSampling
@@ -25,5 +25,7 @@ METHODS = (
         options={"prox-mu": Option(float, "a number >= 0 (FedProx proximal weight)", lambda v: v >= 0, default=0.01)},
         client_components=(ImplementedIn("clients.components:proximal"),), cost_table={"fedprox": {}},
         smoke_runs={"fedprox+wima": {"num-rounds": 4, "averaging": "wima", "window": 2}},
+        table_row=TableRow('FedProx (Li et al. 2020) eq. 2: gradient of (μ/2)‖w − w^t‖², μ = `prox-mu`',
+                           '—'),
     ),
 )

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import ImplementedIn, MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option, one_of
 from clients.protocol import (
     CONTROL_AFTER_CLIP,
@@ -217,7 +217,14 @@ def _build(config, momentum_control: bool) -> FedSwa:
 
 
 METHODS = (
-    MethodSpec("fedswa", "FedSWA", lambda config: _build(config, False), options=FEDSWA_OPTIONS),
+    MethodSpec("fedswa", "FedSWA", lambda config: _build(config, False), options=FEDSWA_OPTIONS,
+               table_row=TableRow('FedSWA / FedMoSWA (Liu et al., ICML 2025) Algorithm 1: in-round lr η_k = η(1 −'
+                                  ' k/K) + (k/K)ρη, ρ = `fedswa-rho`; FedMoSWA step g − c_i + m, c_i⁺ = c_i − m +'
+                                  ' (θ − θ_K)/Σ η_k, sends c_i⁺ − m (line 14), m ← (1 − γ)m + γ·mean c_i⁺, γ = '
+                                  '`fedmoswa-gamma` (0.4); θ ← θ + α(v − θ), α = `server-lr`',
+                                  '`fedswa-variant = paper` (`official-code`: FedSWA from 2η to 0, MoFedSWA K = '
+                                  '50 constant-lr steps, wd 1e-3, clip 10, correction added after clipping, EMA '
+                                  '0.6/0.4)')),
     MethodSpec(
         "fedmoswa", "FedMoSWA", lambda config: _build(config, True),
         options={**FEDSWA_OPTIONS, "fedmoswa-gamma": Option(float,

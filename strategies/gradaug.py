@@ -5,7 +5,7 @@ whose clients distil into random-width sub-networks (clients/objectives/gradaug.
 
 from __future__ import annotations
 
-from clients.declarations import ImplementedIn, objective_method
+from clients.declarations import ImplementedIn, TableRow, objective_method
 from clients.options import Option
 
 METHODS = (
@@ -20,5 +20,9 @@ METHODS = (
         },
         model_needs="slimmable-residual", cost_table={"gradaug-n1": {"gradaug-subnets": 1}, "gradaug-n2": {"gradaug-subnets": 2}},
         smoke_runs={"gradaug": {"num-rounds": 2, "model": "resnet20-gn", "lr": 0.05}},
+        table_row=TableRow("the FedAlign study's regularizer GradAug (Yang et al., NeurIPS 2020): n = "
+                           '`gradaug-subnets` sub-networks, the smallest width ω_b = `gradaug-min-width` always '
+                           'one of them, KD μ = `gradaug-mu`',
+                           "GradAug as the authors' code (sandwich widths)"),
     ),
 )

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from clients.declarations import TableRow
 from clients.options import Option
 from strategies.schedules import ClientSchedule
 
@@ -47,6 +48,7 @@ class AveragingSpec:
     # Its end-to-end smoke runs (tests/test_end_to_end.py): name → run-config overrides of
     # the suite's small setting; the smallest that still exercise the rule's code.
     smoke_runs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    table_row: TableRow | None = None  # its line in docs/methods.md (None: the line of the rule before it)
 
     def __post_init__(self) -> None:
         missing = [key for key, option in self.options.items() if option.default is None]

@@ -14,6 +14,7 @@ one line naming it, its distribution and what is wrong, raised when a run asks f
 shown when methods are listed; every other method runs.
 
     python -m strategies.methods --write-pyproject   # regenerate pyproject.toml's method keys
+    python -m strategies.methods --write-docs        # regenerate docs/methods.md's table
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import tomli_w
 
-from clients.declarations import MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.halves import ClientHalves, provide
 from clients.options import ConfigError, Option
 from strategies.client_objective import objective_server
@@ -85,10 +86,12 @@ class BrokenPlugin:
 
 @dataclass(frozen=True)
 class Registry:
-    """The methods and averaging rules by name, where each plug-in's came from, and the broken plug-ins."""
+    """The methods and averaging rules by name, the module declaring each, where each
+    plug-in's came from, and the broken plug-ins."""
 
     methods: dict[str, MethodSpec]
     averagings: dict[str, AveragingSpec]
+    modules: dict[str, str]
     plugins: dict[str, Plugin]
     broken: dict[str, BrokenPlugin]
 
@@ -143,12 +146,14 @@ def load_registry(plugins: Iterable[Plugin] | None = None) -> Registry:
     """Basin's declarations, then each plug-in's (those installed, or ``plugins``)."""
     methods: dict[str, MethodSpec] = {}
     averagings: dict[str, AveragingSpec] = {}
+    modules: dict[str, str] = {}
     for module_name in (*METHOD_MODULES, *AVERAGING_MODULES):
         for declaration in _declarations_of(importlib.import_module(module_name)):
             table: dict[str, Any] = methods if isinstance(declaration, MethodSpec) else averagings
             if declaration.name in table:
                 raise ValueError(f"method {declaration.name!r} is declared twice ({module_name})")
             table[declaration.name] = declaration
+            modules[declaration.name] = module_name
     options: dict[str, Option] = {}
     builtins: list[Declaration] = [*methods.values(), *averagings.values()]
     for builtin in builtins:
@@ -184,7 +189,9 @@ def load_registry(plugins: Iterable[Plugin] | None = None) -> Registry:
         else:
             averagings[name] = declaration
         found[name] = plugin
-    return Registry({name: _given_its_server(spec) for name, spec in methods.items()}, averagings, found, broken)
+        modules[name] = plugin.module
+    return Registry({name: _given_its_server(spec) for name, spec in methods.items()}, averagings, modules, found,
+                    broken)
 
 
 REGISTRY = load_registry()
@@ -287,6 +294,63 @@ def write_pyproject(path: Path = PYPROJECT, with_plugins: bool = False) -> bool:
     return new != text
 
 
+def _source(module: str) -> str:
+    """A Basin module as its file's path from the repository's root; a plug-in's by its name."""
+    root = PYPROJECT.parent
+    path = root / Path(*module.split(".")).with_suffix(".py")
+    return str(path.relative_to(root)) if path.is_file() else module
+
+
+def _where(spec: Declaration) -> list[str]:
+    """The modules of a declaration and of its client half."""
+    halves = [*spec.client_components, *([spec.objective] if spec.objective is not None else [])] \
+        if isinstance(spec, MethodSpec) else []
+    modules = [REGISTRY.modules[spec.name],
+               *(half.module if isinstance(half, ImplementedIn) else half.__module__ for half in halves)]
+    return [_source(module) for module in dict.fromkeys(modules)]
+
+
+def methods_table(with_plugins: bool = False) -> str:
+    """docs/methods.md's table: a row per declaration with a ``table_row``, joined by the
+    declarations after it in its module that have none (FedYogi, FedAdagrad under FedAdam)."""
+    rows: list[tuple[str, list[str], TableRow, list[str]]] = []  # key, names, row, where
+    for spec in _declarations():
+        if spec.name in REGISTRY.plugins and not with_plugins:
+            continue
+        key = "strategy" if isinstance(spec, MethodSpec) else "averaging"
+        joins = rows and spec.table_row is None and rows[-1][0] == key and \
+            REGISTRY.modules[rows[-1][1][0]] == REGISTRY.modules[spec.name]
+        if joins:
+            rows[-1][1].append(spec.name)
+            rows[-1][3].extend(source for source in _where(spec) if source not in rows[-1][3])
+        elif spec.table_row is None:
+            raise ValueError(f"{spec.name}: declares no table_row (docs/methods.md's line) and follows none in its module")
+        else:
+            rows.append((key, [spec.name], spec.table_row, _where(spec)))
+    lines = ["| key | method: paper, what is implemented | default variant (other options) | where |",
+             "| --- | --- | --- | --- |"]
+    lines += [f"| `{key} = {' / '.join(names)}` | {row.implements} | {row.variants} | "
+              f"{', '.join(f'`{source}`' for source in where)} |" for key, names, row, where in rows]
+    return "\n".join(lines)
+
+
+METHODS_PAGE = PYPROJECT.parent / "docs" / "methods.md"
+TABLE_START = "<!-- the methods table: generated from the declarations by `python -m strategies.methods --write-docs` -->"
+TABLE_END = "<!-- end of the methods table -->"
+
+
+def write_docs(path: Path = METHODS_PAGE) -> bool:
+    """Replace the generated table of ``path`` (Basin's own methods); True when it changed."""
+    text = path.read_text()
+    pattern = re.compile(re.escape(TABLE_START) + r".*?" + re.escape(TABLE_END), re.DOTALL)
+    if not pattern.search(text):
+        raise ValueError(f"{path} has no generated methods table ({TABLE_START!r} … {TABLE_END!r})")
+    new = pattern.sub(lambda _: f"{TABLE_START}\n{methods_table()}\n{TABLE_END}", text)
+    if new != text:
+        path.write_text(new)
+    return new != text
+
+
 def listing() -> str:
     """Each method and averaging rule, a plug-in's origin beside it, then the broken plug-ins."""
     lines = [f"{spec.name:18s} {spec.display_name}" + (f"  [{REGISTRY.plugins[spec.name].describe()}]"
@@ -300,7 +364,12 @@ if __name__ == "__main__":
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write-pyproject", action="store_true",
                         help="rewrite pyproject.toml's generated block of method keys (Basin's own methods)")
-    if parser.parse_args().write_pyproject:
+    parser.add_argument("--write-docs", action="store_true",
+                        help="rewrite docs/methods.md's generated table of methods (Basin's own methods)")
+    arguments = parser.parse_args()
+    if arguments.write_pyproject:
         print("pyproject.toml " + ("updated" if write_pyproject() else "already up to date"))
-    else:
+    if arguments.write_docs:
+        print("docs/methods.md " + ("updated" if write_docs() else "already up to date"))
+    if not (arguments.write_pyproject or arguments.write_docs):
         print(listing())

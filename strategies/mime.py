@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
-from clients.declarations import ImplementedIn, MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option, one_of
 from clients.protocol import (
     FULL_GRADIENT_ACTION,
@@ -146,7 +146,8 @@ MIME_OPTIONS = {
 }
 
 
-def _mime(name: str, display_name: str, lite: bool, smoke_run: dict[str, Any]) -> MethodSpec:
+def _mime(name: str, display_name: str, lite: bool, smoke_run: dict[str, Any],
+          table_row: TableRow | None = None) -> MethodSpec:
     def build(config):
         return Mime(**COHORT, lite=lite, beta=config["mime-momentum"], server_learning_rate=spec.server_lr(config),
                     variant=config["mime-variant"], timeout=config["round-timeout"])
@@ -154,9 +155,19 @@ def _mime(name: str, display_name: str, lite: bool, smoke_run: dict[str, Any]) -
     spec = MethodSpec(name, display_name, build, options=MIME_OPTIONS,
                       objective=None if lite else ImplementedIn("clients.mime:mime_objective"),
                       client_components=(ImplementedIn("clients.mime:server_momentum"),), plain_sgd=True,
-                      default_server_lr=0.1, cost_table={name: {}}, smoke_runs={name: smoke_run})
+                      default_server_lr=0.1, cost_table={name: {}}, smoke_runs={name: smoke_run},
+                      table_row=table_row)
     return spec
 
 
-METHODS = (_mime("mime", "MIME", lite=False, smoke_run={"server-lr": 1.0, "momentum": 0.0}),
+METHODS = (_mime("mime", "MIME", lite=False, smoke_run={"server-lr": 1.0, "momentum": 0.0},
+                 table_row=TableRow('MIME / MimeLite (Karimireddy et al., NeurIPS 2021; fedjax and GHBM): an '
+                                    "extra exchange each round, the cohort's full-batch gradients at θ, c = their"
+                                    ' mean; local step y ← y − η_l·(β·m + g̃), MIME g̃ = ∇ℓ(y; ζ) − ∇ℓ(θ; ζ) + c '
+                                    '(same batch), MimeLite g̃ = ∇ℓ(y; ζ); m frozen on the clients; server θ ← θ '
+                                    '− η_s·mean_i(θ − y_i), m ← β·m + c; β = `mime-momentum` (0.9; 0: SGD base), '
+                                    'η_s = `server-lr` (0: 0.1)',
+                                    '`mime-variant = heavy-ball` (`dampened`: (1 − β)·g̃ + β·m, m ← β·m + (1 − '
+                                    'β)·c). Extra cost per round: a message round trip and one pass over each '
+                                    "sampled client's data; MIME a second backward per step")),
            _mime("mimelite", "MimeLite", lite=True, smoke_run={"num-rounds": 2, "momentum": 0.0, "lr": 0.2}))

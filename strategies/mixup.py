@@ -5,7 +5,7 @@ batches (clients/objectives/mixup.py).
 
 from __future__ import annotations
 
-from clients.declarations import ImplementedIn, objective_method
+from clients.declarations import ImplementedIn, TableRow, objective_method
 from clients.options import Option
 
 METHODS = (
@@ -14,5 +14,8 @@ METHODS = (
         options={"mixup-gamma": Option(float, "a number > 0 (Mixup's Beta(γ, γ))", lambda v: v > 0, default=0.1)},
         model_needs="image",
         smoke_runs={"mixup": {"num-rounds": 2, "model": "resnet20-gn", "lr": 0.05}},
+        table_row=TableRow("the FedAlign study's regularizer Mixup (Zhang et al., ICLR 2018): each batch mixed "
+                           'with its permutation, λ ~ Beta(γ, γ), γ = `mixup-gamma`',
+                           '—'),
     ),
 )

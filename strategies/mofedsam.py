@@ -19,7 +19,7 @@ means it), α = 0.1 (``fedcm-alpha``), η_g = 1. FedSWA's code hard-codes ρ = 0
 
 from __future__ import annotations
 
-from clients.declarations import ImplementedIn, MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.protocol import OBJECTIVE
 from strategies.fedcm import FEDCM_OPTIONS, FedCm
 from strategies.method import COHORT
@@ -53,5 +53,9 @@ METHODS: tuple[MethodSpec, ...] = (
         client_components=(ImplementedIn("clients.fedcm:momentum_direction"),),
         plain_sgd=True, cost_table={"mofedsam": {}},
         smoke_runs={"mofedsam": {"num-rounds": 2, "grad-clip": 10.0, "momentum": 0.0, "lr": 0.2}},
+        table_row=TableRow("MoFedSAM (Qu et al., ICML 2022; the FL-Simulator reimplementation): FedSAM's step (ε "
+                           "= ρ·g/(‖g‖ + 1e-7) from the plain gradient, g̃ at y + ε) then FedCM's mix v = α·g̃ + "
+                           "(1 − α)·Δ_t, clipped; FedCM's server; ρ = `sam-rho` (0: 0.1), α = `fedcm-alpha`",
+                           'as FedCM (`fedcm-variant`)'),
     ),
 )

@@ -6,7 +6,7 @@ reads this declaration without importing torch.
 
 from __future__ import annotations
 
-from clients.declarations import ImplementedIn, objective_method
+from clients.declarations import ImplementedIn, TableRow, objective_method
 from clients.options import Option
 
 METHODS = (
@@ -18,5 +18,9 @@ METHODS = (
         },
         client_state=True, model_needs="image", projection_head=True, cost_table={"moon": {}},
         smoke_runs={"moon": {"num-rounds": 2}},
+        table_row=TableRow('MOON (Li et al. 2021) eqs. 1–3: contrastive term μ = `moon-mu`, τ = '
+                           "`moon-temperature`; on ResNet-56 the model gets FedAlign's two-layer projection head "
+                           'FC(256,256)–ReLU–FC(256,256)',
+                           '—'),
     ),
 )

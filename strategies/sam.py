@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from clients.declarations import ImplementedIn, objective_method
+from clients.declarations import ImplementedIn, TableRow, objective_method
 from clients.model_names import resolve_model_name
 from clients.options import Option
 
@@ -38,6 +38,10 @@ METHODS = (
         "fedsam", "FedSAM", ImplementedIn("clients.objectives.sam:fedsam_objective"), ("sam-rho",),
         settings=sam_settings, options={"sam-rho": SAM_RHO}, cost_table={"fedsam": {}},
         smoke_runs={"fedsam": {"num-rounds": 2}},
+        table_row=TableRow('FedSAM (Qu et al. 2022) / FedASAM (Caldarola et al. 2022): SAM / adaptive SAM local '
+                           'step, ρ = `sam-rho`, η = `asam-eta` (0: ρ = 0.7, η = 0.2 on CNNs, else 0.2, 0.05; '
+                           'FedSAM 0.05)',
+                           '—'),
     ),
     objective_method(
         "fedasam", "FedASAM", ImplementedIn("clients.objectives.sam:fedasam_objective"), ("sam-rho", "asam-eta"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import ArrayRecord
 
-from clients.declarations import ImplementedIn, MethodSpec
+from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.protocol import SCAFFOLD_DELTA_CONTROL, SCAFFOLD_SERVER_CONTROL
 from strategies.arrays import to_numpy, with_record
 from strategies.method import COHORT
@@ -56,5 +56,9 @@ METHODS = (
     MethodSpec("scaffold", "SCAFFOLD", lambda config: Scaffold(**COHORT), client_state=True,
                client_components=(ImplementedIn("clients.control_variates:control_variate", (SCAFFOLD_SERVER_CONTROL,)),),
                # End to end, its c_i carried across rounds and a resume: tests/test_checkpoint_resume.py.
-               cost_table={"scaffold": {}}, smoke_runs={}),
+               cost_table={"scaffold": {}}, smoke_runs={},
+               table_row=TableRow('SCAFFOLD (Karimireddy et al. 2020) Algorithm 1: step g − c_i + c, option II '
+                                  'c_i⁺ = c_i − c + (w^t − w_i)/(Kη), server c ← c + (\\|S\\|/N)·mean Δc_i',
+                                  'option II (use `momentum = 0`, as the paper)'),
+    ),
 )

@@ -5,7 +5,7 @@ blocks (clients/objectives/stochastic_depth.py).
 
 from __future__ import annotations
 
-from clients.declarations import ImplementedIn, objective_method
+from clients.declarations import ImplementedIn, TableRow, objective_method
 from clients.options import Option
 
 METHODS = (
@@ -16,5 +16,9 @@ METHODS = (
                                                lambda v: 0 < v <= 1, default=0.9)},
         model_needs="slimmable-residual",
         smoke_runs={"stochastic-depth": {"num-rounds": 2, "model": "resnet20-gn", "lr": 0.05}},
+        table_row=TableRow("the FedAlign study's regularizer Stochastic Depth (Huang et al., ECCV 2016): residual"
+                           ' blocks dropped, survival probability decaying linearly to `stochdepth-survival` at '
+                           'the last block',
+                           '—'),
     ),
 )

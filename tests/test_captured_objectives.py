@@ -13,6 +13,7 @@ import torch
 from flwr.app import RecordDict
 
 from clients.augmentation import CropFlip
+from clients.declarations import MethodSpec
 from clients.mime import MimeObjective
 from clients.models import build_model
 from clients.objectives.fedalign import FedAlign
@@ -23,7 +24,6 @@ from clients.objectives.mixup import Mixup
 from clients.objectives.moon import Moon
 from clients.objectives.sam import SharpnessAware
 from clients.objectives.stochastic_depth import StochasticDepth
-from clients.declarations import MethodSpec
 from clients.training import LocalObjective, LocalTrainingConfig, train_local
 from strategies.methods import METHODS
 

@@ -55,6 +55,33 @@ def test_a_method_is_named_only_by_the_module_that_declares_it():
     assert not found, "\n".join(found)
 
 
+def test_no_module_branches_on_an_averaging_rules_name():
+    """The clients' schedule and every other rule-specific behaviour come from the rule's
+    declaration (AveragingSpec.client_schedule …): no `config["averaging"] == "ima"` outside
+    the rule's own module."""
+    from strategies.methods import AVERAGINGS, REGISTRY
+
+    found = []
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Compare):
+                    names = {c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)} & set(AVERAGINGS)
+                    found += [f"{module}:{node.lineno} compares with {name!r}" for name in names
+                              if REGISTRY.modules[name] != module]
+    assert not found, "\n".join(found)
+
+
+def test_the_methods_page_holds_the_table_the_declarations_generate():
+    from strategies.methods import METHODS_PAGE, TABLE_END, TABLE_START, methods_table
+
+    assert f"{TABLE_START}\n{methods_table()}\n{TABLE_END}" in METHODS_PAGE.read_text(), \
+        "run `python -m strategies.methods --write-docs`"
+    rows = methods_table().splitlines()[2:]
+    assert len(rows) == 28 and rows[2].startswith("| `strategy = fedadam / fedyogi / fedadagrad` |")
+
+
 def test_every_declared_method_and_averaging_rule_runs_in_a_real_flower_run():
     from strategies.methods import AVERAGINGS
     from tests.test_checkpoint_resume import RESUMED_METHODS

@@ -3,7 +3,6 @@
 import math
 
 import torch
-
 from basin_feddecorr import FedDecorr, decorrelation_loss
 
 
