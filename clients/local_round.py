@@ -19,7 +19,7 @@ from clients import protocol
 from clients.augmentation import CropFlip
 from clients.client_step import step_mode
 from clients.halves import installed
-from clients.training import LocalObjective, LocalTrainingConfig, LocalTrainingResult, momentum_a_norm, train_local
+from clients.training import CrossEntropy, LocalObjective, LocalTrainingConfig, LocalTrainingResult, momentum_a_norm, train_local
 
 
 def training_config(round_config: Mapping[str, Any]) -> LocalTrainingConfig:
@@ -63,7 +63,7 @@ def build_objective(name: str, content: RecordDict, model: nn.Module, state: Rec
     """The local objective the round names (its method's declaration builds it), or
     cross-entropy when it names none."""
     if name in ("", "cross-entropy"):
-        return LocalObjective()
+        return CrossEntropy()
     builders = installed().objectives
     if name not in builders:
         raise ValueError(f"unknown local objective {name!r}; allowed: {', '.join(builders)}")

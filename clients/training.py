@@ -118,7 +118,7 @@ def train_local(
     replayed as a CUDA graph where the step allows it and ``graphs`` (run-config
     ``cuda-graphs``), else eager; ``mode`` forces ``eager``, ``static`` or ``graph``.
     """
-    objective = objective or LocalObjective()
+    objective = objective or CrossEntropy()
     model.train()
     num_steps = config.num_steps(len(y))
     lrs = in_round_lrs(config.lr, num_steps, config.step_lr_start, config.step_lr_end)
@@ -161,8 +161,10 @@ class LocalObjective:
     What a step may be captured as a CUDA graph (clients/client_step.py) asks of an objective:
 
     - ``capturable``: :meth:`backward` and :meth:`after_step` have static shapes, no host
-      synchronisation and no Python branching on tensor values. A subclass is not unless it
-      says so; ``not_captured_because`` then says why (the step's log and the benchmark show it).
+      synchronisation and no Python branching on tensor values. A class is not unless it
+      says so itself (a subclass of a capturable objective changes its step, so it does not
+      inherit the claim); ``not_captured_because`` then says why (the step's log and the
+      benchmark show it). :class:`CrossEntropy`, the default objective, says so.
     - :meth:`signature`: every Python value the step bakes in (hyperparameters, switches);
       a step is reused only by an objective of the same type and signature.
     - ``round_state`` / :meth:`adopt`: the tensors (or modules, or lists of tensors) that
@@ -175,13 +177,13 @@ class LocalObjective:
       which a captured step copies into static inputs like the batch.
     """
 
-    capturable = True
+    capturable = False
     not_captured_because = "it does not declare itself capturable"
     round_state: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        cls.capturable = cls.__dict__.get("capturable", False)
+        cls.capturable = cls.__dict__.get("capturable", False)  # its own claim, never its base's
 
     def backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *draws: torch.Tensor) -> torch.Tensor:
         loss = F.cross_entropy(model(x), y)
@@ -216,6 +218,12 @@ class LocalObjective:
     def reply_tensors(self) -> dict[str, torch.Tensor]:
         """Tensors the client sends back besides its model (one ArrayRecord named after the objective)."""
         return {}
+
+
+class CrossEntropy(LocalObjective):
+    """Cross-entropy on the batch: plain FedAvg training, the objective when a method names none."""
+
+    capturable = True  # one forward and backward of static shapes
 
 
 @torch.no_grad()

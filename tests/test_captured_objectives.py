@@ -24,7 +24,7 @@ from clients.objectives.mixup import Mixup
 from clients.objectives.moon import Moon
 from clients.objectives.sam import SharpnessAware
 from clients.objectives.stochastic_depth import StochasticDepth
-from clients.training import LocalObjective, LocalTrainingConfig, train_local
+from clients.training import CrossEntropy, LocalTrainingConfig, train_local
 from strategies.methods import METHODS
 
 ROUNDS = 3
@@ -50,7 +50,7 @@ def _h(server_round: int) -> float:
 
 # name -> objective of a round: (model, round, client state, rng) -> LocalObjective
 OBJECTIVES = {
-    "cross-entropy": lambda model, r, state, rng: LocalObjective(),
+    "cross-entropy": lambda model, r, state, rng: CrossEntropy(),
     "label-smoothing": lambda model, r, state, rng: LabelSmoothing(0.1 * _h(r)),
     "fedsam": lambda model, r, state, rng: SharpnessAware(0.05 * _h(r)),
     "fedasam": lambda model, r, state, rng: SharpnessAware(0.7, adaptive=True, eta=0.2 * _h(r)),

@@ -16,7 +16,7 @@ from clients.control_variates import add_correction
 from clients.models import build_model
 from clients.objectives.gradaug import GradAug
 from clients.objectives.moon import Moon
-from clients.training import LocalObjective, LocalTrainingConfig, proximal_hook, train_local
+from clients.training import CrossEntropy, LocalObjective, LocalTrainingConfig, proximal_hook, train_local
 
 CUDA = torch.device("cuda")
 
@@ -67,13 +67,13 @@ def test_a_static_step_needs_static_gradient_terms():
 def test_which_steps_are_captured_on_cuda():
     model = build_model("mlp", (1, 8, 8), 10)
     term = proximal_hook(model, 0.01)
-    assert step_mode(torch.device("cpu"), True, LocalObjective(), [term]) == ("eager", "not on CUDA")
-    assert step_mode(CUDA, True, LocalObjective(), [term]) == ("graph", "")
-    assert step_mode(CUDA, False, LocalObjective(), [])[1] == "cuda-graphs = false"
+    assert step_mode(torch.device("cpu"), True, CrossEntropy(), [term]) == ("eager", "not on CUDA")
+    assert step_mode(CUDA, True, CrossEntropy(), [term]) == ("graph", "")
+    assert step_mode(CUDA, False, CrossEntropy(), [])[1] == "cuda-graphs = false"
     assert step_mode(CUDA, True, Moon.__new__(Moon), []) == ("graph", "")
     why = step_mode(CUDA, True, GradAug(2, 0.8, 1.75, np.random.default_rng(0)), [])[1]
     assert "GradAug" in why and "widths" in why
-    assert "static inputs" in step_mode(CUDA, True, LocalObjective(), [lambda params: None])[1]
+    assert "static inputs" in step_mode(CUDA, True, CrossEntropy(), [lambda params: None])[1]
 
     class Declared(LocalObjective):
         capturable = True
@@ -81,7 +81,14 @@ def test_which_steps_are_captured_on_cuda():
     class Inherited(LocalObjective):
         pass
 
-    assert (Declared.capturable, Inherited.capturable, LocalObjective.capturable) == (True, False, True)
+    class ChangedStep(CrossEntropy):  # a capturable objective's subclass does not inherit the claim
+        def backward(self, model, x, y):
+            return super().backward(model, x, y)
+
+    # What each class says is what step_mode reads: the base claims nothing.
+    assert (Declared.capturable, Inherited.capturable, ChangedStep.capturable) == (True, False, False)
+    assert (LocalObjective.capturable, CrossEntropy.capturable) == (False, True)
+    assert step_mode(CUDA, True, LocalObjective(), [])[0] == "eager"
 
 
 @pytest.mark.gpu
@@ -158,7 +165,7 @@ def test_a_capture_that_raises_falls_back_to_eager_steps_once_with_the_eager_res
     monkeypatch.setattr(client_step, "step_mode", lambda *args: ("graph", ""))
     later = client_step.client_step(
         build_model("mlp", (1, 8, 8), 10), LocalTrainingConfig(lr=0.1, local_epochs=1, batch_size=4),
-        LocalObjective(), [], [], (torch.zeros(4, 1, 8, 8), torch.zeros(4, dtype=torch.long)), graphs=True)
+        CrossEntropy(), [], [], (torch.zeros(4, 1, 8, 8), torch.zeros(4, dtype=torch.long)), graphs=True)
     assert later.mode == "eager"
 
 

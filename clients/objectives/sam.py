@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from clients.training import LocalObjective
+from clients.training import CrossEntropy, LocalObjective
 
 
 class SharpnessAware(LocalObjective):
@@ -32,7 +32,7 @@ class SharpnessAware(LocalObjective):
         self.norm_guard = norm_guard  # ε = ρ·g/(‖g‖ + norm_guard): 1e-12 here, 1e-7 in ESAM (MoFedSAM's code)
         self.adaptive = adaptive
         self.eta = eta
-        self.inner = inner or LocalObjective()
+        self.inner = inner or CrossEntropy()
         self.capturable = self.inner.capturable
 
     def signature(self) -> tuple:
