@@ -2,10 +2,11 @@
 
 clients/ never imports strategies/ (the layers: partitions → clients → strategies →
 experiments). The registry that joins a method's two halves, strategies/methods.py, sits
-above both: it :func:`provide`\\ s the client halves of every declared method here when it is
-imported, and the ClientApp that Flower loads (strategies/client_app.py) provides a loader
-of the registry without importing it, so a client process imports the methods (and torch)
-only with its first training message. The client code (clients/local_round.py,
+above both. What runs client code hands the registry's client halves over here
+(``strategies.methods.hand_over_client_halves``: the ServerApp, the commands that train
+in-process, the test suite), never by being imported; the ClientApp that Flower loads
+(strategies/client_app.py) provides a loader of the registry without importing it, so a
+client process imports the methods (and torch) only with its first training message. The client code (clients/local_round.py,
 clients/models/) reads them with :func:`installed`.
 """
 
@@ -32,9 +33,11 @@ _halves: ClientHalves | None = None
 
 
 def provide(loader: Callable[[], ClientHalves]) -> None:
-    """Hand over the client halves: ``loader`` is called once, when client code first asks."""
+    """Hand over the client halves: ``loader`` is called once, when client code first asks
+    (handing the same loader over again keeps what it gave)."""
     global _loader, _halves
-    _loader, _halves = loader, None
+    if loader is not _loader:
+        _loader, _halves = loader, None
 
 
 def installed() -> ClientHalves:

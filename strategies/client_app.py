@@ -4,9 +4,9 @@ handlers, with every method's client half handed over from the registry above bo
 
 The handlers are defined here, not only imported: Flower's simulation loads the ClientApp
 once and ships it to each client process (Ray), where its handlers are found by module and
-name, so each client process imports this module and so the hand-over runs there too. The
-registry, and with it torch, is imported only when a client first trains, so Flower's
-simulation process loads this module as quickly as before.
+name; the handlers that train hand the client halves over (importing this module changes
+nothing). The registry, and with it torch, is imported only when a client first trains,
+so Flower's simulation process loads this module as quickly as before.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ def _client_halves() -> ClientHalves:
     return client_halves()
 
 
-provide(_client_halves)
-
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
@@ -37,9 +35,11 @@ def query(msg: Message, context: Context) -> Message:
 
 @app.query(protocol.FULL_GRADIENT_ACTION)
 def full_gradient_query(msg: Message, context: Context) -> Message:
+    provide(_client_halves)
     return basin_client.full_gradient_query(msg, context)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    provide(_client_halves)  # the same loader each message: what it gave is kept
     return basin_client.train(msg, context)

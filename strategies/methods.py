@@ -262,7 +262,11 @@ def client_halves() -> ClientHalves:
                         frozenset(name for name, spec in METHODS.items() if spec.projection_head))
 
 
-provide(client_halves)  # the client side reads them from clients/halves.py (clients/ does not import strategies/)
+def hand_over_client_halves() -> None:
+    """Give the client side (clients/halves.py, which may not import strategies/) every
+    method's client half: called where client code runs in a process (the ServerApp, a
+    command that trains in-process, the test suite), never by importing a module."""
+    provide(client_halves)
 
 
 def pyproject_block(with_plugins: bool = False) -> str:

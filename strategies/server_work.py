@@ -52,7 +52,7 @@ from strategies.faults import (
     out_of_gpu_memory,
 )
 from strategies.indicators import CKA_SAMPLES, round_indicators
-from strategies.methods import method
+from strategies.methods import hand_over_client_halves, method
 from strategies.model_store import discard_rounds_after, save_round_models, saves_round
 from strategies.registry import build_client_schedule, build_strategy
 from strategies.results import RunRecorder
@@ -92,6 +92,7 @@ def round_train_config(
 
 
 def main(grid: Grid, context: Context) -> None:
+    hand_over_client_halves()  # the global model is built by client code (clients/models/)
     """One run of the ServerApp: its rounds, results and checkpoints (see the module docstring)."""
     config = validate_run_config(context.run_config)
     directory = output_directory(config, context.run_id)

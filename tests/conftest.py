@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
-import strategies.methods  # noqa: F401  hands every method's client half to clients/, as the ClientApp's entry does
+from strategies.methods import hand_over_client_halves
+
+hand_over_client_halves()  # tests run client code in this process, as the ClientApp's entry does in a client's
 
 REPO = Path(__file__).resolve().parents[1]
 

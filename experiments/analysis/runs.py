@@ -37,6 +37,7 @@ from partitions.feasibility import partition_settings
 from partitions.tensor_dataset import TensorDataset
 from partitions.text import IGNORE_INDEX
 from strategies.indicators import trainable_names
+from strategies.methods import hand_over_client_halves
 from strategies.model_store import load_round_models, saved_rounds
 
 ANALYSIS_DIR = "analysis"
@@ -80,6 +81,7 @@ class AnalysisRun:
         return load_dataset(self.config["dataset"], self.config["data-dir"], self.config["normalize"])
 
     def build_model(self) -> nn.Module:
+        hand_over_client_halves()
         return build_run_model(self.config, self.data.input_shape, self.data.num_classes)
 
     def rounds(self) -> list[int]:

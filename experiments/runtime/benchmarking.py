@@ -37,6 +37,7 @@ from experiments.runtime.ray_cluster import LocalRayCluster
 from experiments.runtime.run_config import default_run_config, load_preset, parse_overrides, resolve_config
 from partitions import load_dataset
 from strategies.config import ConfigError, cohort_size
+from strategies.methods import hand_over_client_halves
 from strategies.registry import build_client_schedule
 from strategies.sampling import CohortSampling
 from strategies.server_work import round_train_config
@@ -80,6 +81,7 @@ def synchronize(device: torch.device) -> None:
 
 def run_bare(config: dict[str, Any]) -> BareRun:
     """The Flower run's client work, aggregation and evaluation, sequentially in this process."""
+    hand_over_client_halves()
     device = select_device(config["device"])
     data = load_dataset(config["dataset"], config["data-dir"], config["normalize"])
     x_test, y_test = data.x_test.to(device), data.y_test.to(device)

@@ -33,7 +33,7 @@ from experiments.runtime.output_dir import create_output_dir
 from experiments.runtime.run_config import parse_overrides, resolve_config
 from partitions.datasets import INPUT_SHAPES
 from strategies.config import DEVICES
-from strategies.methods import METHODS
+from strategies.methods import METHODS, hand_over_client_halves
 from strategies.registry import build_client_schedule, build_strategy
 from strategies.server_work import round_train_config
 
@@ -225,6 +225,7 @@ def measure(method: str, config: Mapping[str, Any], model_name: str, input_shape
             batch_size: int, steps: int, device: torch.device, count_flops: bool = True) -> MethodCost:
     """Cost of ``steps`` local steps of ``method`` on the real client path (without
     ``count_flops``, the FLOP columns are 0: only the time and parameters are measured)."""
+    hand_over_client_halves()
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -30,7 +30,7 @@ from clients.log import log
 from clients.models import build_model, uses_projection_head
 from clients.training import select_device
 from experiments.runtime.method_costs import REFERENCE, method_config, training_content
-from strategies.methods import METHODS
+from strategies.methods import METHODS, hand_over_client_halves
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ def client_round(method: str, setup: Setup, device: str, overrides: Mapping[str,
                  ) -> tuple[torch.nn.Module, LocalRound, torch.Tensor, torch.Tensor]:
     """One client of ``method`` in ``setup``: its model (loaded with the sent weights), its
     round, and ``steps`` full batches of synthetic data, all on ``device``."""
+    hand_over_client_halves()
     config = method_config(method, setup.model, setup.input_shape, setup.batch_size, device,
                            {**overrides, "augment": setup.augment})
     torch.manual_seed(config["seed"])
