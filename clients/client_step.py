@@ -14,8 +14,9 @@ and draws copied into fixed buffers, per-round inputs refreshed in place, the fi
 objective adopting later rounds' state; on the CPU bitwise the eager step); ``graph``
 (``static`` on CUDA, captured once per process, model and step signature after
 :data:`WARMUP_STEPS` real steps, then replayed: one launch instead of hundreds per step).
-A graph that cannot be used falls back to eager steps, said once, without failing the
-run (:meth:`ClientStep._capture_checked`). The last, short batch of an epoch is trained
+A graph that cannot be used falls back to eager steps for its step signature, said once,
+recorded (:func:`graph_fallbacks`) and without failing the run
+(:meth:`ClientStep._capture_checked`); other models and methods of the process still capture. The last, short batch of an epoch is trained
 eagerly with the same state: every sample is used, nothing recaptured.
 """
 
@@ -66,7 +67,7 @@ def step_mode(device: torch.device, graphs: bool, objective, terms: Sequence) ->
     A graph is captured after :data:`WARMUP_STEPS` real steps on a side stream (PyTorch's
     CUDA-graph notes); when capture raises, or the first replay's parameters and loss differ
     from the same step run eagerly beyond :data:`REPLAY_RTOL`/:data:`REPLAY_ATOL` (not
-    checked for a model with dropout), the process trains eagerly from then on."""
+    checked for a model with dropout), that step signature trains eagerly from then on."""
     if device.type != "cuda":
         return "eager", "not on CUDA"
     if not graphs:
@@ -83,8 +84,9 @@ class ClientStep:
     """The local SGD step of one model with one configuration (see the module docstring)."""
 
     def __init__(self, model: nn.Module, config, objective, terms: Sequence, post_clip_terms: Sequence,
-                 mode: str, example: Sequence[torch.Tensor] = (), augment=None):
+                 mode: str, example: Sequence[torch.Tensor] = (), augment=None, key: tuple = ()):
         self.model = model
+        self.key = key  # the step signature (:func:`client_step`): what a fall-back is kept to
         self.params = list(model.parameters())
         self.device = self.params[0].device
         self.config = config
@@ -138,7 +140,7 @@ class ClientStep:
     def _capture_checked(self) -> None:
         """This step as a captured graph's first replay, checked against the same step run
         eagerly; on a capture that raises or a replay that differs, the eager result is
-        kept and the process trains eagerly from then on (:func:`fall_back_to_eager`)."""
+        kept and this step signature trains eagerly from then on (:meth:`_use_eager`)."""
         before = self._snapshot()
         self._eager(self.static_inputs)
         eager = self._snapshot()
@@ -175,11 +177,15 @@ class ClientStep:
                 *_tensors_of([getattr(self.objective, name) for name in self.objective.round_state])]
 
     def _use_eager(self, eager: list[torch.Tensor], why: str) -> None:
-        """Keep the eager step's result and train eagerly from now on, this process too."""
+        """Keep the eager step's result and train this step signature eagerly from now on:
+        recorded (:func:`graph_fallbacks`) and said once in the run's log."""
         self.graph = None
         self.mode = "static"  # eager steps from the static buffers: no side stream, nothing captured
         self._restore(eager)
-        fall_back_to_eager(why)
+        if self.key not in _GRAPH_FALLBACKS:
+            log.warning(f"client step: CUDA graphs off for this step ({type(self.objective).__name__} objective, "
+                        f"{type(self.model).__name__} model), eager steps from now on: {why}")
+        _GRAPH_FALLBACKS[self.key] = why
 
     def _eager(self, inputs: Sequence[torch.Tensor]) -> None:
         if self.mode != "graph":
@@ -276,16 +282,14 @@ def _has_dropout(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
 
 
-# Why this process stopped using CUDA graphs ("" while it uses them where it can).
-_graphs_failed = ""
+# Why each step signature of this process stopped using CUDA graphs: {step key: why}. A
+# failure is kept to the signature that failed: other models and methods still capture.
+_GRAPH_FALLBACKS: dict[tuple, str] = {}
 
 
-def fall_back_to_eager(why: str) -> None:
-    """Every later step of this process is eager; said once, in the run's log."""
-    global _graphs_failed
-    if not _graphs_failed:
-        log.warning(f"client step: CUDA graphs off in this client process, eager steps from now on: {why}")
-    _graphs_failed = why
+def graph_fallbacks() -> list[str]:
+    """Why steps of this process fell back from CUDA graphs to eager steps (empty: none did)."""
+    return list(_GRAPH_FALLBACKS.values())
 
 
 def _bound(term, static: bool) -> tuple[Callable, list[torch.Tensor]]:
@@ -308,8 +312,6 @@ def client_step(model: nn.Module, config, objective, terms: Sequence, post_clip_
     a full batch's inputs, (x, y, draws …)."""
     device = next(model.parameters()).device
     chosen, why = step_mode(device, graphs, objective, [*terms, *post_clip_terms])
-    if chosen == "graph" and _graphs_failed:
-        chosen, why = "eager", f"an earlier graph of this process failed: {_graphs_failed}"
     mode = mode or chosen
     if mode == "eager":
         if device.type == "cuda" and why not in _EAGER_NOTED:
@@ -324,6 +326,9 @@ def client_step(model: nn.Module, config, objective, terms: Sequence, post_clip_
            tuple(t.name for t in terms), tuple(t.name for t in post_clip_terms))
     step = _PROCESS_STEPS.get(key)
     if step is None or step.model is not model:
-        step = _PROCESS_STEPS[key] = ClientStep(model, config, objective, terms, post_clip_terms, mode, example, augment)
+        if mode == "graph" and key in _GRAPH_FALLBACKS:
+            mode = "static"  # this signature's graph failed in this process: not captured again
+        step = _PROCESS_STEPS[key] = ClientStep(model, config, objective, terms, post_clip_terms, mode, example, augment,
+                                                key)
     step.start_round(objective, terms, post_clip_terms)
     return step

@@ -157,18 +157,47 @@ def test_the_draws_of_a_round_are_the_draws_step_after_step():
     assert pairing.tolist() == reference.permutation(2).tolist()
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("augment", [False, True], ids=["plain", "crop-flip"])
-@pytest.mark.parametrize("name", list(OBJECTIVES))
-def test_each_objective_is_captured_and_replays_its_eager_steps_on_cuda(name, augment, monkeypatch, capsys):
+def _graph_run_follows_eager(name: str, augment: bool, device: str, deterministic: bool) -> None:
+    """The gpu test's check: no step of the graph run fell back to eager steps (Basin's own
+    record, clients/client_step.py's graph_fallbacks, not a log stream), and everything each
+    round returns (loss, weights and buffers, the reply's tensors: FedFA's class sums and
+    anchors reach the server only there) follows the eager run within float rounding."""
     from clients import client_step
+    from clients.arithmetic import fix_arithmetic
 
-    monkeypatch.setattr(client_step, "_graphs_failed", "")
-    eager = _train(name, "eager", augment, "cuda")
-    graph = _train(name, "graph", augment, "cuda")
-    assert "CUDA graphs off" not in capsys.readouterr().out, "the graph fell back to eager steps"
-    for (eager_loss, eager_weights, _), (graph_loss, graph_weights, _) in zip(eager, graph):
+    if device == "cuda":  # the kernels a user gets: cuda-deterministic = true is the default
+        fix_arithmetic(torch.get_num_threads(), torch.device(device), deterministic)
+    client_step._GRAPH_FALLBACKS.clear()
+    eager = _train(name, "eager", augment, device)
+    graph = _train(name, "graph", augment, device)
+    assert not client_step.graph_fallbacks(), f"the graph run fell back to eager steps: {client_step.graph_fallbacks()}"
+    for (eager_loss, eager_weights, eager_replies), (graph_loss, graph_weights, graph_replies) in zip(eager, graph):
         assert graph_loss == pytest.approx(eager_loss, rel=1e-3)
         for key in eager_weights:
             torch.testing.assert_close(graph_weights[key], eager_weights[key], rtol=1e-3, atol=1e-4)
+        assert graph_replies.keys() == eager_replies.keys()
+        for key in eager_replies:
+            torch.testing.assert_close(graph_replies[key], eager_replies[key], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("deterministic", [True, False], ids=["cuda-deterministic", "fastest-kernels"])
+@pytest.mark.parametrize("augment", [False, True], ids=["plain", "crop-flip"])
+@pytest.mark.parametrize("name", list(OBJECTIVES))
+def test_each_objective_is_captured_and_replays_its_eager_steps_on_cuda(name, augment, deterministic, monkeypatch):
+    from clients import client_step
+
+    monkeypatch.setattr(client_step, "_GRAPH_FALLBACKS", {})
+    _graph_run_follows_eager(name, augment, "cuda", deterministic)
+
+
+def test_the_gpu_check_fails_when_a_step_falls_back_to_eager(monkeypatch):
+    """The check above is known to bite before it meets a GPU: on the CPU a forced graph
+    step's capture fails (no CUDA) and the step falls back to eager, as a capture that
+    raises on a GPU would; its results equal the eager run's, and the check must fail."""
+    from clients import client_step
+
+    monkeypatch.setattr(client_step, "_GRAPH_FALLBACKS", {})
+    with pytest.raises(AssertionError, match=r"the graph run fell back to eager steps: \['capture failed"):
+        _graph_run_follows_eager("label-smoothing", False, "cpu", True)

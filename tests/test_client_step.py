@@ -128,7 +128,7 @@ def _graph_training(monkeypatch, capture) -> list[tuple[float, list[torch.Tensor
     and the same rounds eagerly; returns both."""
     from clients import client_step
 
-    monkeypatch.setattr(client_step, "_graphs_failed", "")
+    monkeypatch.setattr(client_step, "_GRAPH_FALLBACKS", {})
     monkeypatch.setattr(client_step, "_PROCESS_STEPS", {})
     monkeypatch.setattr(client_step.ClientStep, "_capture", capture)
     torch.manual_seed(0)
@@ -158,15 +158,23 @@ def test_a_capture_that_raises_falls_back_to_eager_steps_once_with_the_eager_res
     _assert_same_training(graph, eager)
     assert len(captures) == 1  # never tried again in this process
     out = capsys.readouterr().err
-    assert out.count("CUDA graphs off in this client process") == 1
+    assert out.count("CUDA graphs off for this step (CrossEntropy objective, Mlp") == 1
     assert "capture failed (RuntimeError: CUDA error: operation not permitted" in out
-    assert client_step._graphs_failed
-    # A later step of this process that would be captured is eager, saying why.
+    assert client_step.graph_fallbacks() == ["capture failed (RuntimeError: CUDA error: operation not permitted when "
+                                             "stream is capturing)"]
+    # The failure is kept to its step signature: another model of the process is still captured.
     monkeypatch.setattr(client_step, "step_mode", lambda *args: ("graph", ""))
-    later = client_step.client_step(
-        build_model("mlp", (1, 8, 8), 10), LocalTrainingConfig(lr=0.1, local_epochs=1, batch_size=4),
-        CrossEntropy(), [], [], (torch.zeros(4, 1, 8, 8), torch.zeros(4, dtype=torch.long)), graphs=True)
-    assert later.mode == "eager"
+    config = LocalTrainingConfig(lr=0.1, local_epochs=1, batch_size=4)
+    example = (torch.zeros(4, 1, 8, 8), torch.zeros(4, dtype=torch.long))
+    other = client_step.client_step(build_model("resnet20-gn", (1, 8, 8), 10), config, CrossEntropy(), [], [], example,
+                                    graphs=True)
+    assert other.mode == "graph"
+    for _ in range(client_step.WARMUP_STEPS + 1):  # its capture fails too (the failing capture is in place)
+        other.run(*example, lr=0.1)
+    assert len(captures) == 2 and other.mode == "static" and len(client_step.graph_fallbacks()) == 2
+    client_step._PROCESS_STEPS.clear()  # a new step object of a failed signature is not captured again
+    again = client_step.client_step(other.model, config, CrossEntropy(), [], [], example, graphs=True)
+    assert again.key == other.key and again.mode == "static"
 
 
 def test_a_first_replay_that_differs_from_the_eager_step_falls_back_with_the_eager_results(monkeypatch, capsys):
@@ -176,7 +184,7 @@ def test_a_first_replay_that_differs_from_the_eager_step_falls_back_with_the_eag
     graph, eager = _graph_training(monkeypatch, wrong_graph)
     _assert_same_training(graph, eager)
     out = capsys.readouterr().err
-    assert out.count("CUDA graphs off in this client process") == 1
+    assert out.count("CUDA graphs off for this step") == 1
     assert "the first replay differs from the eager step (in 1 of" in out
 
 
