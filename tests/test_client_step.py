@@ -91,22 +91,45 @@ def test_which_steps_are_captured_on_cuda():
     assert step_mode(CUDA, True, LocalObjective(), [])[0] == "eager"
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_graph_replay_matches_eager_steps_on_cuda():
-    """Fashion-MNIST's CNN, 300 steps (5 rounds of 60) with FedProx, momentum and a
-    short batch per epoch: the replayed graph follows the eager steps within float32
+def _replay_follows_eager(device: torch.device, rounds: int) -> None:
+    """The gpu test's check: Fashion-MNIST's CNN with FedProx, momentum and a short batch
+    per epoch, ``rounds`` rounds of 60 steps: no step fell back to eager steps (Basin's own
+    record, not a log stream) and the replayed graph follows the eager steps within float32
     rounding (cuDNN may pick other kernels in a captured stream)."""
+    from clients import client_step
+
+    client_step._GRAPH_FALLBACKS.clear()
     torch.manual_seed(0)
-    x, y = torch.randn(590, 1, 28, 28, device=CUDA), torch.randint(0, 10, (590,), device=CUDA)
+    x, y = torch.randn(590, 1, 28, 28, device=device), torch.randint(0, 10, (590,), device=device)
     config = LocalTrainingConfig(lr=0.02, local_epochs=5, batch_size=50, momentum=0.9, weight_decay=1e-3)
-    model = build_model("fmnist-cnn", (1, 28, 28), 10).to(CUDA)
-    eager = rounds_of_training(copy.deepcopy(model), "eager", config, x, y, rounds=5)
-    graph = rounds_of_training(copy.deepcopy(model), "graph", config, x, y, rounds=5)
+    model = build_model("fmnist-cnn", (1, 28, 28), 10).to(device)
+    eager = rounds_of_training(copy.deepcopy(model), "eager", config, x, y, rounds=rounds)
+    graph = rounds_of_training(copy.deepcopy(model), "graph", config, x, y, rounds=rounds)
+    assert not client_step.graph_fallbacks(), f"the graph run fell back to eager steps: {client_step.graph_fallbacks()}"
     for (eager_loss, eager_weights), (graph_loss, graph_weights) in zip(eager, graph):
         assert graph_loss == pytest.approx(eager_loss, rel=1e-3)
         for a, b in zip(eager_weights, graph_weights):
             torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graph_replay_matches_eager_steps_on_cuda(monkeypatch):
+    from clients import client_step
+
+    monkeypatch.setattr(client_step, "_GRAPH_FALLBACKS", {})
+    _replay_follows_eager(CUDA, rounds=5)
+
+
+def test_the_replay_check_fails_when_the_graph_falls_back(monkeypatch):
+    """On the CPU a forced graph step's capture fails and falls back to eager results: the
+    gpu test's check must fail, not pass on the eager numbers."""
+    from clients import client_step
+
+    monkeypatch.setattr(client_step, "_GRAPH_FALLBACKS", {})
+    monkeypatch.setattr(client_step, "_PROCESS_STEPS", {})
+    with pytest.raises(AssertionError, match="the graph run fell back to eager steps"):
+        _replay_follows_eager(torch.device("cpu"), rounds=1)
 
 
 class ReplayingGraph:
