@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -124,6 +125,27 @@ def test_run_writes_results_config_model_and_summary(flower_runs, data_cache):
     assert "[basin] simulation engine: 4 nodes registered at once" in log
     # The data set and partition the ServerApp built are in the suite's cache for the clients.
     assert any(data_cache.glob("datasets/*.npz")) and any(data_cache.glob("partitions/*.npy"))
+
+
+def _documented_run_files() -> set[str]:
+    """The files docs/outputs.md's table says a run folder holds (its first column)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "outputs.md").read_text()
+    table = text[text.index("| file | content |"):].split("\n\n")[0]
+    return {name for line in table.splitlines()[2:] for name in re.findall(r"`([^`]+)`", line.split(" | ")[0])}
+
+
+@pytest.mark.flower_runs("fedavg", "fedavg+ima-saved")
+def test_a_finished_run_folder_holds_exactly_the_documented_files(flower_runs):
+    """Nothing partial or temporary is left beside an atomic write, and nothing undocumented."""
+    documented = _documented_run_files()
+    assert {"config.json", "summary.json", "checkpoint.pt", "models/round-RRRR.pt"} <= documented
+    for name in ("fedavg", "fedavg+ima-saved"):
+        out = flower_runs[name].out
+        found = {str(path.relative_to(out)) for path in out.rglob("*") if path.is_file()}
+        saved = {path for path in found if path.startswith("models/")}
+        assert found - saved == documented - {"models/round-RRRR.pt"}, name
+        assert all(re.fullmatch(r"models/round-\d{4}\.pt", path) for path in saved), saved
+    assert len([path for path in (flower_runs["fedavg+ima-saved"].out / "models").iterdir()]) == 4  # rounds 2, 4, 5, 6
 
 
 @pytest.mark.flower_runs("fedavg")

@@ -251,5 +251,7 @@ def test_the_warm_process_gets_the_commands_signals_and_ends_with_it(tmp_path, s
     command = _run_command(home, app, tmp_path, SIMULATE_SECONDS="60")
     assert int(command.stdout.readline().split()[0]) == warm.pid  # the warm process runs it
     command.send_signal(signal_number)
-    assert warm.wait(timeout=10) == (-signal.SIGTERM if signal_number == signal.SIGTERM else -signal.SIGKILL)
-    assert command.wait(timeout=10) != 0
+    # The warm process ends on the event (the signal, or the command's end of its socket); the
+    # ceiling only guards against a hang (a loaded 2-core machine once took over 10 s).
+    assert warm.wait(timeout=120) == (-signal.SIGTERM if signal_number == signal.SIGTERM else -signal.SIGKILL)
+    assert command.wait(timeout=120) != 0
