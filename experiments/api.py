@@ -161,10 +161,10 @@ def run(
     ray_address: str | None = None,
     progress: bool = True,
 ) -> Job:
-    """Run a job of real Flower simulations and return it: ``python -m experiments.run``.
+    """Run a job of real Flower simulations and return it: ``.venv/bin/python -m experiments.run``.
 
     Args:
-        preset: a preset name (``python -m experiments.run --list-presets``) or a TOML file.
+        preset: a preset name (``.venv/bin/python -m experiments.run --list-presets``) or a TOML file.
         set: run-config overrides for every run, e.g. ``{"num-rounds": 50}`` (``--set``).
         compare: run once per value, every combination of the keys, e.g.
             ``{"strategy": ["fedavg", "fedprox"], "averaging": ["none", "ima"]}`` (``--compare``).
@@ -348,7 +348,7 @@ def sweep(
     ray_address: str | None = None,
     progress: bool = True,
 ) -> SweepResult:
-    """Run a sweep's unfinished runs (resumable) and return it: ``python -m experiments.sweep``.
+    """Run a sweep's unfinished runs (resumable) and return it: ``.venv/bin/python -m experiments.sweep``.
 
     Args:
         name_or_path: a sweep from experiments/sweeps/ or a TOML file.
@@ -393,10 +393,10 @@ def reproduce(
     dry_run: bool = False,
     progress: bool = True,
 ) -> Reproduction | pd.DataFrame:
-    """Reproduce a paper's table and return its report: ``python -m experiments.reproduce``.
+    """Reproduce a paper's table and return its report: ``.venv/bin/python -m experiments.reproduce``.
 
     Args:
-        table: a table name (``python -m experiments.reproduce --list``) or a paper-table TOML file.
+        table: a table name (``.venv/bin/python -m experiments.reproduce --list``) or a paper-table TOML file.
         only: keep the cells whose row or column is one of these comma-separated names, each
             entry a filter, all of them intersected (``--only``), e.g. ``["FMNIST", "FedAvg,FedProx"]``.
         seeds: seeds per cell, 0 … seeds − 1 (default: the table's).

@@ -1,12 +1,12 @@
 """Speed of Basin's Flower simulation against a bare PyTorch loop doing the same client work.
 
-    python -m experiments.benchmark                          # IMA, Fashion-MNIST shards, 20 rounds
-    python -m experiments.benchmark --rounds 3 --device cpu --set data-dir=/path/to/fashion-mnist
-    python -m experiments.benchmark --preset none --set num-clients=4 --set participation=0.5 --rounds 3
-    python -m experiments.benchmark --clients --set data-dir=/path/to/fashion-mnist   # K = 100, 1,000, 10,000
-    python -m experiments.benchmark --startup              # the wait before round 1, stage by stage
-    python -m experiments.benchmark --methods              # client steps/s of every method, its step mode, × FedAvg
-    python -m experiments.benchmark --methods --modes      # measures nothing: the step mode of every method on CUDA
+    .venv/bin/python -m experiments.benchmark                          # IMA, Fashion-MNIST shards, 20 rounds
+    .venv/bin/python -m experiments.benchmark --rounds 3 --device cpu --set data-dir=/path/to/fashion-mnist
+    .venv/bin/python -m experiments.benchmark --preset none --set num-clients=4 --set participation=0.5 --rounds 3
+    .venv/bin/python -m experiments.benchmark --clients --set data-dir=/path/to/fashion-mnist   # K = 100, 1,000, 10,000
+    .venv/bin/python -m experiments.benchmark --startup              # the wait before round 1, stage by stage
+    .venv/bin/python -m experiments.benchmark --methods              # client steps/s of every method, its step mode, × FedAvg
+    .venv/bin/python -m experiments.benchmark --methods --modes      # measures nothing: the step mode of every method on CUDA
 
 One invocation runs one setup twice, as a real ``flwr run`` simulation and as a bare
 PyTorch loop of the same client work in this process, and prints client steps per second,
@@ -14,7 +14,7 @@ their ratio, Flower's overhead per round and its start-up; ``--clients``, ``--st
 ``--methods`` measure how a run grows with the number of clients, the wait before round 1,
 and every method's step speed. Writes ``benchmark.json`` and the run's files into ``--out``.
 
-In detail: docs/command-lines.md (``python -m experiments.benchmark``)."""
+In detail: docs/command-lines.md (``.venv/bin/python -m experiments.benchmark``)."""
 from __future__ import annotations
 
 import argparse
@@ -41,7 +41,7 @@ def client_counts(text: str | tuple[int, ...]) -> tuple[int, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m experiments.benchmark", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=".venv/bin/python -m experiments.benchmark", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--preset", default=None,
                         help=f"preset name or TOML file (default {DEFAULT_PRESET}; with --clients the setup described "
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="instead: one run per number of clients K at a fixed cohort, and a table of how "
                              "start-up, rounds and memory grow with K (default 100,1000,10000)")
     parser.add_argument("--startup", nargs="?", const=3, type=int, default=None, metavar="N",
-                        help="instead: the wait before round 1, stage by stage, of `python -m experiments.run "
+                        help="instead: the wait before round 1, stage by stage, of `.venv/bin/python -m experiments.run "
                              "--set num-clients=100 --set participation=0.1 --set num-rounds=10 --set "
                              "min-partition-size=1 --set alpha=1.0` and of the main job, each run N times (default 3)")
     parser.add_argument("--methods", nargs="?", const="all", default=None, metavar="all|M,M,…",

@@ -10,7 +10,7 @@
 The keys are unencrypted and valid for a few days: for tests and local trials, not for
 a federation that outlives them.
 
-    python -m experiments.certificates DIR [--supernodes N]   # DIR/ca.crt … DIR/supernode-K(.pub)
+    .venv/bin/python -m experiments.certificates DIR [--supernodes N]   # DIR/ca.crt … DIR/supernode-K(.pub)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Cost of one client's local training, per method: FLOPs, parameters held, memory, time.
 
-    python -m experiments.costs                     # ResNet-56, CIFAR-100 shape, default methods
-    python -m experiments.costs --model resnet56 --methods fedavg,fedprox,moon,gradaug-n1,gradaug-n2,fedalign \\
+    .venv/bin/python -m experiments.costs                     # ResNet-56, CIFAR-100 shape, default methods
+    .venv/bin/python -m experiments.costs --model resnet56 --methods fedavg,fedprox,moon,gradaug-n1,gradaug-n2,fedalign \\
         --input-shape 3,32,32 --num-classes 100 --batch-size 64 --steps 10 --device auto --out costs.csv
 
 For each method, on Basin's own client path (the real strategy's training message, the
@@ -9,7 +9,7 @@ ClientApp's ``LocalRound``, synthetic data): forward and training GFLOPs per sam
 parameters held during local training, peak GPU memory and seconds per step, each also
 as a ratio to FedAvg measured in the same process.
 
-In detail: docs/command-lines.md (``python -m experiments.costs``)."""
+In detail: docs/command-lines.md (``.venv/bin/python -m experiments.costs``)."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from experiments.runtime.cli import exit_command, guarded, nonempty_path
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m experiments.costs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=".venv/bin/python -m experiments.costs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="resnet56",
-                        help="a model name (default resnet56; `python -m experiments.run --list-keys` lists them)")
+                        help="a model name (default resnet56; `.venv/bin/python -m experiments.run --list-keys` lists them)")
     parser.add_argument("--methods", default=None,
                         help="comma-separated strategy names or cost-table entries such as gradaug-n2 (default: each method's cost-table "
                              "entries, FedAvg, FedProx, SCAFFOLD, FedCM, … FedAlign)")

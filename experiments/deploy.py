@@ -1,15 +1,15 @@
 """Run Basin on Flower's Deployment Engine on this machine.
 
-    python -m experiments.deploy --set num-rounds=5            # insecure
-    python -m experiments.deploy --tls --set num-rounds=5      # TLS
-    python -m experiments.deploy --auth --set num-rounds=5     # TLS + SuperNode authentication
+    .venv/bin/python -m experiments.deploy --set num-rounds=5            # insecure
+    .venv/bin/python -m experiments.deploy --tls --set num-rounds=5      # TLS
+    .venv/bin/python -m experiments.deploy --auth --set num-rounds=5     # TLS + SuperNode authentication
 
 A real ``flower-superlink`` and one ``flower-supernode`` per client, each its own process
 talking HTTP(S) over localhost as on separate machines, then ``flwr run`` submits the run:
 the same cohorts, order and results as the simulation, bit for bit. Everything it starts is
 stopped by PID when the run ends; logs go to the output directory.
 
-In detail: docs/command-lines.md (``python -m experiments.deploy``)."""
+In detail: docs/command-lines.md (``.venv/bin/python -m experiments.deploy``)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,15 @@
 """The GPU path, checked in one command: does everything that only runs on a GPU work,
 how fast is it, is it reproducible, and does the IMA paper's pair come out?
 
-    python -m experiments.gpu_check --data-dir /path/to/fashion-mnist            # one H100: about 11 minutes
-    python -m experiments.gpu_check --data-dir /path/to/fashion-mnist --device cpu   # dry run: every step, tiny
+    .venv/bin/python -m experiments.gpu_check --data-dir /path/to/fashion-mnist            # one H100: about 11 minutes
+    .venv/bin/python -m experiments.gpu_check --data-dir /path/to/fashion-mnist --device cpu   # dry run: every step, tiny
 
 In order, each skipped with ``--skip NAME``: ``tests`` (the ``gpu``-marked tests),
 ``benchmark`` (CUDA graphs off, on, and under MPS against the bare loop), ``determinism``
 (two client-process counts, the same bits) and ``pair`` (IMA Table I's Fashion-MNIST #C=2
 pair beside the paper's 81.17 / 84.68); ``gpu-check.json`` in ``--out`` after each step.
 
-In detail: docs/command-lines.md (``python -m experiments.gpu_check``)."""
+In detail: docs/command-lines.md (``.venv/bin/python -m experiments.gpu_check``)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ DRY_SETTINGS = {"num-clients": 20, "participation": 0.1, "local-epochs": 1}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m experiments.gpu_check", description=__doc__,
+    parser = argparse.ArgumentParser(prog=".venv/bin/python -m experiments.gpu_check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, required=True, help="folder holding Fashion-MNIST's IDX files")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",

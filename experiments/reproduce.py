@@ -1,9 +1,9 @@
 """Reproduce a paper's table: Basin's numbers beside every number of the paper's.
 
-    python -m experiments.reproduce --list                      # every table: cells, runnable here, unsupported
-    python -m experiments.reproduce ima-table1 --dry-run        # each cell, the paper's value, the run, the compute
-    python -m experiments.reproduce ima-table1 --only FMNIST --seeds 3 --parallel auto --mps   # run and report
-    python -m experiments.reproduce fedalign-table5             # the MFLOPs and parameters, on the CPU in minutes
+    .venv/bin/python -m experiments.reproduce --list                      # every table: cells, runnable here, unsupported
+    .venv/bin/python -m experiments.reproduce ima-table1 --dry-run        # each cell, the paper's value, the run, the compute
+    .venv/bin/python -m experiments.reproduce ima-table1 --only FMNIST --seeds 3 --parallel auto --mps   # run and report
+    .venv/bin/python -m experiments.reproduce fedalign-table5             # the MFLOPs and parameters, on the CPU in minutes
 
 The tables (experiments/paper_tables/<name>.toml) hold every numeric cell of IMA Tables
 I–III, WIMA Tables 2–5, FedAlign Tables 1–7 and FedSWA Table 3, each mapped to the Basin
@@ -30,7 +30,7 @@ from experiments.runtime.cli import add_verbosity_options, apply_verbosity, exit
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m experiments.reproduce", description=__doc__,
+    parser = argparse.ArgumentParser(prog=".venv/bin/python -m experiments.reproduce", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("table", nargs="?", help="a table name (see --list) or a paper-table TOML file")
     parser.add_argument("--list", action="store_true", help="list every table with its counts of cells; run nothing")

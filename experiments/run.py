@@ -1,11 +1,11 @@
 """Run Basin jobs as real Flower simulations.
 
-    python -m experiments.run                       # the main job (see below)
-    python -m experiments.run --preset ima-fmnist-shards --set num-rounds=50
-    python -m experiments.run --preset ima-fmnist-dir0.1 \\
+    .venv/bin/python -m experiments.run                       # the main job (see below)
+    .venv/bin/python -m experiments.run --preset ima-fmnist-shards --set num-rounds=50
+    .venv/bin/python -m experiments.run --preset ima-fmnist-dir0.1 \\
         --compare strategy=fedavg,fedprox,fedadam,fedyogi --compare averaging=none,ima
-    python -m experiments.run --ray-address 10.0.0.5:6379   # clients on an existing Ray cluster
-    python -m experiments.run --check-reproducible runs/a runs/b   # the same bits? (exit 0) where not? (exit 1)
+    .venv/bin/python -m experiments.run --ray-address 10.0.0.5:6379   # clients on an existing Ray cluster
+    .venv/bin/python -m experiments.run --check-reproducible runs/a runs/b   # the same bits? (exit 0) where not? (exit 1)
 
 Without arguments, the main job: FedAvg, FedAvg+IMA and FedAvg+WIMA on the embedded
 digits. Each ``--compare KEY=V1,V2`` multiplies the runs (grid). Prints a summary table

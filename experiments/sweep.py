@@ -1,9 +1,9 @@
 """Sweeps: many Basin runs over a grid of configs, resumable, one results table.
 
-    python -m experiments.sweep ima-fmnist-alpha            # a sweep from experiments/sweeps/
-    python -m experiments.sweep my-sweep.toml --set num-rounds=20 --out runs/quick
-    python -m experiments.sweep my-sweep.toml --list        # the runs and their status
-    python -m experiments.sweep ima-fmnist-alpha --ray-address 10.0.0.5:6379  # on a Ray cluster
+    .venv/bin/python -m experiments.sweep ima-fmnist-alpha            # a sweep from experiments/sweeps/
+    .venv/bin/python -m experiments.sweep my-sweep.toml --set num-rounds=20 --out runs/quick
+    .venv/bin/python -m experiments.sweep my-sweep.toml --list        # the runs and their status
+    .venv/bin/python -m experiments.sweep ima-fmnist-alpha --ray-address 10.0.0.5:6379  # on a Ray cluster
 
 A sweep file (TOML; every field: docs/sweeps.md)::
 

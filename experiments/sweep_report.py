@@ -1,6 +1,6 @@
 """Tables and figures of a sweep: many federated runs over a grid of configs.
 
-    python -m experiments.sweep_report SWEEP_DIR [--out DIR]
+    .venv/bin/python -m experiments.sweep_report SWEEP_DIR [--out DIR]
 
 Reads ``SWEEP_DIR/results.parquet`` and ``curves.parquet`` and writes to
 ``SWEEP_DIR/report/`` the views the IMA and WIMA papers show: the accuracy table with
@@ -8,7 +8,7 @@ each averaging method's gain over its base run (the same seed, split and setting
 gains, gain against α, participation, local epochs and clients, rounds to target against
 the averaging start, the window ablation, and the accuracy curves.
 
-In detail: docs/command-lines.md (``python -m experiments.sweep_report``)."""
+In detail: docs/command-lines.md (``.venv/bin/python -m experiments.sweep_report``)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ its name or a key of it clashes with another method's) is kept as a :class:`Brok
 one line naming it, its distribution and what is wrong, raised when a run asks for it and
 shown when methods are listed; every other method runs.
 
-    python -m strategies.methods --write-pyproject   # regenerate pyproject.toml's method keys
-    python -m strategies.methods --write-docs        # regenerate docs/methods.md's table
+    .venv/bin/python -m strategies.methods --write-pyproject   # regenerate pyproject.toml's method keys
+    .venv/bin/python -m strategies.methods --write-docs        # regenerate docs/methods.md's table
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ METHOD_MODULES = (
 AVERAGING_MODULES = ("strategies.averaging", "strategies.ema")
 ENTRY_POINT_GROUP = "basin.methods"
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
-BLOCK_START = "# -- method keys: generated from the methods' declarations by `python -m strategies.methods --write-pyproject`"
+BLOCK_START = "# -- method keys: generated from the methods' declarations by `.venv/bin/python -m strategies.methods --write-pyproject`"
 BLOCK_END = "# -- end of method keys"
 
 Declaration = MethodSpec | AveragingSpec
@@ -339,7 +339,7 @@ def methods_table(with_plugins: bool = False) -> str:
 
 
 METHODS_PAGE = PYPROJECT.parent / "docs" / "methods.md"
-TABLE_START = "<!-- the methods table: generated from the declarations by `python -m strategies.methods --write-docs` -->"
+TABLE_START = "<!-- the methods table: generated from the declarations by `.venv/bin/python -m strategies.methods --write-docs` -->"
 TABLE_END = "<!-- end of the methods table -->"
 
 
@@ -364,7 +364,7 @@ def listing() -> str:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m strategies.methods", description=__doc__,
+    parser = argparse.ArgumentParser(prog=".venv/bin/python -m strategies.methods", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write-pyproject", action="store_true",
                         help="rewrite pyproject.toml's generated block of method keys (Basin's own methods)")

@@ -72,12 +72,24 @@ def _commands() -> list[str]:
     return sorted(found)
 
 
+# A Basin command printed with a bare `python`: without an activated environment it fails
+# (ModuleNotFoundError: flwr); the docs and every --help say `.venv/bin/python`.
+BARE_PYTHON = re.compile(r"(?<![\w/.\-])python -m (experiments|strategies|pytest)\b")
+
+
+def test_every_command_the_docs_print_runs_with_the_environments_python():
+    bare = [f"{page.name}: …{match.group(0)}…" for page in PAGES
+            for match in BARE_PYTHON.finditer(re.sub(r"\s+", " ", page.read_text()))]
+    assert not bare, f"commands with a bare `python` (write `.venv/bin/python`): {bare}"
+
+
 @pytest.mark.parametrize("command", _commands())
 def test_every_help_and_listing_the_docs_show_runs(command):
     result = subprocess.run([sys.executable, "-m", *shlex.split(command)], capture_output=True, text=True, timeout=120,
                             cwd=REPO)
     assert result.returncode == 0, f"{command}: {result.stderr[-2000:]}"
     assert result.stdout.strip()
+    assert not BARE_PYTHON.search(re.sub(r"\s+", " ", result.stdout)), f"{command} prints a bare `python -m`"
 
 
 # ---- every command block the docs show, run (slow tier) ---------------------------------------

@@ -491,3 +491,13 @@ def test_every_branch_of_the_verdict_rules_gives_its_verdict(metric, paper, basi
 def test_a_cell_without_a_number_on_either_side_gets_no_verdict():
     assert _verdict_of("acc-last-k", "80.0", Measured(note="not run yet")) == ""
     assert _verdict_of("acc-last-k", "N/A", Measured(80.0, 0.0, 1)) == ""
+
+
+def test_the_cell_counts_in_docs_reproducing_are_the_tables():
+    """docs/reproducing.md's count of each table's cells, and their total, are the table files'."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reproducing.md").read_text()
+    counts = {name: int(count) for name, count in re.findall(r"^\| `([a-z0-9-]+)` \| [^|]+ \| (\d+) \|", text, re.M)}
+    assert counts == {name: len(load_table(name).cells) for name in table_names()}
+    assert re.search(r"^\| \*\*all\*\* \| \| \*\*(\d+)\*\* \|", text, re.M).group(1) == str(sum(counts.values()))

@@ -1,7 +1,7 @@
 """Basin's analysis tools: the landscapes, decompositions and curvature the model-averaging
 papers use to explain why averaging helps, run on saved models of real runs.
 
-One module per tool, each a command ``python -m experiments.analysis TOOL …`` that reads a
+One module per tool, each a command ``.venv/bin/python -m experiments.analysis TOOL …`` that reads a
 run directory (or a sweep's runs) and writes PNG figures and CSV tables into its
 ``analysis/`` folder:
 

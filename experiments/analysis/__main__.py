@@ -1,4 +1,4 @@
-"""``python -m experiments.analysis TOOL ARGS…``: run one analysis tool (see the package docstring)."""
+"""``.venv/bin/python -m experiments.analysis TOOL ARGS…``: run one analysis tool (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in TOOLS:
         asked = bool(argv) and argv[0] in ("-h", "--help")  # asked-for help goes to stdout, as argparse's
         given = f"{argv[0]!r} is not a tool; " if argv and not asked else ""
-        print(f"usage: python -m experiments.analysis TOOL [--help]\n{given}tools: {', '.join(TOOLS)}",
+        print(f"usage: .venv/bin/python -m experiments.analysis TOOL [--help]\n{given}tools: {', '.join(TOOLS)}",
               file=sys.stdout if asked else sys.stderr)
         return 0 if asked else 2
     tool = importlib.import_module(TOOLS[argv[0]])

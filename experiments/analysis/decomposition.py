@@ -19,7 +19,7 @@ Basin's (ANALYSIS.md's suggestion), per saved round t with the cohort's client m
 
 Command (writes decomposition.csv, error-vs-models.csv and decomposition.png)::
 
-    python -m experiments.analysis decompose RUN_DIR [--round R] [--repeats 3]
+    .venv/bin/python -m experiments.analysis decompose RUN_DIR [--round R] [--repeats 3]
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ unit eigenvectors. Client Hessians use the global training set, as FedAlign's co
 
 Command (tables per run, so a sweep gives λ_max and trace per method)::
 
-    python -m experiments.analysis hessian RUN_OR_SWEEP_DIR... [--model base] [--clients] [--surface]
+    .venv/bin/python -m experiments.analysis hessian RUN_OR_SWEEP_DIR... [--model base] [--clients] [--surface]
 """
 
 from __future__ import annotations

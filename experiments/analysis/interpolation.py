@@ -12,7 +12,7 @@ average) or ``client:P`` (partition P's model), each optionally ``@R`` for saved
 vs IMA); ``base@150`` → ``base@300`` is Fig 5(b). Given a sweep, the command draws one
 curve per run that has both models — every base method of the sweep::
 
-    python -m experiments.analysis interpolate RUN_OR_SWEEP_DIR... [--a base] [--b averaged]
+    .venv/bin/python -m experiments.analysis interpolate RUN_OR_SWEEP_DIR... [--a base] [--b averaged]
 """
 
 from __future__ import annotations

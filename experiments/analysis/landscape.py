@@ -17,7 +17,7 @@ models, and a fourth through the base (FMA) models of the last three saved round
 on the top row, error on the bottom row; models as black triangles, their unweighted mean
 as a white cross::
 
-    python -m experiments.analysis landscape RUN_DIR [--points 21] [--stages 2,10,30]
+    .venv/bin/python -m experiments.analysis landscape RUN_DIR [--points 21] [--stages 2,10,30]
 """
 
 from __future__ import annotations

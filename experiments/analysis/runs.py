@@ -224,8 +224,8 @@ def pyplot():
 
 
 def tool_parser(tool: str, doc: str) -> argparse.ArgumentParser:
-    """The command line of ``python -m experiments.analysis TOOL``, described by the module's first paragraph."""
-    return argparse.ArgumentParser(prog=f"python -m experiments.analysis {tool}", description=doc.split("\n\n")[0])
+    """The command line of ``.venv/bin/python -m experiments.analysis TOOL``, described by the module's first paragraph."""
+    return argparse.ArgumentParser(prog=f".venv/bin/python -m experiments.analysis {tool}", description=doc.split("\n\n")[0])
 
 
 def finished(figure, title: str):

@@ -12,7 +12,7 @@ for a run whose average is a shadow model (WIMA, server SWA: ``sent-model`` stay
 without averaging, drawn solid (once: a run of that method with the same seed is the same
 curve). Runs that differ only in their seed are summarised together (mean ± std over seeds)::
 
-    python -m experiments.analysis stability RUN_OR_SWEEP_DIR... [--last 100] [--window 10]
+    .venv/bin/python -m experiments.analysis stability RUN_OR_SWEEP_DIR... [--last 100] [--window 10]
 """
 
 from __future__ import annotations

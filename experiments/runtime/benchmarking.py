@@ -1,5 +1,5 @@
 """Timing Flower runs against the bare training loop, and runs of many clients: the
-implementation behind ``python -m experiments.benchmark``. Its command line
+implementation behind ``.venv/bin/python -m experiments.benchmark``. Its command line
 (experiments/benchmark.py) answers ``--help`` and usage errors before this module
 imports torch and Flower.
 """

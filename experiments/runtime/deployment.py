@@ -1,5 +1,5 @@
 """The local Deployment Engine: a SuperLink, SuperNodes and a run on them: the
-implementation behind ``python -m experiments.deploy``. Its command line
+implementation behind ``.venv/bin/python -m experiments.deploy``. Its command line
 (experiments/deploy.py) answers ``--help`` and usage errors before this module imports
 torch and Flower.
 """

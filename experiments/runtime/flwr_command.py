@@ -1,4 +1,4 @@
-"""``python -m experiments.runtime.flwr_command run ARGS``: Flower's ``flwr run ARGS``, with
+"""``.venv/bin/python -m experiments.runtime.flwr_command run ARGS``: Flower's ``flwr run ARGS``, with
 its local SuperLink started before Flower's command line has loaded.
 
 ``flwr run`` on a local federation loads Flower's command line, finds no SuperLink

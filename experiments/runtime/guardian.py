@@ -1,4 +1,4 @@
-"""``python -m experiments.runtime.guardian LAUNCHER_PID LIFELINE_FD HOME OUT_DIR``: wait while
+"""``.venv/bin/python -m experiments.runtime.guardian LAUNCHER_PID LIFELINE_FD HOME OUT_DIR``: wait while
 the launcher runs, i.e. until the lifeline (a pipe whose write end only the launcher holds)
 reads end of file; then stop every process of the run (those whose FLWR_HOME is under
 HOME), mark the run's summaries in OUT_DIR ``killed``, remove HOME and the run's Ray

@@ -1,5 +1,5 @@
 """Measuring what one client's local training costs, per method: the implementation behind
-``python -m experiments.costs``. Its command line (experiments/costs.py) answers
+``.venv/bin/python -m experiments.costs``. Its command line (experiments/costs.py) answers
 ``--help`` and usage errors before this module imports torch and Flower.
 """
 

@@ -1,5 +1,5 @@
 """Client steps per second of every shipped method, and the step mode each takes: the
-implementation behind ``python -m experiments.benchmark --methods [--modes]``.
+implementation behind ``.venv/bin/python -m experiments.benchmark --methods [--modes]``.
 
 Each method runs on Basin's own client path (the strategy's real training message, then
 ``LocalRound`` as the ClientApp builds it; experiments/runtime/method_costs.py) on

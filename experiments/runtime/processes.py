@@ -11,7 +11,7 @@ kernel reuses) or process groups (which Ray's processes leave).
 A launcher's death must not leave them running: the SuperLink outlives ``flwr run``,
 Ray's agents outlive their parents, and a parent-death signal reaches only direct
 children. So each launch starts a **guardian** (:class:`Guardian`,
-``python -m experiments.runtime.guardian``) in a session of its own, where the terminal's SIGHUP
+``.venv/bin/python -m experiments.runtime.guardian``) in a session of its own, where the terminal's SIGHUP
 and Ctrl-C do not reach it. It reads a lifeline, a pipe whose other end only the launcher
 holds: the read ends (end of file) the moment the kernel closes that end, i.e. when the
 launcher is gone, however it died (SIGKILL, a closed terminal, a second Ctrl-C during

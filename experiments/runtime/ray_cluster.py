@@ -11,7 +11,7 @@ on its own machine: launch from a node of the cluster (e.g. the head).
 runs one after another (``experiments.run`` with ``--compare``, the main job, a sweep
 without ``--parallel``) starts one Ray cluster beside its first run and runs every run on it,
 instead of each run starting and stopping Ray (what that saves: docs/speed.md). A child
-process holds it (``python -m experiments.runtime.ray_cluster``) until the launcher closes
+process holds it (``.venv/bin/python -m experiments.runtime.ray_cluster``) until the launcher closes
 its stdin or dies; it hands its address over on a pipe of its own, and its output goes to
 the job's ``ray-cluster.log``. The GCS port is chosen first, so the address is known at
 once; a run launched on the cluster meanwhile is stopped with RayClusterUnreachable if it
@@ -136,7 +136,7 @@ class LocalRayCluster:
                 return
         self.__exit__()  # outside the lock: stopping Ray may take long, and other runs' checks go on
         raise RayClusterUnreachable(f"the job's Ray cluster did not start within {self.timeout:g} s "
-                                    f"(python -m experiments.runtime.ray_cluster): {failure}")
+                                    f"(.venv/bin/python -m experiments.runtime.ray_cluster): {failure}")
 
     def _failure(self) -> str:
         """Why the cluster cannot start ('' while it is up or may still come up); sets ``up``."""

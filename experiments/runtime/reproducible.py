@@ -1,4 +1,4 @@
-"""Are two runs the same to the bit? ``python -m experiments.run --check-reproducible A B``.
+"""Are two runs the same to the bit? ``.venv/bin/python -m experiments.run --check-reproducible A B``.
 
 Compares two run folders (each a run's ``--out``): every round of ``results.csv`` without
 its timing columns (wall-clock seconds and GPU memory, which no seed fixes), written as

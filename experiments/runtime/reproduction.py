@@ -1,6 +1,6 @@
 """Reproducing a paper's table: the runs its cells need (through the sweep machinery:
 resumable, parallel), the cost cells measured on the CPU, the report written
-(``python -m experiments.reproduce`` and ``experiments.api.reproduce``; the command line
+(``.venv/bin/python -m experiments.reproduce`` and ``experiments.api.reproduce``; the command line
 answers ``--help`` and usage errors before this module imports torch and Flower).
 
 The tables: experiments/runtime/paper_tables.py; the verdicts: experiments/runtime/verdicts.py;

@@ -38,7 +38,7 @@ TIMELINE = ("launcher's first line", "flwr run started", *(name for _, name in S
 
 
 def time_command(args: tuple[str, ...], out_dir: Path) -> dict[str, Any]:
-    """Run ``python -m experiments.run ARGS --out OUT_DIR`` and return its figures: wall
+    """Run ``.venv/bin/python -m experiments.run ARGS --out OUT_DIR`` and return its figures: wall
     seconds, Σ round-seconds, start-up seconds, and per run the timeline (seconds after
     the command started)."""
     started = time.time()
@@ -52,7 +52,7 @@ def time_command(args: tuple[str, ...], out_dir: Path) -> dict[str, Any]:
     code = process.wait()
     wall = time.time() - started
     if code != 0:
-        raise RuntimeError(f"`python -m experiments.run {' '.join(args)}` exited with {code}:\n{''.join(output[-20:])}")
+        raise RuntimeError(f"`.venv/bin/python -m experiments.run {' '.join(args)}` exited with {code}:\n{''.join(output[-20:])}")
     run_dirs = sorted({path.parent for path in out_dir.rglob("summary.json") if (path.parent / "results.csv").is_file()},
                       key=lambda path: json.loads((path / "summary.json").read_text())["started-at"])
     runs = [run_timeline(run_dir, started) for run_dir in run_dirs]
@@ -99,7 +99,7 @@ def startup_command(args) -> int:
     for name, command_args in (("startup-command", STARTUP_ARGS), ("main-job", MAIN_JOB_ARGS)):
         measurements = []
         for repeat in range(args.startup):
-            log.info(f"{name} {repeat + 1}/{args.startup}: python -m experiments.run {' '.join(command_args)}")
+            log.info(f"{name} {repeat + 1}/{args.startup}: .venv/bin/python -m experiments.run {' '.join(command_args)}")
             measurements.append(time_command(command_args, out / f"{name}-{repeat + 1}"))
             print(f"        wall {measurements[-1]['wall-seconds']:.1f} s, rounds {measurements[-1]['round-seconds']:.1f} s, "
                   f"start-up {measurements[-1]['startup-seconds']:.1f} s", flush=True)
@@ -113,13 +113,13 @@ def startup_command(args) -> int:
 def print_startup_report(results: dict[str, Any]) -> None:
     startup, main_job = results["startup-command"]["median"], results["main-job"]["median"]
     repeats = results["repeats"]
-    print(f"\nstart-up command (python -m experiments.run {' '.join(STARTUP_ARGS)}), median of {repeats}:")
+    print(f"\nstart-up command (.venv/bin/python -m experiments.run {' '.join(STARTUP_ARGS)}), median of {repeats}:")
     print(f"  wall {startup['wall-seconds']:.1f} s = start-up {startup['startup-seconds']:.1f} s (wall − Σ round-seconds) "
           f"+ rounds {startup['round-seconds']:.1f} s (round 1: {startup['round-1-seconds']:.1f} s)")
     print("  timeline, seconds after the command started:")
     for row, seconds in startup["timeline"].items():
         if seconds is not None:
             print(f"    {seconds:6.1f}  {row}")
-    print(f"main job (python -m experiments.run: 3 runs of 30 rounds), median of {repeats}:")
+    print(f"main job (.venv/bin/python -m experiments.run: 3 runs of 30 rounds), median of {repeats}:")
     print(f"  wall {main_job['wall-seconds']:.1f} s = start-up of its runs {main_job['startup-seconds']:.1f} s "
           f"+ rounds {main_job['round-seconds']:.1f} s")

@@ -1,5 +1,5 @@
 """Running a sweep's grid of runs, resumable, and collecting its tables: the implementation
-behind ``python -m experiments.sweep``. Its command line (experiments/sweep.py) answers
+behind ``.venv/bin/python -m experiments.sweep``. Its command line (experiments/sweep.py) answers
 ``--help`` and usage errors before this module imports torch and Flower.
 """
 
