@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("sweep", help="a sweep name from experiments/sweeps/ or a TOML file")
     parser.add_argument("--track", metavar="TRACKERS",
                         help="log every run to experiment trackers: a comma-separated list of tensorboard, mlflow, "
-                             "wandb (as the sweep file's key track; grouped by sweep)")
+                             "wandb (the run-config key track, as a sweep file's [set] track = ...; grouped by sweep)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run-config key in every run (changes the runs' configs)")
     parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/<sweep name>)")
