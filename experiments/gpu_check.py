@@ -200,6 +200,7 @@ def check_pair(base: dict[str, Any], rounds: int, out: Path) -> list[dict[str, A
     from experiments.runtime.machine import client_resources
     from experiments.runtime.run_config import resolve_config
     from experiments.runtime.sweep_runs import load_sweep, run_sweep
+    from strategies.results import current_summary
 
     out.mkdir(parents=True, exist_ok=True)
     spec = out / "pair.toml"
@@ -218,14 +219,14 @@ def check_pair(base: dict[str, Any], rounds: int, out: Path) -> list[dict[str, A
             summary = json.loads((out / "runs" / run.run_id / "summary.json").read_text())
         except (OSError, ValueError):
             summary = {}
-        key = next((k for k in summary if k.startswith("last-") and k.endswith("-accuracy")), None)
-        if summary.get("status") != "completed" or key is None:
+        summary = current_summary(summary)
+        if summary.get("status") != "completed" or "acc-last-k" not in summary:
             rows.append({"check": f"IMA FMNIST #C=2: {label}", "ok": False,
                          "result": f"run {summary.get('status', 'missing')}: {summary.get('error', '')}"[:300]})
             continue
-        accuracy = 100 * summary[key]
+        accuracy = 100 * summary["acc-last-k"]
         rows.append({"check": f"IMA FMNIST #C=2: {label}", "ok": True,
-                     "result": f"{accuracy:.2f} % ({key.removesuffix('-accuracy')} rounds of {summary['rounds']})",
+                     "result": f"{accuracy:.2f} % (last {summary['last-k']} rounds of {summary['rounds']})",
                      "paper": PAPER_PAIR[averaging], "accuracy": accuracy})
     return rows
 

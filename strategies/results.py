@@ -53,8 +53,25 @@ def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
     write_atomically(path, json.dumps(payload, indent=2, sort_keys=True).encode())
 
 
+# Summary keys of earlier Basin releases → today's names (run folders written before keep working).
+RENAMED_SUMMARY_KEYS = {"best-accuracy": "acc-best", "final-accuracy": "acc-final",
+                        "round-reaching-target": "rounds-to-target"}
+
+
+def current_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """A summary.json's content under today's names: an older run's ``last-K-accuracy``,
+    ``best-accuracy``, ``final-accuracy`` and ``round-reaching-target`` read as
+    ``acc-last-k``, ``acc-best``, ``acc-final`` and ``rounds-to-target``."""
+    current = {RENAMED_SUMMARY_KEYS.get(key, key): value for key, value in summary.items()}
+    old_last_k = f"last-{summary.get('last-k')}-accuracy"
+    if "acc-last-k" not in current and old_last_k in current:
+        current["acc-last-k"] = current.pop(old_last_k)
+    return current
+
+
 def summarize(rows: Sequence[Mapping[str, Any]], last_k: int, target: float) -> dict[str, Any]:
-    """Summary metrics of per-round rows (uses ``test-accuracy``)."""
+    """Summary metrics of per-round rows (uses ``test-accuracy``; accuracies are fractions in
+    [0, 1], as in results.csv)."""
     accuracies = [float(r["test-accuracy"]) for r in rows]
     if not accuracies:
         return {"rounds": 0}
@@ -65,14 +82,14 @@ def summarize(rows: Sequence[Mapping[str, Any]], last_k: int, target: float) -> 
     reached = next((int(r["round"]) for r in rows if float(r["test-accuracy"]) >= target), None)
     return {
         "rounds": len(rows),
-        f"last-{last_k}-accuracy": sum(tail) / len(tail),
+        "acc-last-k": sum(tail) / len(tail),
         "last-k": last_k,
         **({"last-k-requested": requested} if requested != last_k else {}),
-        "best-accuracy": accuracies[best],
+        "acc-best": accuracies[best],
         "best-round": int(rows[best]["round"]),
-        "final-accuracy": accuracies[-1],
+        "acc-final": accuracies[-1],
         "target-accuracy": target,
-        "round-reaching-target": reached,
+        "rounds-to-target": reached,
         "rounds-skipped": sum(str(r.get("round-status", "")).startswith("skipped") for r in rows),
         "client-failures": int(sum(v for r in rows if not math.isnan(v := float(r.get("clients-failed", 0))))),
     }

@@ -86,7 +86,7 @@ def test_load_run_reads_a_job_folder_in_its_order(tmp_path):
     pd.DataFrame({"run": ["FedAvg", "FedAvg+IMA"]}).to_csv(job_dir / "summary.csv", index=False)
     job = api.load_run(job_dir)
     assert list(job.runs) == ["FedAvg", "FedAvg+IMA"]
-    assert job.summary.loc["FedAvg+IMA", "acc last k"] == pytest.approx(0.8)
+    assert job.summary.loc["FedAvg+IMA", "acc-last-k"] == pytest.approx(0.8)
     assert job.summary["status"].tolist() == ["completed", "completed"]
     rounds = job.rounds
     assert list(rounds.columns[:2]) == ["run", "round"] and len(rounds) == 6

@@ -96,7 +96,7 @@ def test_a_resumed_recorder_rewrites_results_up_to_the_checkpoint(tmp_path):
     recorder.append({"round": 2, "test-accuracy": 0.7})
     lines = (tmp_path / "results.csv").read_text().splitlines()
     assert len(lines) == 3 and lines[1].startswith("1,") and lines[2].startswith("2,")
-    assert recorder.complete()["resumed-after-round"] == 1 and recorder.complete()["round-reaching-target"] == 2
+    assert recorder.complete()["resumed-after-round"] == 1 and recorder.complete()["rounds-to-target"] == 2
 
 
 def _tampered(tmp_path, **changes):

@@ -148,6 +148,26 @@ def test_a_finished_run_folder_holds_exactly_the_documented_files(flower_runs):
     assert len([path for path in (flower_runs["fedavg+ima-saved"].out / "models").iterdir()]) == 4  # rounds 2, 4, 5, 6
 
 
+def _documented_names(heading: str) -> set[str]:
+    """The names in the first column of docs/outputs.md's table under ``heading``."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "outputs.md").read_text()
+    table = text[text.index(heading):].split("\n\n")[1]
+    return {name for line in table.splitlines()[2:] for name in re.findall(r"`([^`]+)`", line.split(" | ")[0])}
+
+
+@pytest.mark.flower_runs("fedavg", "fedavg+ima-saved", "feature-skew+ima")
+def test_every_column_and_key_a_run_writes_is_documented(flower_runs):
+    columns = _documented_names("### The columns of `results.csv`")
+    keys = _documented_names("### The keys of `summary.json`")
+    for name in ("fedavg", "fedavg+ima-saved", "feature-skew+ima"):
+        run = flower_runs[name]
+        written = [column for column in run.rows().columns
+                   if column not in columns and not (column.startswith("accuracy-") and "accuracy-<domain>" in columns)]
+        assert not written, f"{name}: results.csv columns docs/outputs.md does not list: {written}"
+        assert set(run.summary) - keys == set(), f"{name}: summary.json keys docs/outputs.md does not list"
+        assert {"acc-last-k", "acc-best", "acc-final", "rounds-to-target"} <= set(run.summary)  # one name each
+
+
 @pytest.mark.flower_runs("fedavg")
 def test_with_every_speed_up_off_flowers_own_code_gives_the_same_bits(flower_runs, tmp_path, monkeypatch):
     """BASIN_SPEEDUPS=off: Flower's own `flwr`, `flwr-simulation`, engine, Ray start and

@@ -40,8 +40,8 @@ def test_the_reported_accuracy_is_the_mean_of_the_last_k_rounds_everywhere(tmp_p
     expected = sum(accuracies[-k:]) / k
     for other in (k - 1, k + 1):
         assert abs(sum(accuracies[-other:]) / other - expected) > 1e-6  # the test tells k from k ± 1
-    assert summary["last-k"] == k and summary[f"last-{k}-accuracy"] == pytest.approx(expected, abs=1e-12)
+    assert summary["last-k"] == k and summary["acc-last-k"] == pytest.approx(expected, abs=1e-12)
     in_sweep_table = _summary_columns(tmp_path)
     assert in_sweep_table["last-k"] == k and in_sweep_table["acc-last-k"] == pytest.approx(expected, abs=1e-12)
     in_job_table = summary_table({"run": summary}).loc["run"]
-    assert in_job_table["k"] == k and in_job_table["acc last k"] == pytest.approx(expected, abs=1e-12)
+    assert in_job_table["last-k"] == k and in_job_table["acc-last-k"] == pytest.approx(expected, abs=1e-12)

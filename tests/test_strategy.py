@@ -76,13 +76,13 @@ def test_round_records_the_cohorts_steps_busy_time_and_peak_gpu_memory():
 def test_summary_of_hand_made_rows():
     rows = [{"round": r, "test-accuracy": a} for r, a in enumerate([0.1, 0.5, 0.8, 0.7, 0.9], start=1)]
     summary = summarize(rows, last_k=2, target=0.75)
-    assert summary["last-2-accuracy"] == (0.7 + 0.9) / 2
-    assert summary["best-accuracy"] == 0.9 and summary["best-round"] == 5
-    assert summary["round-reaching-target"] == 3
+    assert (summary["acc-last-k"], summary["last-k"]) == ((0.7 + 0.9) / 2, 2)
+    assert summary["acc-best"] == 0.9 and summary["best-round"] == 5
+    assert summary["rounds-to-target"] == 3
     # A run shorter than k averages all its rounds and says so.
     short = summarize(rows, last_k=10, target=0.75)
     assert (short["last-k"], short["last-k-requested"]) == (5, 10)
-    assert short["last-5-accuracy"] == pytest.approx(sum([0.1, 0.5, 0.8, 0.7, 0.9]) / 5)
+    assert short["acc-last-k"] == pytest.approx(sum([0.1, 0.5, 0.8, 0.7, 0.9]) / 5)
     assert "last-k-requested" not in summary
 
 
@@ -92,7 +92,7 @@ def test_summary_table_shows_real_wall_time_start_up_and_effective_k():
     table = summary_table({"FedAvg": {"last-k": 5, "last-k-requested": 10, "last-5-accuracy": 0.5,
                                       "wall-seconds": 23.0, "run-seconds": 40.0, "startup-seconds": 15.0}})
     row = table.loc["FedAvg"]
-    assert (row["seconds"], row["start-up s"], row["k"]) == (40.0, 15.0, "5 of 10")
+    assert (row["run-seconds"], row["startup-seconds"], row["last-k"]) == (40.0, 15.0, "5 of 10")
 
 
 def test_recorder_writes_rows_as_they_come_and_marks_failure(tmp_path):
@@ -103,3 +103,14 @@ def test_recorder_writes_rows_as_they_come_and_marks_failure(tmp_path):
     recorder.fail(RuntimeError("boom"))
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and "boom" in summary["error"] and summary["rounds"] == 1
+
+
+def test_an_older_runs_summary_reads_under_todays_names():
+    """Run folders written before the names were unified keep working (docs/outputs.md)."""
+    from strategies.results import current_summary
+
+    old = {"last-k": 10, "last-10-accuracy": 0.81, "best-accuracy": 0.9, "final-accuracy": 0.8,
+           "round-reaching-target": 7, "rounds": 30}
+    assert current_summary(old) == {"last-k": 10, "acc-last-k": 0.81, "acc-best": 0.9, "acc-final": 0.8,
+                                    "rounds-to-target": 7, "rounds": 30}
+    assert current_summary(current_summary(old)) == current_summary(old)

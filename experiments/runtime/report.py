@@ -16,24 +16,28 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     start-up included) and the start-up before round 1."""
     import pandas as pd  # here: a launcher imports this module before Flower starts
 
+    from strategies.results import current_summary
+
     rows = []
-    for label, s in summaries.items():
+    for label, summary in summaries.items():
+        s = current_summary(summary)
         k = s.get("last-k", 10)
+        # The names of summary.json (docs/outputs.md); accuracies are fractions in [0, 1].
         rows.append({
             "run": label,
-            "acc last k": s.get(f"last-{k}-accuracy"),
+            "acc-last-k": s.get("acc-last-k"),
             # A run shorter than the requested k averages all its rounds: "5 of 10".
-            "k": f"{k} of {s['last-k-requested']}" if "last-k-requested" in s else k,
-            "best acc": s.get("best-accuracy"),
-            "best round": s.get("best-round"),
-            "final acc": s.get("final-accuracy"),
-            "round to target": s.get("round-reaching-target"),
-            "target": s.get("target-accuracy"),
+            "last-k": f"{k} of {s['last-k-requested']}" if "last-k-requested" in s else k,
+            "acc-best": s.get("acc-best"),
+            "best-round": s.get("best-round"),
+            "acc-final": s.get("acc-final"),
+            "rounds-to-target": s.get("rounds-to-target"),
+            "target-accuracy": s.get("target-accuracy"),
             "rounds": s.get("rounds"),
-            "skipped": s.get("rounds-skipped"),
-            "client failures": s.get("client-failures"),
-            "seconds": s.get("run-seconds", s.get("wall-seconds")),
-            "start-up s": s.get("startup-seconds"),
+            "rounds-skipped": s.get("rounds-skipped"),
+            "client-failures": s.get("client-failures"),
+            "run-seconds": s.get("run-seconds", s.get("wall-seconds")),
+            "startup-seconds": s.get("startup-seconds"),
         })
     return pd.DataFrame(rows).set_index("run")
 

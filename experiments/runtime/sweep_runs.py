@@ -42,17 +42,14 @@ from experiments.runtime.ray_cluster import LocalRayCluster
 from experiments.runtime.run_config import load_preset, named_toml, read_toml, resolve_config, tracked_in
 from strategies.checkpoint import CheckpointError, read_checkpoint
 from strategies.config import ConfigError, cohort_size
-from strategies.results import write_json_atomic
+from strategies.results import current_summary, write_json_atomic
 
 SWEEPS_DIR = Path(__file__).resolve().parents[1] / "sweeps"
 SWEEP_KEYS = {"name", "description", "preset", "set", "resources", "grid"}
 RESOURCE_KEYS = {"num-cpus", "num-gpus"}
-# summary.json key → results-table column
-SUMMARY_COLUMNS = {
-    "best-accuracy": "acc-best", "best-round": "best-round", "final-accuracy": "acc-final",
-    "round-reaching-target": "rounds-to-target", "rounds": "rounds", "wall-seconds": "wall-seconds",
-    "last-k": "last-k",
-}
+# The summary.json keys the results table has a column of, under the same names.
+SUMMARY_COLUMNS = ("acc-last-k", "acc-best", "best-round", "acc-final", "rounds-to-target", "rounds", "wall-seconds",
+                   "last-k")
 
 
 class SweepError(ValueError):
@@ -301,7 +298,7 @@ def collect(sweep: Sweep, out_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         row["run-dir"] = str(run_dir.relative_to(out_dir))
         rows.append(row)
     table = pd.DataFrame(rows)
-    for column in ("acc-last-k", *SUMMARY_COLUMNS.values(), "run-seconds"):
+    for column in (*SUMMARY_COLUMNS, "run-seconds"):
         table[column] = pd.to_numeric(table.get(column), errors="coerce") if column in table else float("nan")
     curve_table = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(columns=["run", "round"])
     return table, curve_table[["run", *[c for c in curve_table.columns if c != "run"]]]
@@ -324,9 +321,8 @@ def _summary_columns(run_dir: Path) -> dict[str, Any]:
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, json.JSONDecodeError):
         return {}
-    columns = {column: summary.get(key) for key, column in SUMMARY_COLUMNS.items()}
-    columns["acc-last-k"] = summary.get(f"last-{summary.get('last-k')}-accuracy")
-    return columns
+    summary = current_summary(summary)
+    return {column: summary.get(column) for column in SUMMARY_COLUMNS}
 
 
 def write_tables(sweep: Sweep, out_dir: Path) -> pd.DataFrame:
