@@ -1,7 +1,7 @@
 """Cost of one client's local training, per method: FLOPs, parameters held, memory, time.
 
-    .venv/bin/python -m experiments.costs                     # ResNet-56, CIFAR-100 shape, default methods
-    .venv/bin/python -m experiments.costs --model resnet56 --methods fedavg,fedprox,moon,gradaug-n1,gradaug-n2,fedalign \\
+    .venv/bin/python -m experiments.costs                     # FedAlign's ResNet-56 (BatchNorm), CIFAR-100 shape
+    .venv/bin/python -m experiments.costs --model resnet56-bn --methods fedavg,fedprox,moon,gradaug-n1,gradaug-n2,fedalign \\
         --input-shape 3,32,32 --num-classes 100 --batch-size 64 --steps 10 --device auto --out costs.csv
 
 For each method, on Basin's own client path (the real strategy's training message, the
@@ -22,8 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=".venv/bin/python -m experiments.costs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="resnet56",
-                        help="a model name (default resnet56; `.venv/bin/python -m experiments.run --list-keys` lists them)")
+    parser.add_argument("--model", default="resnet56-bn",
+                        help="a model name (default resnet56-bn, FedAlign's BatchNorm ResNet-56, the network of its cost "
+                             "table; `.venv/bin/python -m experiments.run --list-keys` lists them)")
     parser.add_argument("--methods", default=None,
                         help="comma-separated strategy names or cost-table entries such as gradaug-n2 (default: each method's cost-table "
                              "entries, FedAvg, FedProx, SCAFFOLD, FedCM, … FedAlign)")

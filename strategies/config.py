@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from clients.faults import FAULT_FORMAT, parse_faults
-from clients.model_names import MODEL_NAMES, REQUIRED_INPUT, SEQUENCE_MODELS, SLIMMABLE_MODELS, resolve_model_name
+from clients.model_names import DEFAULT_MODEL, MODEL_NAMES, REQUIRED_INPUT, SEQUENCE_MODELS, SLIMMABLE_MODELS, resolve_model_name
 from clients.options import ConfigError as ConfigError
 from clients.options import Option
 from clients.options import one_of as _one_of
@@ -80,7 +80,9 @@ def _server_lr_defaults() -> str:
 SCHEMA: dict[str, Option] = {
     "dataset": Option(str, f"one of {', '.join(BUILTIN_DATASETS)} or 'hf:<hub id or local path>'", is_known_dataset),
     "data-dir": Option(str, "a directory path, or '' for the default location"),
-    "model": _one_of("auto", *MODEL_NAMES),
+    "model": Option(str, "'auto' (the data set's default: " + ", ".join(f"{data} {model}" for data, model in DEFAULT_MODEL.items())
+                    + ", any other cifar-cnn) or one of " + ", ".join(repr(name) for name in MODEL_NAMES),
+                    lambda v: v == "auto" or v in MODEL_NAMES, ("auto", *MODEL_NAMES)),
     "partition": _one_of(*PARTITION_SCHEMES),
     "alpha": Option(float, "a number >= 0 (Dirichlet concentration; 0 = one class per client)", lambda v: v >= 0),
     "classes-per-client": Option(int, "an integer >= 1", lambda v: v >= 1),

@@ -408,7 +408,7 @@ def test_a_run_that_ended_without_a_word_is_killed_with_the_reason_from_flowers_
     error = run_failure(tmp_path, config, log)
     assert str(error).splitlines()[0] == f"run in {tmp_path} failed: No actor could be created: empty actor pool"
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "killed" and summary["rounds"] == 2 and summary["last-2-accuracy"] == pytest.approx(0.6)
+    assert summary["status"] == "killed" and summary["rounds"] == 2 and summary["acc-last-k"] == pytest.approx(0.6)
 
     log.write_text("Starting local SuperLink\n[basin] round 2/30 accuracy 0.7\n")
     assert "ended after round 2 without recording why" in str(run_failure(tmp_path, config, log)).splitlines()[0]

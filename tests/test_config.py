@@ -232,3 +232,11 @@ def test_user_facing_docs_stand_alone():
     for path in docs:
         text = path.read_text()
         assert "METHODS.md" not in text and "../shared" not in text and "BASELINES.md" not in text, path
+
+
+def test_every_preset_says_in_its_listing_what_sets_it_apart():
+    """`--list-presets` prints each preset's first sentence: no two may read the same."""
+    from experiments.run import list_presets
+
+    descriptions = [line.split(maxsplit=1)[1] for line in list_presets().splitlines()]
+    assert len(descriptions) == len(set(descriptions)), [d for d in descriptions if descriptions.count(d) > 1]

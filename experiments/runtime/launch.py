@@ -49,7 +49,7 @@ from experiments.runtime.run_config import APP_DIR
 from strategies.checkpoint import read_checkpoint, run_identity
 from strategies.config import summary_horizon, validate_run_config
 from strategies.methods import REGISTRY, write_pyproject
-from strategies.results import summarize, write_json_atomic
+from strategies.results import current_summary, summarize, write_json_atomic
 
 # What `flwr run` packs: the ServerApp's and ClientApp's packages, the app's pyproject.toml and README.
 APP_PACKAGES = ("clients", "strategies", "partitions", "experiments")
@@ -443,6 +443,6 @@ def end_summary(out_dir: Path, config: Mapping[str, Any], status: str, reason: s
     except OSError:
         rows = []
     metrics = summarize(rows, summary_horizon(config), config["target-accuracy"])
-    write_json_atomic(out_dir / "summary.json", {**summary, **metrics, "status": status, "error": reason})
+    write_json_atomic(out_dir / "summary.json", {**current_summary(summary), **metrics, "status": status, "error": reason})
 
 
