@@ -187,3 +187,22 @@ def test_every_python_snippet_of_the_docs_names_only_what_it_defines_or_imports(
             undefined += [f"{page.name}:{line}: {found.split('Undefined name ')[1]}" for found in result.stdout.splitlines()
                           if "F821" in found]
     assert not undefined, undefined
+
+
+def test_every_method_and_averaging_rule_has_its_paper_in_the_references():
+    """docs/references.md cites every declared method and averaging rule by its key, and
+    the licence and citation files exist and agree with pyproject.toml."""
+    import tomllib
+
+    import yaml
+
+    from strategies.methods import AVERAGINGS, METHODS, REGISTRY
+
+    text = (REPO / "docs" / "references.md").read_text()
+    cited = set(re.findall(r"`([a-z0-9-]+)`", text)) | set(re.findall(r"`averaging = ([a-z]+)`", text))
+    missing = [name for name in [*METHODS, *AVERAGINGS] if name not in REGISTRY.plugins and name not in cited]
+    assert not missing, f"methods without a reference: {missing}"
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    citation = yaml.safe_load((REPO / "CITATION.cff").read_text())
+    assert (citation["version"], citation["license"]) == (project["version"], project["license"])
+    assert "Apache License" in (REPO / "LICENSE").read_text() and project["license"] == "Apache-2.0"
