@@ -23,7 +23,7 @@ from clients.mime import full_gradient
 from clients.models import build_model, resolve_model_name, uses_projection_head
 from clients.protocol import partition_of
 from clients.state_store import ClientStateStore, last_checkpoint_round
-from clients.training import select_device
+from clients.training import evaluate, select_device
 from partitions.datasets import load_dataset
 
 
@@ -36,25 +36,26 @@ def _process_model(
     return build_model(name, input_shape, num_classes, projection_head).to(device)
 
 
-def _received_model_and_data(msg: Message, context: Context) -> tuple[torch.device, torch.nn.Module, torch.Tensor, torch.Tensor]:
-    """(device, the process's model holding the message's weights, this partition's x, y on the device)."""
+def _received_model_and_data(msg: Message, context: Context) -> tuple[torch.device, torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """(device, the process's model holding the message's weights, this partition's training
+    x, y and held-out x, y on the device: clients/data.py's client_tensors)."""
     run_config = context.run_config
     partition_id, num_partitions = partition_of(context)
     device = select_device(str(run_config["device"]))
     fix_arithmetic(int(run_config["torch-threads"]), device, bool(run_config["cuda-deterministic"]))
-    x, y = client_tensors(tuple(sorted(run_config.items())), partition_id, num_partitions, str(device))
+    tensors = client_tensors(tuple(sorted(run_config.items())), partition_id, num_partitions, str(device))
     data = load_dataset(str(run_config["dataset"]), str(run_config["data-dir"]), bool(run_config["normalize"]))
     model_name = resolve_model_name(str(run_config["model"]), str(run_config["dataset"]))
     projection_head = uses_projection_head(model_name, str(run_config["strategy"]))
     model = _process_model(model_name, data.input_shape, data.num_classes, projection_head, str(device))
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    return device, model, x, y
+    return device, model, tensors
 
 
 def full_gradient_reply(msg: Message, context: Context) -> Message:
     """MIME's extra exchange: this client's mean gradient over all of its examples at the
     received model, with no update (clients/mime.py)."""
-    _, model, x, y = _received_model_and_data(msg, context)
+    _, model, (x, y, _, _) = _received_model_and_data(msg, context)
     gradient = full_gradient(model, x, y)
     reply = RecordDict({"gradient": ArrayRecord({k: v.cpu() for k, v in gradient.items()}),
                         "metrics": MetricRecord({"num-examples": len(y)})})
@@ -67,7 +68,9 @@ def train_reply(msg: Message, context: Context) -> Message:
     run_config = context.run_config
     partition_id, _ = partition_of(context)
     round_config = msg.content["config"]
-    device, model, x, y = _received_model_and_data(msg, context)
+    device, model, (x, y, x_held_out, y_held_out) = _received_model_and_data(msg, context)
+    # client-evaluation: the received model on this client's held-out split, before it trains
+    held_out = {protocol.HELD_OUT_ACCURACY: evaluate(model, x_held_out, y_held_out)[1]} if len(y_held_out) else {}
 
     server_round = int(round_config["server-round"])
     snapshots = ClientStateStore.for_round(round_config, context.node_config, partition_id)
@@ -82,7 +85,7 @@ def train_reply(msg: Message, context: Context) -> Message:
     if snapshots:
         every = int(round_config[protocol.CHECKPOINT_EVERY])
         snapshots.save(context.state, server_round, last_checkpoint_round(server_round, every, resumed_after))
-    metrics.update(process_usage(started, device))
+    metrics.update({**held_out, **process_usage(started, device)})
     state = model.state_dict()
     if run_config["fault-injection"]:
         state = inject_faults(

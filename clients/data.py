@@ -45,12 +45,34 @@ def last_targets(targets: np.ndarray) -> np.ndarray:
     return targets[np.arange(len(targets)), last]
 
 
+# The stream of seeded draws that picks a client's held-out split (client-evaluation): its own,
+# so the split never moves another draw of the run.
+HELD_OUT_STREAM = 7
+
+
 @lru_cache(maxsize=256)
 def client_tensors(run_config_items: tuple, partition_id: int, num_partitions: int, device: str):
-    """(x, y) of one partition on ``device``; cached so each process copies it once."""
+    """(x, y, x_held_out, y_held_out) of one partition on ``device``; cached so each process
+    copies it once. With ``client-evaluation`` = f > 0 a seeded fraction f of the partition
+    (at least one sample, never all) is held out for evaluating the received model and
+    the client trains on the rest; with f = 0 (the default) nothing is held out."""
     cfg = dict(run_config_items)
     data = load_dataset(cfg["dataset"], cfg["data-dir"], bool(cfg["normalize"]))
     settings = partition_settings({**cfg, "num-clients": num_partitions})
-    indices = partition_indices(cfg["dataset"], cfg["data-dir"], bool(cfg["normalize"]), settings)[partition_id]
-    index = torch.from_numpy(np.array(indices))  # a copy: the cached partition is a read-only mapped view
-    return data.x_train[index].to(device), data.y_train[index].to(device)
+    indices = np.array(partition_indices(cfg["dataset"], cfg["data-dir"], bool(cfg["normalize"]), settings)[partition_id])
+    index = torch.from_numpy(indices)  # a copy: the cached partition is a read-only mapped view
+    x, y = data.x_train[index], data.y_train[index]
+    held_out = held_out_count(len(indices), float(cfg.get("client-evaluation", 0.0)))
+    if not held_out:
+        return x.to(device), y.to(device), x[:0].to(device), y[:0].to(device)
+    order = np.random.default_rng([int(cfg["seed"]), partition_id, HELD_OUT_STREAM]).permutation(len(indices))
+    train, test = torch.from_numpy(np.sort(order[held_out:])), torch.from_numpy(np.sort(order[:held_out]))
+    return x[train].to(device), y[train].to(device), x[test].to(device), y[test].to(device)
+
+
+def held_out_count(samples: int, fraction: float) -> int:
+    """How many of a client's ``samples`` it holds out: round(fraction · n), at least one and
+    at most n − 1 when fraction > 0, none when it is 0."""
+    if fraction <= 0 or samples < 2:
+        return 0
+    return min(samples - 1, max(1, round(fraction * samples)))

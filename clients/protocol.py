@@ -58,6 +58,7 @@ FULL_GRADIENT_ACTION = "full_gradient"  # reply with ∇f_i(θ) over all of the 
 SOLVER_A_NORM = "fednova-a-norm"  # ‖a_i‖₁ of the client's local solver (FedNova normalises by it)
 TRAIN_START = "train-start"  # wall clock (s since the epoch) when the client began the round's work
 TRAIN_END = "train-end"  # … and when it finished, before its reply is serialised
+HELD_OUT_ACCURACY = "held-out-accuracy"  # client-evaluation > 0: the received model's accuracy on its held-out part
 GPU_PEAK_MB = "gpu-peak-mb"  # the client process's peak CUDA memory allocated so far (MiB; CUDA only)
 
 # ArrayRecords besides "arrays".

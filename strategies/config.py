@@ -172,6 +172,10 @@ SCHEMA: dict[str, Option] = {
     "save-client-models": Option(int,
             "an integer >= 0 (client models kept per saved round, the first in partition order)", lambda v: v >= 0),
     "round-indicators": Option(bool, "true or false (add IMA's locality and client-model CKA to results.csv every round)"),
+    "client-evaluation": Option(float,
+            "a fraction in [0, 0.5] (0 = off; else each client holds out this seeded fraction of its partition, "
+            "trains on the rest, and reports the received model's accuracy on it every round: results.csv's "
+            "client-accuracy-mean, -worst-10pct and -std across the cohort)", lambda v: 0 <= v <= 0.5),
     "resume": Option(bool, "true or false (continue from output-dir/checkpoint.pt when there is one)"),
     "fault-injection": Option(str, f"'' or {FAULT_FORMAT}", _parses_as_faults),
     "track": Option(str,

@@ -14,11 +14,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from flwr.app import Message
 from flwr.serverapp import Grid
 
 from clients.simulation_engine import expect_replies, wait_for_reply
+
+
+@dataclass
+class Traffic:
+    """Bytes of arrays sent to and received from clients (a round's, or a run's): what each
+    message's ArrayRecords hold, the model and every tensor a method sends beside it
+    (SCAFFOLD's controls, FedFA's anchors, MIME's gradients)."""
+
+    sent: int = 0
+    received: int = 0
+
+
+# Every exchange of this process adds to it; the ServerApp reads it once a round.
+TRAFFIC = Traffic()
+
+
+def array_bytes(message: Message) -> int:
+    """The bytes of the arrays a message carries (0 for an error reply)."""
+    if not message.has_content():
+        return 0
+    return sum(len(array.data) for record in message.content.array_records.values() for array in record.values())
 
 
 class Replies(list):
@@ -37,6 +59,7 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float, ma
     messages = list(messages)
     # A message the SuperLink did not accept gets no id (None): its node simply never replies.
     ids = list(grid.push_messages(messages))
+    TRAFFIC.sent += sum(array_bytes(message) for message, message_id in zip(messages, ids) if message_id)
     destinations = {message_id: message.metadata.dst_node_id for message_id, message in zip(ids, messages) if message_id}
     pending = set(destinations)
     deadline = time.monotonic() + timeout
@@ -45,6 +68,7 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float, ma
     while pending:
         expect_replies()
         pulled = list(grid.pull_messages(pending))
+        TRAFFIC.received += sum(array_bytes(reply) for reply in pulled)
         replies.extend(pulled)
         pending.difference_update(reply.metadata.reply_to_message_id for reply in pulled)
         remaining = deadline - time.monotonic()

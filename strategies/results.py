@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 # largest peak CUDA memory of a client process (empty on CPU); round-status: "aggregated" or
 # why the round was skipped (too few accepted replies: the global model stays as it was);
 # failures: each failed client of the round, "partition P (node N): reason", ";"-separated;
+# bytes-sent, bytes-received: the arrays of the round's messages to and from clients;
+# client-accuracy-mean/-worst-10pct/-std: with client-evaluation > 0, the received model on
+# each sampled client's held-out split, across the cohort (else empty);
 # locality, locality-mean, client-cka: IMA's indicators of the cohort's models
 # (strategies/indicators.py), with round-indicators = true (else empty). A data set with
 # domains adds domain-mean-accuracy and accuracy-<domain> (the reported model on each
@@ -42,7 +45,8 @@ ROUND_COLUMNS = (
     "round", "lr", "local-epochs", "test-accuracy", "test-loss",
     "base-accuracy", "base-loss", "averaged-accuracy", "averaged-loss", "sent-model",
     "train-loss", "clients-ok", "clients-failed", "local-steps", "client-state-norm", "round-seconds",
-    "client-steps", "train-seconds", "eval-seconds", "client-seconds", "client-gpu-mb", "round-status", "failures",
+    "client-steps", "train-seconds", "eval-seconds", "client-seconds", "client-gpu-mb", "bytes-sent", "bytes-received",
+    "client-accuracy-mean", "client-accuracy-worst-10pct", "client-accuracy-std", "round-status", "failures",
     "locality", "locality-mean", "client-cka",
 )
 
@@ -92,6 +96,9 @@ def summarize(rows: Sequence[Mapping[str, Any]], last_k: int, target: float) -> 
         "rounds-to-target": reached,
         "rounds-skipped": sum(str(r.get("round-status", "")).startswith("skipped") for r in rows),
         "client-failures": int(sum(v for r in rows if not math.isnan(v := float(r.get("clients-failed", 0))))),
+        # the run's traffic: every round's arrays to and from clients (a resumed run: its rows')
+        "bytes-sent": int(sum(v for r in rows if not math.isnan(v := float(r.get("bytes-sent", 0))))),
+        "bytes-received": int(sum(v for r in rows if not math.isnan(v := float(r.get("bytes-received", 0))))),
     }
 
 

@@ -10,8 +10,9 @@ sums happen in the same order in every run and in every engine.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -266,21 +267,36 @@ class CohortSampling(RoundStrategy):
 
 
 def client_usage(replies: Iterable[Message]) -> dict[str, float]:
-    """What the cohort's clients did: ``client-steps``, their local steps in all;
+    """What the cohort's clients did (and, with ``client-evaluation``, how the received model
+    did on their held-out splits: :func:`client_accuracy`): ``client-steps``, their local steps in all;
     ``client-seconds``, how long at least one of them was working (the union of their
     [train-start, train-end] intervals), so round time minus this is the time spent
     outside client compute; ``client-gpu-mb``, the largest peak CUDA memory of a client
     process (NaN on CPU)."""
-    intervals, peaks, steps = [], [], 0
+    intervals, peaks, steps, accuracies = [], [], 0, []
     for reply in replies:
         metrics: dict[str, Any] = dict(next(iter(reply.content.metric_records.values())))
         steps += int(metrics.get("local-steps", 0))
+        if protocol.HELD_OUT_ACCURACY in metrics:
+            accuracies.append(float(metrics[protocol.HELD_OUT_ACCURACY]))
         if protocol.TRAIN_START in metrics and protocol.TRAIN_END in metrics:
             intervals.append((float(metrics[protocol.TRAIN_START]), float(metrics[protocol.TRAIN_END])))
         if protocol.GPU_PEAK_MB in metrics:
             peaks.append(float(metrics[protocol.GPU_PEAK_MB]))
     return {"client-steps": steps, "client-seconds": union_length(intervals),
-            "client-gpu-mb": max(peaks, default=float("nan"))}
+            "client-gpu-mb": max(peaks, default=float("nan")), **client_accuracy(accuracies)}
+
+
+def client_accuracy(accuracies: Sequence[float]) -> dict[str, float]:
+    """Across the cohort's clients, the received model's accuracy on each one's held-out
+    split (client-evaluation > 0): the mean, the mean of the worst 10 % of clients (at least
+    one) and the standard deviation (over the clients, ddof 0); NaN without any."""
+    if not accuracies:
+        return {}
+    ordered = sorted(accuracies)
+    worst = ordered[:max(1, math.ceil(0.1 * len(ordered)))]
+    return {"client-accuracy-mean": float(np.mean(ordered)), "client-accuracy-worst-10pct": float(np.mean(worst)),
+            "client-accuracy-std": float(np.std(ordered))}
 
 
 def union_length(intervals: Iterable[tuple[float, float]]) -> float:

@@ -42,7 +42,7 @@ from partitions.stats import partition_notation
 from strategies.arrays import to_numpy
 from strategies.checkpoint import CHECKPOINT_FILE, read_checkpoint, restore_checkpoint, write_checkpoint
 from strategies.config import cohort_size, summary_horizon, validate_run_config
-from strategies.exchange import send_and_receive
+from strategies.exchange import TRAFFIC, send_and_receive
 from strategies.faults import (
     ClientOutOfGpuMemory,
     ClientProcessesDied,
@@ -178,6 +178,7 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
         discard_rounds_after(recorder.directory, first_round - 1)
     for server_round in range(first_round, config["num-rounds"] + 1):
         started = time.perf_counter()
+        TRAFFIC.sent = TRAFFIC.received = 0  # this round's exchanges (MIME's extra one included)
         if not clients_unasked:  # simulated nodes never rejoin; asking the link for them costs O(K) a round
             strategy.follow_rejoined_nodes(grid, config["round-timeout"])
         train_config = round_train_config(config, schedule, server_round, data.black)
@@ -226,6 +227,8 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
             "train-seconds": trained - started,
             "eval-seconds": time.perf_counter() - trained,
             **strategy.round_clients,
+            "bytes-sent": TRAFFIC.sent,
+            "bytes-received": TRAFFIC.received,
             "round-status": strategy.round_status,
             "failures": "; ".join(map(str, strategy.round_failures)),
             **(indicators_of_round(strategy, model, cka_inputs) if config["round-indicators"] else {}),

@@ -149,7 +149,7 @@ def test_a_client_process_starts_without_the_heavy_libraries(cache):
         "          'pachinko-alpha': 0.1, 'pachinko-beta': 10.0, 'clients-per-domain': 0,\n"
         "          'client-dirichlet-concentration': 'class-prior', 'client-dirichlet-exhaustion': 'drop',\n"
         "          'samples-per-client': 0}\n"
-        "x, y = client_tensors(tuple(sorted(config.items())), 3, 10, 'cpu')\n"
+        "x, y, _, _ = client_tensors(tuple(sorted(config.items())), 3, 10, 'cpu')\n"
         "assert len(y) > 0\n"
         "heavy = ('flwr_datasets', 'datasets', 'sklearn', 'torchvision', 'pandas', 'matplotlib')\n"
         "print(sorted(name for name in heavy if name in sys.modules))\n"

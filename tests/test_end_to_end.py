@@ -32,6 +32,8 @@ METHOD_RUNS = end_to_end_runs()
 RUNS = {
     "fedavg": {},
     "fedavg-again": {},  # the same seed: must repeat "fedavg" bit for bit
+    # Each sampled client's accuracy on a held-out quarter of its partition.
+    "fedavg+client-evaluation": {"client-evaluation": 0.25, "num-rounds": 2},
     **METHOD_RUNS,
     # Heterogeneity beyond label skew, on small local copies of hub sets (tests/miniature.py):
     # Pachinko over 4 × 100 CIFAR-100-like images; feature + label skew, 3 domains × 2
@@ -166,6 +168,29 @@ def test_every_column_and_key_a_run_writes_is_documented(flower_runs):
         assert not written, f"{name}: results.csv columns docs/outputs.md does not list: {written}"
         assert set(run.summary) - keys == set(), f"{name}: summary.json keys docs/outputs.md does not list"
         assert {"acc-last-k", "acc-best", "acc-final", "rounds-to-target"} <= set(run.summary)  # one name each
+
+
+@pytest.mark.flower_runs("fedavg", "fedfa", "fedavg+client-evaluation")
+def test_a_run_counts_its_traffic_and_on_request_each_clients_accuracy(flower_runs):
+    from flwr.app import ArrayRecord
+
+    fedavg = flower_runs["fedavg"]
+    rows = fedavg.rows()
+    model = ArrayRecord(torch.load(fedavg.out / "final_model.pt", weights_only=True))
+    model_bytes = sum(len(array.data) for array in model.values())
+    cohort = 2  # participation 0.5 of 4 clients
+    # FedAvg: the model to each sampled client and back, every round; the run's total in the summary.
+    assert (rows["bytes-sent"] == cohort * model_bytes).all() and (rows["bytes-received"] == cohort * model_bytes).all()
+    assert (fedavg.summary["bytes-sent"], fedavg.summary["bytes-received"]) == (3 * cohort * model_bytes,) * 2
+    # FedFA sends its class anchors beside the same model: its traffic shows them.
+    fedfa = flower_runs["fedfa"].rows()
+    assert (fedfa["bytes-sent"] > cohort * model_bytes).all() and (fedfa["bytes-received"] > cohort * model_bytes).all()
+    # Per-client accuracy is opt-in: empty by default, filled with client-evaluation > 0.
+    columns = ["client-accuracy-mean", "client-accuracy-worst-10pct", "client-accuracy-std"]
+    assert rows[columns].isna().all().all()
+    evaluated = flower_runs["fedavg+client-evaluation"].rows()
+    assert evaluated[columns].notna().all().all() and evaluated[columns[:2]].stack().between(0, 1).all()
+    assert (evaluated["client-accuracy-worst-10pct"] <= evaluated["client-accuracy-mean"]).all()
 
 
 @pytest.mark.flower_runs("fedavg")

@@ -114,3 +114,48 @@ def test_an_older_runs_summary_reads_under_todays_names():
     assert current_summary(old) == {"last-k": 10, "acc-last-k": 0.81, "acc-best": 0.9, "acc-final": 0.8,
                                     "rounds-to-target": 7, "rounds": 30}
     assert current_summary(current_summary(old)) == current_summary(old)
+
+
+def test_the_bytes_of_a_message_are_its_arrays():
+    """Communication is counted from the arrays a message carries, every ArrayRecord of it."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+
+    from strategies.exchange import array_bytes
+
+    model = ArrayRecord({"w": Array(np.zeros((3, 4), dtype=np.float32)), "b": Array(np.zeros(4, dtype=np.float32))})
+    control = ArrayRecord({"c": Array(np.zeros(10, dtype=np.float64))})
+    content = RecordDict({"arrays": model, "control": control, "config": ConfigRecord({"lr": 0.1})})
+    message = Message(content=content, dst_node_id=1, message_type="train")
+    expected = sum(len(array.data) for record in (model, control) for array in record.values())
+    assert array_bytes(message) == expected and expected > (12 + 4) * 4 + 10 * 8  # np.save's headers included
+
+
+def test_the_cohorts_accuracy_on_held_out_splits_is_mean_worst_decile_and_spread():
+    from strategies.sampling import client_accuracy
+
+    stats = client_accuracy([0.9, 0.5, 0.7, 0.8, 0.6, 0.95, 0.85, 0.75, 0.65, 0.55, 0.4])  # 11 clients
+    assert stats["client-accuracy-mean"] == pytest.approx(sum([0.9, 0.5, 0.7, 0.8, 0.6, 0.95, 0.85, 0.75, 0.65, 0.55, 0.4]) / 11)
+    assert stats["client-accuracy-worst-10pct"] == pytest.approx((0.4 + 0.5) / 2)  # ⌈1.1⌉ = 2 worst clients
+    assert client_accuracy([0.3, 0.7])["client-accuracy-worst-10pct"] == 0.3  # at least one client
+    assert client_accuracy([0.3, 0.7])["client-accuracy-std"] == pytest.approx(0.2)  # ddof 0
+    assert client_accuracy([]) == {}
+
+
+def test_a_clients_held_out_split_is_seeded_disjoint_and_off_by_default():
+    import torch
+
+    from clients.data import client_tensors, held_out_count
+    from experiments.runtime.run_config import default_run_config
+
+    assert [held_out_count(n, f) for n, f in [(10, 0.0), (10, 0.2), (10, 0.01), (1, 0.5), (2, 0.5)]] == [0, 2, 1, 0, 1]
+    config = default_run_config()
+    x, y, x_held, y_held = client_tensors(tuple(sorted(config.items())), 3, 10, "cpu")
+    assert len(y_held) == 0
+    split = client_tensors(tuple(sorted({**config, "client-evaluation": 0.25}.items())), 3, 10, "cpu")
+    assert len(split[1]) + len(split[3]) == len(y) and len(split[3]) == round(0.25 * len(y))
+    # Disjoint, and together the whole partition: every sample once.
+    rows = {tuple(row.tolist()) for row in torch.cat([split[0], split[2]]).reshape(len(y), -1)}
+    assert rows == {tuple(row.tolist()) for row in x.reshape(len(y), -1)}
+    again = client_tensors(tuple(sorted({**config, "client-evaluation": 0.25}.items())), 3, 10, "cpu")
+    assert torch.equal(again[3], split[3])  # seeded: the same split in every process

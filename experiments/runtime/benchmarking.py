@@ -105,7 +105,7 @@ def run_bare(config: dict[str, Any]) -> BareRun:
         sums = {key: torch.zeros_like(value, dtype=torch.float32) for key, value in global_state.items()}
         examples, steps = [], []
         for partition_id in sampler.sample_partitions(server_round):
-            x, y = client_tensors(config_items, partition_id, config["num-clients"], str(device))
+            x, y, _, _ = client_tensors(config_items, partition_id, config["num-clients"], str(device))
             model.load_state_dict(global_state)
             generator, rng = round_randomness(config["seed"], server_round, partition_id)
             local_round = LocalRound(model, content, client_states[partition_id], rng)
