@@ -10,6 +10,7 @@ import shutil
 import signal
 import struct
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -40,6 +41,37 @@ def _stop_as_on_ctrl_c(signum, frame):
 # down and the folder above is removed, where Python's default would end the process at once.
 if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
     signal.signal(signal.SIGTERM, _stop_as_on_ctrl_c)
+
+
+def _leftovers(before: tuple[set[Path], set[Path]]) -> list[str]:
+    """Ray session folders whose Ray has ended and /tmp/basin-* folders made since ``before``."""
+    from experiments.runtime.processes import alive, ray_sessions
+
+    sessions, temporary = before
+    ended = [s for s in ray_sessions() - sessions if s.name.rsplit("_", 1)[-1].isdigit()
+             and not alive(int(s.name.rsplit("_", 1)[-1]))]
+    basin = set(Path(tempfile.gettempdir()).glob("basin-*")) - temporary - {Path(_HF_DATASETS_CACHE)}
+    return sorted(map(str, [*ended, *basin]))
+
+
+def pytest_sessionstart(session):
+    from experiments.runtime.processes import ray_sessions
+
+    session.config.basin_before = (ray_sessions(), set(Path(tempfile.gettempdir()).glob("basin-*")))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """With BASIN_CHECK_LEFTOVERS=1 (CI: .ci/run), a test run that leaves a Ray session folder
+    or a /tmp/basin-* folder behind fails, naming them (a run's clean-up, which may end a
+    moment after its test, gets 30 s)."""
+    if os.environ.get("BASIN_CHECK_LEFTOVERS") != "1" or not hasattr(session.config, "basin_before"):
+        return
+    deadline = time.monotonic() + float(os.environ.get("BASIN_LEFTOVER_GRACE_S", "30"))
+    while (left := _leftovers(session.config.basin_before)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if left:
+        session.config.get_terminal_writer().line(f"error: the test run left these behind: {', '.join(left)}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)

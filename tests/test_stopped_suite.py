@@ -38,3 +38,27 @@ def test_a_test_run_stopped_with_sigterm_tears_down_and_removes_its_folders(tmp_
         run.kill()
     assert "KeyboardInterrupt" in output
     assert not cache.exists()
+
+
+def test_a_test_run_that_leaves_a_basin_folder_behind_fails_naming_it(tmp_path):
+    """CI's check that a test run leaves nothing behind (BASIN_CHECK_LEFTOVERS=1,
+    tests/conftest.py) fails a run whose test leaves a /tmp/basin-* folder, and names it."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    test = tmp_path / "test_leaves.py"
+    marker = tmp_path / "left.txt"
+    test.write_text("import tempfile\n"
+                    f"def test_leaves():\n    open({str(marker)!r}, 'w').write(tempfile.mkdtemp(prefix='basin-left-'))\n")
+    env = {**os.environ, "BASIN_CHECK_LEFTOVERS": "1", "BASIN_LEFTOVER_GRACE_S": "0", "PYTHONPATH": str(repo)}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
+                             str(test)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    left = marker.read_text()
+    os.rmdir(left)
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert "the test run left these behind" in result.stdout and left in result.stdout
+    assert left.startswith(tempfile.gettempdir())

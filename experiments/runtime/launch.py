@@ -235,6 +235,7 @@ def run_app(app: Path, log_path: Path, num_supernodes: int, run_config: str = ""
     command = [flwr_executable(), "run", str(app), "--stream",
                "--federation-config", f"num-supernodes={num_supernodes}"]
     command += ["--run-config", run_config] if run_config else []
+    sessions_before = ray_sessions()
     with tempfile.TemporaryDirectory(prefix="basin-flwr-home-") as flwr_home:
         env = flower_environment(Path(sys.executable).parent, flwr_home, free_port(), free_port(), None)
         try:
@@ -251,6 +252,8 @@ def run_app(app: Path, log_path: Path, num_supernodes: int, run_config: str = ""
         finally:
             with deferred_interrupts():
                 stop_home(flwr_home)
+                # Flower's own simulation starts Ray with its session folder in /tmp/ray: gone with the run.
+                remove_finished_ray_sessions(sessions_before)
     return log_path.read_text(errors="replace")
 
 
