@@ -138,3 +138,12 @@ def test_the_example_plugin_installed_with_pip_runs_end_to_end_with_and_without_
         # Every sampled client built the plug-in's objective (an unknown objective fails the client).
         assert "client failures" not in result.stderr and summary["client-failures"] == 0
     assert {json.loads((f / "config.json").read_text())["averaging"] for f in folders} == {"none", "ima"}
+    # A sweep runs it too (its file validated against the plug-in's keys), under WIMA.
+    sweep = tmp_path / "plug-in.toml"
+    sweep.write_text('name = "plug-in"\n[set]\nstrategy = "feddecorr"\nnum-rounds = 2\nnum-clients = 4\nwindow = 2\n'
+                     '[grid]\naveraging = ["wima"]\nfeddecorr-beta = [0.05]\n')
+    swept = subprocess.run([sys.executable, "-m", "experiments.sweep", str(sweep), "--out", str(tmp_path / "sweep"),
+                            "--quiet"], env=env, capture_output=True, text=True, timeout=600, cwd=APP_DIR)
+    assert swept.returncode == 0, swept.stderr[-3000:]
+    (summary,) = [json.loads(path.read_text()) for path in (tmp_path / "sweep").rglob("summary.json")]
+    assert summary["status"] == "completed" and summary["rounds"] == 2
