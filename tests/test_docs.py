@@ -206,3 +206,10 @@ def test_every_method_and_averaging_rule_has_its_paper_in_the_references():
     citation = yaml.safe_load((REPO / "CITATION.cff").read_text())
     assert (citation["version"], citation["license"]) == (project["version"], project["license"])
     assert "Apache License" in (REPO / "LICENSE").read_text() and project["license"] == "Apache-2.0"
+
+
+def test_ci_runs_the_readmes_test_command_as_written():
+    readme = (REPO / "README.md").read_text()
+    block = readme[readme.index("```bash\n") + len("```bash\n"):]
+    test_command = block.splitlines()[1]
+    assert "pytest" in test_command and test_command in (REPO / ".ci" / "run").read_text()
