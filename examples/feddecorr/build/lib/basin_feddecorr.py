@@ -1,6 +1,6 @@
 """FedDecorr as a Basin plug-in: the whole method in one module.
 
-Shi, Liang, Zhang, Zhao, Tan, "Towards Understanding and Mitigating Dimensional Collapse
+Shi, Liang, Zhang, Tan, Bai, "Towards Understanding and Mitigating Dimensional Collapse
 in Heterogeneous Federated Learning", ICLR 2023, eq. 5, as the authors' code computes it
 (github.com/bytedance/FedDecorr, ``FedDecorrLoss``): each client minimises
 
