@@ -48,9 +48,9 @@ RUNS = {
     "fedavg+ima-saved": {"participation": 1.0, "num-rounds": 6, "averaging": "ima", "window": 2, "avg-start": 4,
                          "save-models-every": 2, "save-models-last": 3, "round-indicators": True},
 }
-# One run alone leaves about a third of CI's 2 cores idle (Flower's polling and process
-# start-up), two at once keep both busy: measured here, 4 runs took 57 s instead of 78 s,
-# while three at once were slower again than two.
+# One run alone leaves part of CI's 2 cores idle (Flower's polling and process start-up),
+# two at once keep both busy: 4 runs took 32.5 s instead of 38.2 s one at a time (2 cores,
+# 2026-11-27); three at once were slower again than two when last measured.
 RUNS_AT_ONCE = 2
 
 
