@@ -8,7 +8,7 @@ stamp=.venv/.basin-installed
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
   exit 0
 fi
-echo "[basin] installing into .venv (first time: about 2 minutes)…"
+echo "[basin] installing into .venv (first time: about 3 minutes on 2 cores)…"
 python3 -m venv .venv
 # pip's "Location … is ignored" lines come from this machine's extra local indexes: noise.
 .venv/bin/pip install --quiet --disable-pip-version-check -e ".[test,tracking]" \
