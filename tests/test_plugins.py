@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -114,9 +115,10 @@ def test_the_example_plugin_installed_with_pip_runs_end_to_end_with_and_without_
     """examples/feddecorr installed as a user would (pip, into a folder of its own), found by
     its entry point: listed with its key, and run by `experiments.run --compare` through
     Flower and Ray, composed with IMA, with nothing in Basin edited."""
-    target = tmp_path / "site"
+    target, package = tmp_path / "site", tmp_path / "feddecorr"
+    shutil.copytree(EXAMPLE, package, ignore=shutil.ignore_patterns("__pycache__"))  # its build files stay out of the repo
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "--target", str(target), str(EXAMPLE)], check=True, timeout=300)
+                    "--disable-pip-version-check", "--target", str(target), str(package)], check=True, timeout=300)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), str(APP_DIR)])}
     keys = subprocess.run([sys.executable, "-m", "experiments.run", "--list-keys"], env=env, capture_output=True,
                           text=True, timeout=120, cwd=APP_DIR, check=True).stdout
