@@ -20,12 +20,12 @@ class ScriptedGrid:
     def pull_messages(self, message_ids):
         self.pulls += 1
         ready = [k for k in range(self.num_messages) if k < self.pulls and k not in self.never and f"m{k}" in message_ids]
-        return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=f"m{k}")) for k in ready]
+        return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=f"m{k}"), has_content=lambda: False) for k in ready]
 
 
 def _messages(count: int) -> list[SimpleNamespace]:
     """Stand-ins for a round's messages: the exchange reads their destination node only."""
-    return [SimpleNamespace(metadata=SimpleNamespace(dst_node_id=100 + k)) for k in range(count)]
+    return [SimpleNamespace(metadata=SimpleNamespace(dst_node_id=100 + k), has_content=lambda: False) for k in range(count)]
 
 
 def test_collects_every_reply_once_polling_until_the_last():

@@ -388,14 +388,15 @@ def test_a_stored_reply_ends_the_servers_wait_at_once(monkeypatch):
 
         def pull_messages(self, message_ids):
             with state.lock:
-                return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id="m0")) for _ in state.replies]
+                return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id="m0"), has_content=lambda: False)
+                        for _ in state.replies]
 
     try:
         while state.store_message_res.__name__ == "store_message_res":  # the scan wraps the store first
             threading.Event().wait(0.01)
         started = time.monotonic()
-        replies = send_and_receive(EngineGrid(), [SimpleNamespace(metadata=SimpleNamespace(dst_node_id=1))], timeout=10,
-                                   max_poll=30)
+        message = SimpleNamespace(metadata=SimpleNamespace(dst_node_id=1), has_content=lambda: False)
+        replies = send_and_receive(EngineGrid(), [message], timeout=10, max_poll=30)
         waited = time.monotonic() - started
     finally:
         stop.set()

@@ -50,7 +50,7 @@ def test_tensorboard_holds_every_round_the_config_and_the_figures(tracked_run):
     assert [e.step for e in logged] == list(range(1, ROUNDS + 1))
     assert [e.value for e in logged] == pytest.approx(_results(tracked_run)["test-accuracy"].tolist(), rel=1e-6)
     assert "figures/partition" in events.Tags()["images"]
-    assert events.Scalars("summary/final-accuracy")[0].value == pytest.approx(
+    assert events.Scalars("summary/acc-final")[0].value == pytest.approx(
         json.loads((tracked_run / "summary.json").read_text())["acc-final"], rel=1e-6)
 
 
