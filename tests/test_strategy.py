@@ -159,3 +159,4 @@ def test_a_clients_held_out_split_is_seeded_disjoint_and_off_by_default():
     assert rows == {tuple(row.tolist()) for row in x.reshape(len(y), -1)}
     again = client_tensors(tuple(sorted({**config, "client-evaluation": 0.25}.items())), 3, 10, "cpu")
     assert torch.equal(again[3], split[3])  # seeded: the same split in every process
+    assert not torch.equal(split[2], x[:len(split[3])])  # a seeded draw, not the partition's first samples
