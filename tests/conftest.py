@@ -28,9 +28,17 @@ REPO = Path(__file__).resolve().parents[1]
 # under their folder names (digit-five, cifar100, femnist, …), and in a user's cache those
 # entries would pass for the real sets afterwards. Set here, before any test module
 # imports `datasets` (it reads the variable at import); Flower and Ray runs inherit it.
-_HF_DATASETS_CACHE = tempfile.mkdtemp(prefix="basin-test-hf-datasets-")
+# A second import of this file under another module name (``tests.conftest`` beside pytest's
+# ``conftest``) reuses the folder: a second one would be made after the session started and
+# count as left behind. Child processes inherit the variable but make their own (other pid).
+_OWNED_CACHE = os.environ.get("BASIN_TEST_HF_DATASETS_CACHE", "").partition(":")
+if _OWNED_CACHE[0] == str(os.getpid()):
+    _HF_DATASETS_CACHE = _OWNED_CACHE[2]
+else:
+    _HF_DATASETS_CACHE = tempfile.mkdtemp(prefix="basin-test-hf-datasets-")
+    os.environ["BASIN_TEST_HF_DATASETS_CACHE"] = f"{os.getpid()}:{_HF_DATASETS_CACHE}"
+    atexit.register(shutil.rmtree, _HF_DATASETS_CACHE, ignore_errors=True)
 os.environ["HF_DATASETS_CACHE"] = _HF_DATASETS_CACHE
-atexit.register(shutil.rmtree, _HF_DATASETS_CACHE, ignore_errors=True)
 
 
 def _stop_as_on_ctrl_c(signum, frame):

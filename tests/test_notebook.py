@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, SCOPE_VARIABLE, processes_in_scope
+from conftest import REPO, SCOPE_VARIABLE, processes_in_scope
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")

@@ -62,3 +62,19 @@ def test_a_test_run_that_leaves_a_basin_folder_behind_fails_naming_it(tmp_path):
     assert result.returncode == 1, result.stdout[-2000:]
     assert "the test run left these behind" in result.stdout and left in result.stdout
     assert left.startswith(tempfile.gettempdir())
+
+
+def test_importing_the_conftest_under_a_second_name_makes_no_second_cache_folder():
+    """A test module importing ``tests.conftest`` (pytest loaded it as ``conftest``) makes no
+    second Hugging Face cache folder, which CI's leftovers check would count as left behind."""
+    import importlib.util
+    import tempfile
+
+    import conftest
+
+    before = set(Path(tempfile.gettempdir()).glob("basin-test-hf-datasets-*"))
+    spec = importlib.util.spec_from_file_location("second_conftest", REPO / "tests" / "conftest.py")
+    second = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(second)
+    assert second._HF_DATASETS_CACHE == conftest._HF_DATASETS_CACHE
+    assert set(Path(tempfile.gettempdir()).glob("basin-test-hf-datasets-*")) == before
