@@ -65,14 +65,29 @@ def _leftovers(before: tuple[set[Path], set[Path]]) -> list[str]:
 def pytest_sessionstart(session):
     from experiments.runtime.processes import ray_sessions
 
+    if hasattr(session.config, "workerinput"):
+        return  # a pytest-xdist worker: the controller checks the whole run, from before its workers start
+
     session.config.basin_before = (ray_sessions(), set(Path(tempfile.gettempdir()).glob("basin-*")))
+    session.config.basin_started = time.monotonic()
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """With BASIN_CHECK_LEFTOVERS=1 (CI: .ci/run), a test run that leaves a Ray session folder
-    or a /tmp/basin-* folder behind fails, naming them (a run's clean-up, which may end a
-    moment after its test, gets 30 s)."""
-    if os.environ.get("BASIN_CHECK_LEFTOVERS") != "1" or not hasattr(session.config, "basin_before"):
+    """CI's checks of a whole test run (.ci/run sets both; the controller checks, not the
+    pytest-xdist workers): with BASIN_TEST_BUDGET_S, a run longer than that many seconds
+    fails, saying so; with BASIN_CHECK_LEFTOVERS=1, a run that leaves a Ray session folder or
+    a /tmp/basin-* folder behind fails, naming them (a run's clean-up, which may end a moment
+    after its test, gets 30 s)."""
+    if not hasattr(session.config, "basin_before"):
+        return
+    budget = os.environ.get("BASIN_TEST_BUDGET_S")
+    took = time.monotonic() - session.config.basin_started
+    if budget and took > float(budget):
+        session.config.get_terminal_writer().line(
+            f"error: the test run took {took:.0f} s, over CI's budget of {float(budget):g} s (BASIN_TEST_BUDGET_S, "
+            f".ci/run): make the slowest tests (--durations) share runs or do less", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if os.environ.get("BASIN_CHECK_LEFTOVERS") != "1":
         return
     deadline = time.monotonic() + float(os.environ.get("BASIN_LEFTOVER_GRACE_S", "30"))
     while (left := _leftovers(session.config.basin_before)) and time.monotonic() < deadline:

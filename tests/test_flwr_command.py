@@ -229,7 +229,7 @@ def test_the_runs_simulation_command_hands_itself_over_to_the_warm_process_with_
     pid, cwd, value, preloaded, argv = out.split(" ", 4)
     assert (int(pid), cwd, value, preloaded) == (warm.pid, str(elsewhere), "from", "the")  # split of "from the command"
     assert argv.strip().endswith("True ['--token', 't']")
-    assert warm.wait(timeout=10) == 3 and not (home / "warm-simulation.sock").exists()
+    assert warm.wait(timeout=120) == 3 and not (home / "warm-simulation.sock").exists()
     alone = _run_command(home, app, elsewhere, RUN_ONLY="x")  # no warm process: the command runs it
     out, err = alone.communicate(timeout=60)
     assert alone.returncode == 3 and int(out.split()[0]) == alone.pid and out.split()[3] == "False", err

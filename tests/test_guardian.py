@@ -89,10 +89,11 @@ def test_a_sigkilled_launcher_is_noticed_within_seconds(run_folders):
         launcher.send_signal(signal.SIGKILL)
         launcher.wait()
         killed_at = time.monotonic()
-        # Noticed at once (end of file); the bound leaves room for a loaded machine's process scan.
-        assert _wait_until(lambda: not alive(run_process.pid), 5.0), "the run's process outlived its launcher"
-        assert time.monotonic() - killed_at < 5.0
-        assert _wait_until(lambda: not alive(guardian_pid), 5.0)
+        # Noticed at once (end of file; nothing polls); the bound only guards against a hang, with
+        # room for a loaded machine's process scan.
+        assert _wait_until(lambda: not alive(run_process.pid), 30.0), "the run's process outlived its launcher"
+        assert time.monotonic() - killed_at < 30.0
+        assert _wait_until(lambda: not alive(guardian_pid), 30.0)
         summary = json.loads((out / "summary.json").read_text())
         assert summary["status"] == "killed" and f"PID {launcher.pid}" in summary["error"]
         assert not home.exists()

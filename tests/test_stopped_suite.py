@@ -78,3 +78,18 @@ def test_importing_the_conftest_under_a_second_name_makes_no_second_cache_folder
     spec.loader.exec_module(second)
     assert second._HF_DATASETS_CACHE == conftest._HF_DATASETS_CACHE
     assert set(Path(tempfile.gettempdir()).glob("basin-test-hf-datasets-*")) == before
+
+
+def test_a_test_run_over_its_time_budget_fails_saying_so(tmp_path):
+    """CI's time budget for a test run (BASIN_TEST_BUDGET_S, set by .ci/run) fails a run
+    that takes longer, though every test passed, and says by how much."""
+    import os
+
+    test = tmp_path / "test_takes_a_second.py"
+    test.write_text("import time\ndef test_takes_a_second():\n    time.sleep(1.0)\n")
+    env = {**os.environ, "BASIN_TEST_BUDGET_S": "0.5", "PYTHONPATH": str(REPO)}
+    env.pop("BASIN_CHECK_LEFTOVERS", None)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
+                             str(test)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert "1 passed" in result.stdout and "over CI's budget of 0.5 s" in result.stdout, result.stdout[-2000:]
