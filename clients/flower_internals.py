@@ -103,7 +103,7 @@ PRIVATE_NAMES = (
     "_register_node_info_stores", "DeprecatedRunInfoStore", "RunInfo",
     "run_info_store", "in_memory_linkstate", "_check_and_log_replies", "SType", "TaskIdentity", "flwr.common",
     "flwr.supercore", "flwr.compat", "flwr.server.", "VirtualClientEngineActor", "flwr.simulation.ray_transport",
-    "flwr.cli.local_superlink", "ray._private", "start_api_server",
+    "flwr.cli.local_superlink", "ray._private", "start_api_server", "_add_noise_to_aggregated_arrays",
 )
 
 
@@ -219,6 +219,27 @@ def speed_up_available(speed_up: str) -> bool:
 def check_and_log_replies(strategy: Any, replies: Any, is_train: bool) -> tuple[list, list]:
     """Flower's ``FedAvg._check_and_log_replies``: (valid replies, error replies)."""
     return strategy._check_and_log_replies(replies, is_train=is_train)
+
+
+def clip_model_update(reply_arrays: list, sent_arrays: list, clipping_norm: float) -> bool:
+    """Flower's ``compute_clip_model_update``, the clipping its DP wrappers apply: in place,
+    ``reply_arrays`` becomes sent + (reply − sent) · C / ‖reply − sent‖₂ where that norm
+    exceeds C; True if it did. A reply within the norm is left as it is (Flower's rewrite as
+    sent + (reply − sent) can change its last bits), so a norm that never binds gives the
+    bits of a run without clipping."""
+    import numpy as np
+    from flwr.supercore.differential_privacy import compute_clip_model_update, get_norm
+
+    if get_norm([np.subtract(reply, sent) for reply, sent in zip(reply_arrays, sent_arrays, strict=True)]) <= clipping_norm:
+        return False
+    compute_clip_model_update(reply_arrays, sent_arrays, clipping_norm)
+    return True
+
+
+def add_aggregate_noise(strategy: Any, aggregated: Any) -> Any:
+    """Flower's ``DifferentialPrivacyFixedClippingBase._add_noise_to_aggregated_arrays``:
+    ``aggregated`` plus N(0, (σ C / m)²) noise from NumPy's global generator."""
+    return strategy._add_noise_to_aggregated_arrays(aggregated)
 
 
 def numpy_stype() -> str:

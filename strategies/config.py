@@ -25,6 +25,7 @@ from partitions.stats import LABEL_SCHEMES, PARTITION_SCHEMES
 from strategies.averaging import AVERAGING_SUBSETS
 from strategies.method import averaging_start_round as averaging_start_round
 from strategies.methods import AVERAGINGS, METHODS, method, method_options, refuse_broken_plugin
+from strategies.privacy import DP_ORDERS
 from strategies.schedules import EXPLORATIONS, LR_SCHEDULES
 from strategies.tracking import TRACKERS, tracker_names
 
@@ -131,6 +132,16 @@ SCHEMA: dict[str, Option] = {
     "ima-decay": Option(float, "a number in (0, 1] (client lr factor per round after t_s)", lambda v: 0 < v <= 1),
     "swa-variant": _one_of("paper", "official-code"),
     "swa-cycle": Option(int, "an integer >= 1 (SWA lr cycle length in rounds)", lambda v: v >= 1),
+    "dp-clipping-norm": Option(float,
+            "a number >= 0 (server-side differential privacy, Flower's DifferentialPrivacyServerSideFixedClipping: "
+            "clip each client's update to this L2 norm C and add Gaussian noise to the aggregate; 0 = off)",
+            lambda v: v >= 0),
+    "dp-noise-multiplier": Option(float,
+            "a number >= 0 (σ: the noise's standard deviation is σ·C/m, m the cohort; needs dp-clipping-norm > 0)",
+            lambda v: v >= 0),
+    "dp-order": Option(str, "'inside' (averaging of the private base models: the noise is added to each base "
+            "model) or 'outside' (the noise is added once, to what the averaging rule returns)",
+            lambda v: v in DP_ORDERS, DP_ORDERS),
     "seed": Option(int, "an integer >= 0", lambda v: v >= 0),
     "target-accuracy": Option(float, "a number in [0, 1]", lambda v: 0 <= v <= 1),
     "summary-last-k": Option(int,
@@ -243,6 +254,12 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"run config key 'model' = {model!r} (next-character prediction) cannot run {what}, which works on one "
             f"label per image; allowed: a strategy other than {', '.join(IMAGE_ONLY)}, augment = 'none'"
+        )
+    if config["dp-noise-multiplier"] > 0 and config["dp-clipping-norm"] == 0:
+        raise ConfigError(
+            f"run config key 'dp-noise-multiplier' = {config['dp-noise-multiplier']:g} needs a clipping norm (the "
+            f"noise's scale is σ·C/m), but dp-clipping-norm = 0; allowed: dp-clipping-norm > 0, or "
+            f"dp-noise-multiplier = 0"
         )
     if config["clients-per-domain"] and config["partition"] not in LABEL_SCHEMES:
         raise ConfigError(

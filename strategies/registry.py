@@ -11,7 +11,9 @@ from typing import Any, cast
 
 from flwr.serverapp.strategy import Strategy
 
+from strategies.config import cohort_size
 from strategies.methods import AVERAGINGS, method
+from strategies.privacy import ServerSideDP
 from strategies.round_interface import RoundStrategy
 from strategies.schedules import ClientSchedule
 
@@ -24,13 +26,25 @@ def build_base_strategy(config: Mapping[str, Any]) -> RoundStrategy:
 
 
 def build_strategy(config: Mapping[str, Any]) -> RoundStrategy:
-    """The base method, wrapped by the averaging component when ``averaging`` is set."""
+    """The base method, wrapped by the averaging component when ``averaging`` is set, and
+    by server-side differential privacy when ``dp-clipping-norm`` > 0: around the base
+    (``dp-order = inside``) or around the averaging (``outside``)."""
     # Every declared method's strategy is a Flower Strategy as well as a RoundStrategy.
-    method_strategy = build_base_strategy(config)
-    base = cast(Strategy, method_strategy)
-    if config["averaging"] == "none":
-        return method_strategy
-    return AVERAGINGS[config["averaging"]].build(base, config)
+    strategy = build_base_strategy(config)
+    private = config["dp-clipping-norm"] > 0
+    if private and config["dp-order"] == "inside":
+        strategy = private_strategy(strategy, config)
+    if config["averaging"] != "none":
+        strategy = AVERAGINGS[config["averaging"]].build(cast(Strategy, strategy), config)
+    if private and config["dp-order"] == "outside":
+        strategy = private_strategy(strategy, config)
+    return strategy
+
+
+def private_strategy(strategy: RoundStrategy, config: Mapping[str, Any]) -> ServerSideDP:
+    """``strategy`` inside Flower's server-side fixed-clipping DP (strategies/privacy.py)."""
+    return ServerSideDP(cast(Strategy, strategy), config["dp-noise-multiplier"], config["dp-clipping-norm"],
+                        cohort_size(config), config["seed"])
 
 
 def build_client_schedule(config: Mapping[str, Any]) -> ClientSchedule:

@@ -46,6 +46,13 @@ RUNS = {
                          "averaging": "ima", "window": 2, "avg-start": 2},
     "char-lstm": {"dataset": "hf:{shakespeare}", "model": "char-lstm", "partition": "natural", "num-rounds": 2,
                   "batch-size": 8, "lr": 1.0, "momentum": 0.9, "grad-clip": 5.0},
+    # Server-side DP: with no noise and a norm no update reaches it must repeat "fedavg" bit for
+    # bit; with noise, in either order around IMA.
+    "fedavg+dp-no-noise": {"dp-clipping-norm": 1e6},
+    "ima+dp-inside": {"averaging": "ima", "window": 2, "avg-start": 2, "num-rounds": 2, "dp-clipping-norm": 1.0,
+                      "dp-noise-multiplier": 0.5},
+    "ima+dp-outside": {"averaging": "ima", "window": 2, "avg-start": 2, "num-rounds": 2, "dp-clipping-norm": 1.0,
+                       "dp-noise-multiplier": 0.5, "dp-order": "outside"},
     # What the analysis tools read: every 2 rounds and the last 3, all 4 clients each round.
     "fedavg+ima-saved": {"participation": 1.0, "num-rounds": 6, "averaging": "ima", "window": 2, "avg-start": 4,
                          "save-models-every": 2, "save-models-last": 3, "round-indicators": True},
@@ -215,15 +222,32 @@ def test_with_every_speed_up_off_flowers_own_code_gives_the_same_bits(flower_run
     assert all(torch.equal(ours[name], flowers[name]) for name in ours)
 
 
-@pytest.mark.flower_runs("fedavg", "fedavg-again")
-def test_same_seed_gives_bitwise_identical_rounds_and_model(flower_runs):
-    # The two runs ran at the same time, each with its own SuperLink and Ray.
-    first, second = flower_runs["fedavg"], flower_runs["fedavg-again"]
+def _same_bits(first: Launched, second: Launched) -> None:
     columns = ["round", "lr", "test-accuracy", "test-loss", "train-loss", "clients-ok", "local-steps"]
     assert first.rows()[columns].to_csv() == second.rows()[columns].to_csv()
     model_a = torch.load(first.out / "final_model.pt", weights_only=True)
     model_b = torch.load(second.out / "final_model.pt", weights_only=True)
     assert all(torch.equal(model_a[k], model_b[k]) for k in model_a)
+
+
+@pytest.mark.flower_runs("fedavg", "fedavg-again")
+def test_same_seed_gives_bitwise_identical_rounds_and_model(flower_runs):
+    # The two runs ran at the same time, each with its own SuperLink, on the job's Ray cluster.
+    _same_bits(flower_runs["fedavg"], flower_runs["fedavg-again"])
+
+
+@pytest.mark.flower_runs("fedavg", "fedavg+dp-no-noise", "ima+dp-inside", "ima+dp-outside")
+def test_server_side_dp_runs_in_either_order_around_ima_and_without_noise_changes_no_bit(flower_runs):
+    _same_bits(flower_runs["fedavg"], flower_runs["fedavg+dp-no-noise"])
+    inside, outside = flower_runs["ima+dp-inside"].rows(), flower_runs["ima+dp-outside"].rows()
+    for rows in (inside, outside):
+        assert rows["round"].tolist() == [1, 2] and rows["sent-model"].tolist() == ["base", "averaged"]
+    # Round 1 is the same release in both orders (IMA passes the base model on); round 2's is
+    # not (inside: the mean of two noisy models; outside: one draw of noise on the mean).
+    assert inside["test-accuracy"].iloc[0] == outside["test-accuracy"].iloc[0]
+    finals = [torch.load(flower_runs[name].out / "final_model.pt", weights_only=True)
+              for name in ("ima+dp-inside", "ima+dp-outside")]
+    assert not all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
 
 
 def test_a_run_that_trained_nothing_failed_and_the_command_exits_1(tmp_path):

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, SCOPE_VARIABLE, processes_in_scope
 
 nbformat = pytest.importorskip("nbformat")
