@@ -65,16 +65,12 @@ def _leftovers(before: tuple[set[Path], set[Path]]) -> list[str]:
 def pytest_sessionstart(session):
     from experiments.runtime.processes import ray_sessions
 
-    if hasattr(session.config, "workerinput"):
-        return  # a pytest-xdist worker: the controller checks the whole run, from before its workers start
-
     session.config.basin_before = (ray_sessions(), set(Path(tempfile.gettempdir()).glob("basin-*")))
     session.config.basin_started = time.monotonic()
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """CI's checks of a whole test run (.ci/run sets both; the controller checks, not the
-    pytest-xdist workers): with BASIN_TEST_BUDGET_S, a run longer than that many seconds
+    """CI's checks of a whole test run (.ci/run sets both): with BASIN_TEST_BUDGET_S, a run longer than that many seconds
     fails, saying so; with BASIN_CHECK_LEFTOVERS=1, a run that leaves a Ray session folder or
     a /tmp/basin-* folder behind fails, naming them (a run's clean-up, which may end a moment
     after its test, gets 30 s)."""
