@@ -22,6 +22,7 @@ This module imports only the standard library at its top: the command loads it f
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -68,14 +69,20 @@ def hand_over(path: str | None) -> int | None:
         connection.close()
         return None
     request = json.dumps({"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
-    socket.send_fds(connection, [STATUS.pack(len(request)) + request], [0, 1, 2])
+    # A signal that comes once the warm process may have the command waits for the handlers
+    # that pass it on (it would otherwise end this command by default, and the warm process
+    # by SIGKILL instead of by that signal).
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
     try:
+        socket.send_fds(connection, [STATUS.pack(len(request)) + request], [0, 1, 2])
         (pid,) = STATUS.unpack(_receive_exactly(connection, STATUS.size))
     except ConnectionError:  # it ended before taking the command over (its imports failed)
         connection.close()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
         return None
     for number in FORWARDED_SIGNALS:
         signal.signal(number, lambda received, _frame: os.kill(pid, received))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
     try:
         (status,) = STATUS.unpack(_receive_exactly(connection, STATUS.size))
     except ConnectionError:  # it died without a status: killed
@@ -124,7 +131,9 @@ def serve(path: str, preload: list[str]) -> None:
     finished = threading.Event()
 
     def end_with_the_command() -> None:
-        connection.recv(1)  # returns when the command is gone
+        # Returns when the command is gone: end of file, or a reset where it died with data unread.
+        with contextlib.suppress(OSError):
+            connection.recv(1)
         if not finished.is_set():
             os.kill(os.getpid(), signal.SIGKILL)
 
