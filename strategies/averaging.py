@@ -37,7 +37,7 @@ from clients.declarations import TableRow
 from clients.options import ConfigError
 from strategies.arrays import to_arrays, to_numpy
 from strategies.method import AveragingSpec, averaging_start_round
-from strategies.round_interface import RoundStrategy, attribute_state
+from strategies.round_interface import RoundStrategy, load_wrapped_checkpoint_state, wrapped_checkpoint_state
 from strategies.schedules import ClientSchedule
 
 if TYPE_CHECKING:
@@ -160,15 +160,10 @@ class ModelAveraging(RoundStrategy, Strategy):
 
     def checkpoint_state(self) -> dict:
         """The base strategy's checkpoint state (any Flower strategy's attributes), and the window's."""
-        base = self.base.checkpoint_state() if isinstance(self.base, RoundStrategy) else {"base": attribute_state(self.base)}
-        return {**base, "averaging": self.state_dict()}
+        return {**wrapped_checkpoint_state(self.base), "averaging": self.state_dict()}
 
     def load_checkpoint_state(self, state: dict) -> None:
-        if isinstance(self.base, RoundStrategy):
-            self.base.load_checkpoint_state(state)
-        else:
-            for name, value in state["base"].items():
-                setattr(self.base, name, value)
+        load_wrapped_checkpoint_state(self.base, state)
         self.load_state_dict(state["averaging"])
 
     # -- Strategy hooks -----------------------------------------------------------------

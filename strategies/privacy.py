@@ -35,7 +35,7 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, Strategy
 
 from clients.flower_internals import add_aggregate_noise, clip_model_update
-from strategies.round_interface import RoundStrategy, attribute_state
+from strategies.round_interface import RoundStrategy, load_wrapped_checkpoint_state, wrapped_checkpoint_state
 
 DP_ORDERS = ("inside", "outside")
 
@@ -108,14 +108,10 @@ class ServerSideDP(RoundStrategy, DifferentialPrivacyServerSideFixedClipping):
 
     def checkpoint_state(self) -> dict[str, Any]:
         # No state of its own: the noise is seeded per round.
-        return self.inner.checkpoint_state() if self.inner else {"base": attribute_state(self.strategy)}
+        return wrapped_checkpoint_state(self.strategy)
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
-        if self.inner:
-            self.inner.load_checkpoint_state(state)
-        else:
-            for name, value in state["base"].items():
-                setattr(self.strategy, name, value)
+        load_wrapped_checkpoint_state(self.strategy, state)
 
     # -- Strategy hooks ---------------------------------------------------------------
     def aggregate_train(self, server_round: int,

@@ -106,3 +106,18 @@ class RoundStrategy:
             setattr(self, name, value)
         if "method" in state:
             self.load_state_dict(state["method"])
+
+
+def wrapped_checkpoint_state(strategy: Any) -> dict[str, Any]:
+    """The checkpoint state of a strategy a component wraps: a Basin strategy's own, or any
+    Flower strategy's state attributes."""
+    return strategy.checkpoint_state() if isinstance(strategy, RoundStrategy) else {"base": attribute_state(strategy)}
+
+
+def load_wrapped_checkpoint_state(strategy: Any, state: dict[str, Any]) -> None:
+    """Restore :func:`wrapped_checkpoint_state`'s state into ``strategy``."""
+    if isinstance(strategy, RoundStrategy):
+        strategy.load_checkpoint_state(state)
+    else:
+        for name, value in state["base"].items():
+            setattr(strategy, name, value)
