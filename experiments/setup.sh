@@ -10,6 +10,7 @@ stamp=.venv/.basin-installed
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt requirements.lock ]; then
   exit 0
 fi
+bash experiments/check-free-disk.sh 8 . "installing Basin into .venv"
 echo "[basin] installing into .venv from requirements.lock (first time: about 2½ minutes on 2 cores)…"
 python3 -m venv .venv
 # pip's "Location … is ignored" lines come from this machine's extra local indexes: noise.

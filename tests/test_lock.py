@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -49,3 +53,23 @@ def test_a_range_the_lock_does_not_satisfy_is_named_with_how_to_refresh():
                              "optional-dependencies": {"test": ["ruff==0.18.0"], "tracking": [], "privacy": []}}}
     assert unmet(pyproject, locked_versions("torch==2.14.1\nruff==0.17.6\n")) == [
         "pandas>=2.2 is not in it", "ruff==0.18.0 but it holds ruff==0.17.6"]
+
+
+def test_the_set_up_on_a_disk_without_room_stops_in_one_line_before_it_installs(tmp_path):
+    checkout = tmp_path / "checkout"
+    (checkout / "experiments").mkdir(parents=True)
+    for name in ("experiments/setup.sh", "experiments/check-free-disk.sh", "pyproject.toml", "requirements.lock"):
+        shutil.copy(REPO / name, checkout / name)
+    # more than any disk has: the check must refuse, where pip would fill the disk and stop half-way
+    setup = subprocess.Popen(["bash", "experiments/setup.sh"], cwd=checkout, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True,
+                             env={**os.environ, "BASIN_MIN_FREE_GIB": str(2**40)})
+    try:
+        _, stderr = setup.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # it went on to install: stop pip with it
+        os.killpg(setup.pid, signal.SIGKILL)
+        setup.communicate()
+        raise
+    assert setup.returncode == 1
+    assert stderr.startswith("error: installing Basin into .venv needs about 1099511627776 GiB free on the disk of ")
+    assert not (checkout / ".venv").exists()
