@@ -9,7 +9,7 @@ here is the order of ``strategy``'s allowed values: server-side methods, then th
 only change the clients' objective, then plug-ins by name.
 
 A plug-in that cannot be used (its module fails to import, its declaration is malformed,
-its name or a key of it clashes with another method's) is kept as a :class:`BrokenPlugin`:
+its name or a key of it clashes with another method's or with one of Basin's general keys) is kept as a :class:`BrokenPlugin`:
 one line naming it, its distribution and what is wrong, raised when a run asks for it and
 shown when methods are listed; every other method runs.
 
@@ -36,6 +36,7 @@ from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.halves import ClientHalves, provide
 from clients.options import ConfigError, Option
 from strategies.client_objective import objective_server
+from strategies.general_keys import GENERAL_KEY_NAMES
 from strategies.method import AveragingSpec
 
 if TYPE_CHECKING:
@@ -137,6 +138,8 @@ def _plugin_declaration(plugin: Plugin) -> Declaration:
 
 def _shared_key_problem(declaration: Declaration, options: dict[str, Option]) -> str | None:
     for key, option in declaration.options.items():
+        if key in GENERAL_KEY_NAMES:  # the method's own meaning would replace Basin's for every run
+            return f"its run-config key {key!r} is one of Basin's general keys (`--list-keys`); name it after the method"
         if key in options and options[key] is not option:
             return f"its run-config key {key!r} is declared differently by another method"
     return None

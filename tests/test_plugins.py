@@ -54,11 +54,13 @@ def test_each_kind_of_broken_plugin_is_one_line_naming_it_its_distribution_and_t
     misnamed = _module(tmp_path, monkeypatch, "plugin_misnamed", GOOD.format(name="other-name", key="misnamed-weight"))
     malformed = _module(tmp_path, monkeypatch, "plugin_malformed", "METHODS = ('not a declaration',)\n")
     clashing_key = _module(tmp_path, monkeypatch, "plugin_key", GOOD.format(name="key-clash", key="prox-mu"))
+    general_key = _module(tmp_path, monkeypatch, "plugin_general", GOOD.format(name="general-key", key="lr"))
     twice = _module(tmp_path, monkeypatch, "plugin_twice", GOOD.format(name="twice", key="twice-weight"))
     registry = load_registry([
         Plugin("failing", failing, "dist-a"), Plugin("misnamed", misnamed, "dist-b"),
         Plugin("malformed", malformed, "dist-c"), Plugin("fedavg", twice, "dist-d"),
-        Plugin("key-clash", clashing_key, "dist-e"), Plugin("twice", twice, "dist-f"), Plugin("twice", twice, "dist-g"),
+        Plugin("key-clash", clashing_key, "dist-e"), Plugin("general-key", general_key, "dist-i"),
+        Plugin("twice", twice, "dist-f"), Plugin("twice", twice, "dist-g"),
         Plugin("colon", "plugin_twice:METHODS", "dist-h"),
     ])
     assert _problem(registry, "failing") == (
@@ -69,6 +71,7 @@ def test_each_kind_of_broken_plugin_is_one_line_naming_it_its_distribution_and_t
     assert "dist-d" in registry.broken["fedavg"].line() and "one of Basin's own methods" in registry.broken["fedavg"].line()
     assert registry.methods["fedavg"].display_name == "FedAvg"  # Basin's own is kept
     assert "run-config key 'prox-mu' is declared differently" in _problem(registry, "key-clash")
+    assert "run-config key 'lr' is one of Basin's general keys" in _problem(registry, "general-key")
     assert "also a plug-in of dist-g" in _problem(registry, "twice")
     assert "must be a module" in _problem(registry, "colon")
     assert all("\n" not in broken.line() for broken in registry.broken.values())

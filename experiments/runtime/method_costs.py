@@ -32,7 +32,7 @@ from experiments.runtime.cli import UsageError
 from experiments.runtime.output_dir import create_output_dir
 from experiments.runtime.run_config import parse_overrides, resolve_config
 from partitions.datasets import INPUT_SHAPES
-from strategies.config import DEVICES
+from strategies.general_keys import DEVICES
 from strategies.methods import METHODS, hand_over_client_halves
 from strategies.registry import build_client_schedule, build_strategy
 from strategies.server_work import round_train_config
