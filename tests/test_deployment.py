@@ -117,20 +117,22 @@ def _run_and_break_a_node(tmp_path: Path, config: dict, nodes: int, index: int, 
 
 @pytest.mark.slow
 def test_a_dead_supernode_is_one_failure_a_round_under_its_partition(tmp_path):
-    """One of 4 SuperNodes killed (with its children) after round 2: every later round counts
+    """One of 4 SuperNodes killed (with its children) after round 1: every later round counts
     it once, as partition 2 on its own node, and the run goes on with 3. (Flower's SuperLink
     answers "Node Unavailable" for it only after missing its heartbeats, which took longer
     than this test's rounds here; that reply's attribution is tested with Flower's own error
     message in tests/test_faults.py.)"""
     from experiments.runtime.processes import stop_process_tree
 
-    config = resolve_config({**SHORT, "num-clients": 4, "participation": 1.0, "min-replies": 2, "num-rounds": 5,
-                             "round-timeout": 15.0})
+    # Each round after its death waits round-timeout for it: 3 rounds leave one such round
+    # after the one under way when it died (5 rounds, killed after round 2, took 30 s more).
+    config = resolve_config({**SHORT, "num-clients": 4, "participation": 1.0, "min-replies": 2, "num-rounds": 3,
+                             "round-timeout": 10.0})
     summary, dead, killed_after, rows = _run_and_break_a_node(
-        tmp_path, config, 4, 2, 2, lambda process: stop_process_tree([process.pid]))
+        tmp_path, config, 4, 2, 1, lambda process: stop_process_tree([process.pid]))
     assert summary["status"] == "completed"
     later = rows[rows["round"] > killed_after + 1]  # the round under way when it died may still have its reply
-    assert (later["clients-failed"] == 1).all() and (later["clients-ok"] == 3).all()
+    assert len(later) >= 1 and (later["clients-failed"] == 1).all() and (later["clients-ok"] == 3).all()
     assert all(failure.startswith(f"partition 2 (node {dead}): ") and ";" not in failure for failure in later["failures"])
 
 

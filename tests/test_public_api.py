@@ -19,7 +19,9 @@ from strategies import IMA, WIMA, ServerSWA
 from strategies.method import COHORT
 from strategies.scaffold import Scaffold
 
-ROUNDS, WINDOW, START = 4, 2, 3
+# Few nodes and rounds: on the Deployment Engine every message is a new ClientApp process
+# (Flower's subprocess isolation), which imports torch (4 nodes × 4 rounds took 78 s).
+ROUNDS, WINDOW, START, NODES = 3, 2, 2, 2
 
 # A stock Flower PyTorch quickstart ClientApp: its own CNN and data loader, Flower's
 # message conventions only ("arrays", "metrics" with num-examples).
@@ -79,7 +81,7 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    strategy = IMA(FedAvg(fraction_evaluate=0.0, min_available_nodes=4), window={WINDOW}, start_round={START})
+    strategy = IMA(FedAvg(fraction_evaluate=0.0, min_available_nodes={NODES}), window={WINDOW}, start_round={START})
     def log(server_round, arrays):
         base = strategy.base_arrays if server_round else arrays
         torch.save({{"sent": arrays.to_torch_state_dict(), "base": base.to_torch_state_dict()}},
@@ -142,7 +144,7 @@ def _check_ima_arithmetic(log_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_ima_around_flowers_fedavg_in_a_simulation(quickstart, tmp_path):
-    log = run_app(quickstart, tmp_path / "flwr.log", num_supernodes=4, run_config=f"log-dir='{tmp_path}'")
+    log = run_app(quickstart, tmp_path / "flwr.log", num_supernodes=NODES, run_config=f"log-dir='{tmp_path}'")
     assert (tmp_path / f"round-{ROUNDS}.pt").exists(), log[-3000:]
     _check_ima_arithmetic(tmp_path)
 
@@ -150,7 +152,7 @@ def test_ima_around_flowers_fedavg_in_a_simulation(quickstart, tmp_path):
 @pytest.mark.slow
 def test_ima_around_flowers_fedavg_on_the_deployment_engine(quickstart, tmp_path):
     with LocalFederation(tmp_path / "logs") as federation:
-        federation.start_supernodes(4)
+        federation.start_supernodes(NODES)
         log = federation.run_app(quickstart, tmp_path / "flwr.log", run_config=f"log-dir='{tmp_path}'")
     assert (tmp_path / f"round-{ROUNDS}.pt").exists(), log[-3000:]
     _check_ima_arithmetic(tmp_path)
@@ -159,7 +161,7 @@ def test_ima_around_flowers_fedavg_on_the_deployment_engine(quickstart, tmp_path
 @pytest.mark.slow
 def test_the_example_app_runs_with_ima(tmp_path):
     app = Path(__file__).resolve().parents[1] / "examples" / "ima-quickstart"
-    log = run_app(app, tmp_path / "flwr.log", num_supernodes=4, run_config="num-server-rounds=3 start-round=2 window=2")
+    log = run_app(app, tmp_path / "flwr.log", num_supernodes=2, run_config="num-server-rounds=3 start-round=2 window=2")
     assert "IMA's model after the last round: accuracy" in log, log[-3000:]
 
 
