@@ -20,7 +20,7 @@ from clients.options import Option
 from clients.options import one_of as _one_of
 from partitions.datasets import INPUT_SHAPES
 from partitions.stats import LABEL_SCHEMES
-from strategies.general_keys import AVERAGING_AND_RUN, DATA_AND_TRAINING, MIN_CROP_FLIP_SIDE
+from strategies.general_keys import AVERAGING_AND_RUN, DATA_AND_TRAINING
 from strategies.method import averaging_start_round as averaging_start_round
 from strategies.methods import AVERAGINGS, METHODS, method, method_options, refuse_broken_plugin
 
@@ -33,6 +33,8 @@ STRATEGY_NAMES = tuple(METHODS)
 RESIDUAL_ONLY = tuple(name for name, spec in METHODS.items() if spec.model_needs == "slimmable-residual")
 IMAGE_ONLY = tuple(name for name, spec in METHODS.items() if spec.model_needs != "any")
 AVERAGING_NAMES = ("none", *AVERAGINGS)
+# crop-flip pads 4 pixels (of the papers' 32-pixel CIFAR images): smaller images lose too much.
+MIN_CROP_FLIP_SIDE = 24
 # Flower carries run-config integers as signed 64-bit values.
 INT64_RANGE = (-(2**63), 2**63 - 1)
 

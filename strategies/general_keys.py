@@ -1,9 +1,9 @@
 """Basin's general run-config keys: what each allows, whatever the method.
 
-Every key but the methods' own (their declarations hold those: strategies/methods.py),
-and but ``strategy``, ``server-lr`` and ``averaging``, whose allowed values come from the
-declarations (strategies/config.py puts them all together into ``SCHEMA``). A plug-in may
-not declare a key of these: strategies/methods.py refuses it.
+Every key except the methods' own (their declarations hold those: strategies/methods.py)
+and ``strategy``, ``server-lr`` and ``averaging``, whose allowed values come from the
+declarations; strategies/config.py puts them all together into ``SCHEMA``. A plug-in may
+not declare any of them (``GENERAL_KEY_NAMES``): strategies/methods.py refuses it.
 """
 
 from __future__ import annotations
@@ -32,14 +32,13 @@ AUGMENTATIONS = ("none", "crop-flip")
 # Plausible bounds: far beyond any paper's setup (10,000 rounds, 20 local epochs), short of
 # values that would only run until killed.
 MAX_ROUNDS, MAX_LOCAL_EPOCHS, MAX_BATCH = 1_000_000, 10_000, 1_000_000
-# crop-flip pads 4 pixels (of the papers' 32-pixel CIFAR images): smaller images lose too much.
-MIN_CROP_FLIP_SIDE = 24
 
 # More torch threads than any machine here has cores is a typo.
 MAX_TORCH_THREADS = 1024
 
 # Discovery waits for every client process to start and answer: less cannot succeed.
 MIN_NODE_TIMEOUT_S = 10.0
+
 
 def _parses_as_faults(spec: str) -> bool:
     try:

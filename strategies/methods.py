@@ -9,9 +9,10 @@ here is the order of ``strategy``'s allowed values: server-side methods, then th
 only change the clients' objective, then plug-ins by name.
 
 A plug-in that cannot be used (its module fails to import, its declaration is malformed,
-its name or a key of it clashes with another method's or with one of Basin's general keys) is kept as a :class:`BrokenPlugin`:
-one line naming it, its distribution and what is wrong, raised when a run asks for it and
-shown when methods are listed; every other method runs.
+its name or a key of it clashes with another method's, or a key of it is one of Basin's
+general keys) is kept as a :class:`BrokenPlugin`: one line naming it, its distribution and
+what is wrong, raised when a run asks for it and shown when methods are listed; every
+other method runs.
 
     .venv/bin/python -m strategies.methods --write-pyproject   # regenerate pyproject.toml's method keys
     .venv/bin/python -m strategies.methods --write-docs        # regenerate docs/methods.md's table
