@@ -1,6 +1,6 @@
 """What a client does with a training or MIME gradient message: the ClientApp's work.
 
-Kept apart from clients/client_app.py so that loading the ClientApp imports no torch:
+Kept apart from clients/handlers.py so that loading the ClientApp imports no torch:
 Flower's simulation process loads the ClientApp before it starts Ray, and that import
 (~2 s on 2 CPU cores) delayed every run's client processes. A client process imports
 this module with its first message.

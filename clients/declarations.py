@@ -71,7 +71,7 @@ def _implementation(target: str, arguments: tuple[Any, ...]) -> Callable[..., An
 
 @dataclass(frozen=True)
 class TableRow:
-    """A method's line in docs/methods.md's table (generated: ``python -m strategies.methods
+    """A method's line in docs/methods.md's table (generated: ``python -m experiments.method_list
     --write-docs``): what it implements (paper, equation, its keys) and its default variant
     with the other options."""
 
@@ -85,10 +85,10 @@ class MethodSpec:
 
     - ``name`` (the ``strategy`` value) and ``display_name`` (as its paper writes it);
     - ``build``: the validated run config → the server strategy (Flower's Message API); the
-      strategies use ``strategies.method.COHORT`` for the arguments every Basin strategy shares;
+      strategies use ``strategies.cohort.COHORT`` for the arguments every Basin strategy shares;
     - ``options``: the run-config keys it adds, each an :class:`~clients.options.Option`
       with its default (``pyproject.toml``'s table of method keys is generated from these:
-      ``python -m strategies.methods --write-pyproject``); a key two methods share is the same
+      ``python -m experiments.method_list --write-pyproject``); a key two methods share is the same
       ``Option`` object, declared by one and imported by the other;
     - ``check``: constraints on other keys, raising :class:`~clients.options.ConfigError`;
     - its client half: ``objective`` (what each client minimises, sent by name with the values

@@ -10,7 +10,7 @@ or ``KIND:PARTITION@ROUND``, comma-separated, e.g. ``"raise:0@2, nan:3, hang:1@4
 - ``oom``: the ClientApp raises torch's CUDA out-of-memory error (on any device), as a
   client of a cohort too large for its GPU does: the run must stop, saying what to lower.
 
-The server must exclude each such reply, count it, and go on (strategies/faults.py).
+The server must exclude each such reply, count it, and go on (strategies/reply_screening.py).
 """
 
 from __future__ import annotations

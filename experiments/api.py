@@ -35,7 +35,7 @@ from clients.log import log
 if TYPE_CHECKING:
     import pandas as pd
 
-    from experiments.runtime.reproduction import Reproduction
+    from experiments.reproduction.runner import Reproduction
 
 # The main job's comparison: FedAvg without and with each averaging rule.
 MAIN_JOB_COMPARE = {"averaging": ["none", "ima", "wima"]}
@@ -64,7 +64,7 @@ class Job:
     def summary(self) -> pd.DataFrame:
         """One row per run (index ``run``): status, acc-last-k, k, best and final accuracy,
         round reaching the target, rounds, seconds, as the command line's table."""
-        from experiments.runtime.report import summary_table
+        from experiments.runtime.finished_runs import summary_table
 
         summaries = {label: _read_json(folder / "summary.json") for label, folder in self.runs.items()}
         table = summary_table(summaries)
@@ -197,14 +197,15 @@ def run_job(
     """:func:`run`'s implementation (the command line gives ``resume_hint``: the command
     that resumes an interrupted job in a folder)."""
 
+    from experiments.runtime.finished_runs import averaging_start, method_label, plot_accuracy, setup_title, summary_table
     from experiments.runtime.flower_log import count_rounds
-    from experiments.runtime.launch import RunFailed, check_folder_reuse, launch
+    from experiments.runtime.launch import launch
     from experiments.runtime.machine import check_data, check_machine, check_trackers, client_resources, machine_cpus
     from experiments.runtime.mps import MpsDaemon, check_mps
     from experiments.runtime.output_dir import OutputLock
     from experiments.runtime.ray_cluster import LocalRayCluster, check_ray_address
-    from experiments.runtime.report import averaging_start, method_label, plot_accuracy, setup_title, summary_table
     from experiments.runtime.run_config import load_preset, resolve_config, tracked_in
+    from experiments.runtime.run_endings import RunFailed, check_folder_reuse
     from strategies.checkpoint import read_checkpoint
 
     main_job = compare is None and not (preset or overrides)
@@ -283,7 +284,7 @@ def check_distinct_labels(points: Sequence[Mapping[str, Any]], runs: Mapping[str
     from collections import Counter
 
     from experiments.runtime.cli import UsageError
-    from experiments.runtime.report import method_label
+    from experiments.runtime.finished_runs import method_label
 
     folders = Counter(label_of(point) for point in points)
     extra = [key for key in compare or {} if key not in ("strategy", "averaging")]
@@ -312,7 +313,7 @@ def output_name(preset: str | None, main_job: bool, config: Mapping[str, Any], c
         return "main"
     if compared:  # not the first run's method: the comparison's
         return "compare-" + "-".join(dict.fromkeys(spec.partition("=")[0] for spec in compared))
-    from experiments.runtime.report import method_label
+    from experiments.runtime.finished_runs import method_label
 
     return re.sub(r"[^A-Za-z0-9.+=-]+", "-", method_label(config).lower()).strip("-")
 
@@ -360,7 +361,7 @@ def sweep(
     Raises:
         See the module docstring; ``RunFailed`` when a run failed (the others ran).
     """
-    from experiments.runtime.launch import RunFailed
+    from experiments.runtime.run_endings import RunFailed
     from experiments.runtime.sweep_runs import execute_sweep, load_sweep, sweep_path
 
     _check_parallel(parallel)
@@ -410,7 +411,7 @@ def reproduce(
         progress: draw progress.
 
     Returns:
-        A :class:`~experiments.runtime.reproduction.Reproduction`: ``report`` (a DataFrame,
+        A :class:`~experiments.reproduction.runner.Reproduction`: ``report`` (a DataFrame,
         one row per cell: paper, basin, difference, verdict, gains, note), ``headline``,
         ``files`` (report.md, report.csv, report.png) and ``out``; with ``dry_run`` the
         cells' DataFrame.
@@ -422,9 +423,9 @@ def reproduce(
         ``RunFailed`` when a run failed, after the others ran and the report was written
         (``error.job`` holds the Reproduction).
     """
+    from experiments.reproduction.runner import dry_run_cells, reproduce_table
     from experiments.runtime.cli import UsageError
-    from experiments.runtime.launch import RunFailed
-    from experiments.runtime.reproduction import dry_run_cells, reproduce_table
+    from experiments.runtime.run_endings import RunFailed
 
     if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1):
         raise UsageError(f"seeds = {seeds!r} is not allowed; allowed: an integer >= 1")
@@ -454,7 +455,7 @@ def _check_parallel(parallel: int | None) -> None:
 def load_run(path: str | Path) -> Job | SweepResult:
     """A finished (or interrupted) folder back as the object that wrote it: a sweep's folder
     (results.parquet) as a :class:`SweepResult`, a job's or a single run's as a :class:`Job`."""
-    from experiments.runtime.report import method_label
+    from experiments.runtime.finished_runs import method_label
 
     folder = Path(path).expanduser().resolve()
     if not folder.is_dir():

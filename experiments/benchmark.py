@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=None, help="with --methods: timed steps per method (default 30)")
     parser.add_argument("--cohort", type=int, default=10, help="with --clients: clients per round (default 10)")
     parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/benchmark-<time>)")
-    # The implementation (experiments/runtime/benchmarking.py) reads these from the arguments: it does not import this module.
+    # The implementation (experiments/measurement/flower_overhead.py) reads these from the arguments: it does not import this module.
     parser.set_defaults(default_preset=DEFAULT_PRESET, no_preset=NO_PRESET)
     return parser
 
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.startup is not None:  # times user commands in their own processes: nothing heavy here
-        from experiments.runtime.startup_timing import startup_command
+        from experiments.measurement.startup_timing import startup_command
 
         if args.startup < 1:
             raise SystemExit(f"--startup {args.startup} is not allowed; allowed: a number of repeats >= 1")
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps is not None and args.steps < 1:
         raise SystemExit(f"--steps {args.steps} is not allowed; allowed: a number of steps >= 1")
     if args.methods is not None:
-        from experiments.runtime.method_speed import methods_command
+        from experiments.measurement.method_speed import methods_command
         from experiments.runtime.run_config import parse_overrides
 
         args.steps = args.steps or 30
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out = create_output_dir(args.out, "--out")
         return guarded(lambda: methods_command(args, parse_overrides(args.set)))
     # The implementation imports torch and Flower: only once the arguments parsed.
-    from experiments.runtime.benchmarking import clients_command, run_command, sweep_command
+    from experiments.measurement.flower_overhead import clients_command, run_command, sweep_command
 
     if args.rounds is None:
         args.rounds = 5 if args.clients else 20

@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # The implementation imports torch and Flower: only once the arguments parsed.
-    from experiments.runtime.method_costs import run_command
+    from experiments.measurement.method_costs import run_command
 
     return guarded(lambda: run_command(args))
 

@@ -14,6 +14,9 @@ In detail: docs/command-lines.md (``.venv/bin/python -m experiments.deploy``).""
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 
 from experiments.runtime.cli import add_verbosity_options, apply_verbosity, exit_command, guarded, nonempty_path
 
@@ -36,10 +39,31 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     apply_verbosity(args)
-    # The implementation imports torch and Flower: only once the arguments parsed.
-    from experiments.runtime.deployment import run_command
-
     return guarded(lambda: run_command(args))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Validate, then start the local deployment and run on it (see the module docstring)."""
+    # torch and Flower are imported only once the arguments parsed.
+    from experiments.runtime.deployment import DeploymentError, Security, deploy
+    from experiments.runtime.machine import ClientResources, check_data, check_machine
+    from experiments.runtime.output_dir import create_output_dir, unique_output_dir
+    from experiments.runtime.run_config import load_preset, parse_overrides, resolve_config
+    from experiments.runtime.run_endings import RunFailed
+    config = resolve_config(load_preset(args.preset) if args.preset else {}, parse_overrides(args.set))
+    check_data([config])
+    check_machine([config], ClientResources(args.cpus_per_client))  # each SuperNode's threads fit the machine
+    security = Security(tls=args.tls or args.auth, auth=args.auth)
+    name = Path(args.preset).stem if args.preset else "main"
+    out_dir = create_output_dir(args.out) if args.out else unique_output_dir(Path("runs"), f"deploy-{name}")
+    try:
+        summary = deploy(config, out_dir, security, args.cpus_per_client, overwrite=args.overwrite)
+    except (RunFailed, DeploymentError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary, indent=2))
+    print(f"results: {out_dir} ({security.name}, {config['num-clients']} SuperNodes)")
+    return 0
 
 
 if __name__ == "__main__":

@@ -174,10 +174,11 @@ def check_benchmarks(base: dict[str, Any], rounds: int, out: Path, dry: bool) ->
 
 def check_determinism(base: dict[str, Any], processes: tuple[int, int], out: Path, dry: bool) -> dict[str, Any]:
     """The same short run with two numbers of client processes, compared bit for bit."""
-    from experiments.runtime.launch import RunFailed, launch
+    from experiments.runtime.launch import launch
     from experiments.runtime.machine import ClientResources
     from experiments.runtime.reproducible import compare_runs
     from experiments.runtime.run_config import resolve_config
+    from experiments.runtime.run_endings import RunFailed
 
     cohort = max(processes)
     config = resolve_config(base, {"num-rounds": 3, "cuda-deterministic": True, "num-clients": max(20, cohort),

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds is not None and args.seeds < 1:
         parser.error(f"--seeds: {args.seeds} is not allowed; allowed: an integer >= 1")
     # The implementation imports torch and Flower: only once the arguments parsed.
-    from experiments.runtime.reproduction import run_command
+    from experiments.reproduction.runner import run_command
 
     return guarded(lambda: run_command(args))
 

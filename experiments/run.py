@@ -144,8 +144,8 @@ def run_job(args: argparse.Namespace, argv: list[str]) -> int:
     import pandas as pd
 
     from experiments.api import run_job as run_api_job
-    from experiments.runtime.launch import RunFailed
     from experiments.runtime.run_config import parse_overrides
+    from experiments.runtime.run_endings import RunFailed
 
     out = args.out
     try:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.runtime.cli import exit_command, guarded, nonempty_path
-from experiments.runtime.report import save_figure
+from experiments.runtime.finished_runs import save_figure
 
 AVERAGING_KEYS = ("averaging", "window", "avg-start", "avg-feedback", "avg-subset", "ima-exploration", "ima-decay",
                   "swa-cycle")

@@ -36,7 +36,7 @@ from flwr.serverapp.strategy import Strategy
 from clients.declarations import TableRow
 from clients.options import ConfigError
 from strategies.arrays import to_arrays, to_numpy
-from strategies.method import AveragingSpec, averaging_start_round
+from strategies.averaging_spec import AveragingSpec, averaging_start_round
 from strategies.round_interface import RoundStrategy, load_wrapped_checkpoint_state, wrapped_checkpoint_state
 from strategies.schedules import ClientSchedule
 

@@ -1,4 +1,4 @@
-"""The ClientApp of a Basin run (pyproject.toml's ``clientapp``): clients/client_app.py's
+"""The ClientApp of a Basin run (pyproject.toml's ``clientapp``): clients/handlers.py's
 handlers, with every method's client half handed over from the registry above both halves
 (clients/halves.py).
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from clients import client_app as basin_client
+from clients import handlers as basin_client
 from clients import protocol
 from clients.halves import ClientHalves, provide
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from clients.declarations import MethodSpec
 from clients.protocol import OBJECTIVE
-from strategies.method import COHORT
+from strategies.cohort import COHORT
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -20,8 +20,8 @@ from clients.options import Option
 from clients.options import one_of as _one_of
 from partitions.datasets import INPUT_SHAPES
 from partitions.stats import LABEL_SCHEMES
+from strategies.averaging_spec import averaging_start_round as averaging_start_round
 from strategies.general_keys import AVERAGING_AND_RUN, DATA_AND_TRAINING
-from strategies.method import averaging_start_round as averaging_start_round
 from strategies.methods import AVERAGINGS, METHODS, method, method_options, refuse_broken_plugin
 
 # Every declared method (strategies/methods.py): server-side methods, then methods that only

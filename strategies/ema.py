@@ -21,7 +21,7 @@ from flwr.serverapp.strategy import Strategy
 from clients.declarations import TableRow
 from clients.options import Option
 from strategies.averaging import ModelAveraging
-from strategies.method import AveragingSpec, averaging_start_round
+from strategies.averaging_spec import AveragingSpec, averaging_start_round
 
 
 def ema_update(average: dict[str, np.ndarray], model: dict[str, np.ndarray], decay: float) -> dict[str, np.ndarray]:

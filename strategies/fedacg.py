@@ -30,7 +30,7 @@ import numpy as np
 from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option, one_of
 from strategies.arrays import counter_mean, is_float, to_arrays, to_numpy
-from strategies.method import COHORT
+from strategies.cohort import COHORT
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -5,7 +5,7 @@ seeded cohort sampling and partition-ordered aggregation.
 """
 
 from clients.declarations import MethodSpec, TableRow
-from strategies.method import COHORT
+from strategies.cohort import COHORT
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -22,7 +22,7 @@ import numpy as np
 from clients.declarations import MethodSpec, TableRow
 from clients.options import Option
 from strategies.arrays import is_float
-from strategies.method import COHORT
+from strategies.cohort import COHORT
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

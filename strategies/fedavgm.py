@@ -13,7 +13,7 @@ from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
 
 from clients.declarations import MethodSpec, TableRow
 from clients.options import Option
-from strategies.method import COHORT
+from strategies.cohort import COHORT
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -25,7 +25,7 @@ from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option
 from clients.protocol import FEDDYN_ALPHA
 from strategies.arrays import to_numpy
-from strategies.method import COHORT
+from strategies.cohort import COHORT
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -26,7 +26,7 @@ from clients.options import Option, one_of
 from clients.protocol import FEDFA_ANCHOR_LOSS, FEDFA_ANCHORS, FEDFA_CALIBRATE, OBJECTIVE_RECORD
 from strategies.arrays import with_record
 from strategies.client_objective import ClientObjectiveFedAvg
-from strategies.method import COHORT
+from strategies.cohort import COHORT
 
 FEDFA_VARIANTS = ("paper", "fedfa-ima")
 CLASSIFIER_WEIGHT = "classifier.weight"  # (C, d): every Basin model's linear head

@@ -22,7 +22,7 @@ import numpy as np
 
 from clients.declarations import MethodSpec, TableRow
 from clients.options import Option
-from strategies.method import COHORT
+from strategies.cohort import COHORT
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -28,7 +28,7 @@ from clients.options import one_of
 from clients.protocol import FEDLESAM_UPDATE
 from strategies.arrays import counter_mean, is_float, to_arrays, to_numpy, with_record
 from strategies.client_objective import ClientObjectiveFedAvg
-from strategies.method import COHORT
+from strategies.cohort import COHORT
 from strategies.sam import SAM_RHO
 
 FEDLESAM_DEFAULT_RHO = 0.1

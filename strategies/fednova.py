@@ -27,7 +27,7 @@ import numpy as np
 from clients.declarations import MethodSpec, TableRow
 from clients.options import ConfigError
 from clients.protocol import SOLVER_A_NORM
-from strategies.method import COHORT
+from strategies.cohort import COHORT
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

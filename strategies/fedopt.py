@@ -37,8 +37,8 @@ from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 from clients.declarations import MethodSpec, TableRow
 from clients.options import Option
 from strategies.arrays import to_arrays, to_numpy
+from strategies.cohort import COHORT
 from strategies.fedavgm import SERVER_MOMENTUM
-from strategies.method import COHORT
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -8,7 +8,7 @@ from flwr.serverapp.strategy import FedProx as FlowerFedProx
 
 from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option
-from strategies.method import COHORT
+from strategies.cohort import COHORT
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

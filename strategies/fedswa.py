@@ -42,7 +42,7 @@ from clients.protocol import (
     STEP_LR_START,
 )
 from strategies.arrays import to_arrays, to_numpy, with_record
-from strategies.method import COHORT
+from strategies.cohort import COHORT
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

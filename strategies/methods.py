@@ -2,7 +2,7 @@
 
 A method is declared once, in its own module, ending with ``METHODS = (MethodSpec(...),)``
 (clients/declarations.py) or, for an averaging rule, ``AVERAGINGS = (AveragingSpec(...),)``
-(strategies/method.py). Basin's own modules are listed below; a researcher's live in their
+(strategies/averaging_spec.py). Basin's own modules are listed below; a researcher's live in their
 own package, found by an entry point in the group ``basin.methods`` whose name is the
 method's and whose value is the module that declares it (docs/extending.md). The order
 here is the order of ``strategy``'s allowed values: server-side methods, then those that
@@ -14,13 +14,12 @@ general keys) is kept as a :class:`BrokenPlugin`: one line naming it, its distri
 what is wrong, raised when a run asks for it and shown when methods are listed; every
 other method runs.
 
-    .venv/bin/python -m strategies.methods --write-pyproject   # regenerate pyproject.toml's method keys
-    .venv/bin/python -m strategies.methods --write-docs        # regenerate docs/methods.md's table
+``.venv/bin/python -m experiments.method_list`` lists them and regenerates the files derived
+from the declarations.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import re
@@ -36,9 +35,9 @@ import tomli_w
 from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.halves import ClientHalves, provide
 from clients.options import ConfigError, Option
+from strategies.averaging_spec import AveragingSpec
 from strategies.client_objective import objective_server
 from strategies.general_keys import GENERAL_KEY_NAMES
-from strategies.method import AveragingSpec
 
 if TYPE_CHECKING:
     from clients.components import Builder
@@ -57,7 +56,8 @@ METHOD_MODULES = (
 AVERAGING_MODULES = ("strategies.averaging", "strategies.ema")
 ENTRY_POINT_GROUP = "basin.methods"
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
-BLOCK_START = "# -- method keys: generated from the methods' declarations by `.venv/bin/python -m strategies.methods --write-pyproject`"
+BLOCK_START = ("# -- method keys: generated from the methods' declarations by "
+               "`.venv/bin/python -m experiments.method_list --write-pyproject`")
 BLOCK_END = "# -- end of method keys"
 
 Declaration = MethodSpec | AveragingSpec
@@ -343,7 +343,7 @@ def methods_table(with_plugins: bool = False) -> str:
 
 
 METHODS_PAGE = PYPROJECT.parent / "docs" / "methods.md"
-TABLE_START = "<!-- the methods table: generated from the declarations by `.venv/bin/python -m strategies.methods --write-docs` -->"
+TABLE_START = "<!-- the methods table: generated from the declarations by `.venv/bin/python -m experiments.method_list --write-docs` -->"
 TABLE_END = "<!-- end of the methods table -->"
 
 
@@ -365,19 +365,3 @@ def listing() -> str:
                                                        if spec.name in REGISTRY.plugins else "")
              for spec in _declarations()]
     return "\n".join([*lines, *(f"{name:18s} error: {broken.line()}" for name, broken in BROKEN_PLUGINS.items())])
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog=".venv/bin/python -m strategies.methods", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write-pyproject", action="store_true",
-                        help="rewrite pyproject.toml's generated block of method keys (Basin's own methods)")
-    parser.add_argument("--write-docs", action="store_true",
-                        help="rewrite docs/methods.md's generated table of methods (Basin's own methods)")
-    arguments = parser.parse_args()
-    if arguments.write_pyproject:
-        print("pyproject.toml " + ("updated" if write_pyproject() else "already up to date"))
-    if arguments.write_docs:
-        print("docs/methods.md " + ("updated" if write_docs() else "already up to date"))
-    if not (arguments.write_pyproject or arguments.write_docs):
-        print(listing())

@@ -41,8 +41,8 @@ from clients.protocol import (
     OBJECTIVE,
 )
 from strategies.arrays import counter_mean, is_float, to_numpy, with_record
+from strategies.cohort import COHORT
 from strategies.exchange import send_and_receive
-from strategies.method import COHORT
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

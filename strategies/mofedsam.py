@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.protocol import OBJECTIVE
+from strategies.cohort import COHORT
 from strategies.fedcm import FEDCM_OPTIONS, FedCm
-from strategies.method import COHORT
 from strategies.sam import SAM_RHO
 
 MOFEDSAM_DEFAULT_RHO = 0.1

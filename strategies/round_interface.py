@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import numpy as np
     from flwr.serverapp import Grid
 
-    from strategies.faults import ClientFailure
+    from strategies.reply_screening import ClientFailure
 
 from clients.flower_internals import STRATEGY_STATE_ATTRIBUTES
 

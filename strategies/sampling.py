@@ -23,7 +23,7 @@ from clients import protocol
 from clients.log import log
 from clients.simulation_engine import simulated_partitions
 from strategies.exchange import send_and_receive
-from strategies.faults import NODE_UNAVAILABLE, ClientFailure, Layout, layout_of, screen_replies
+from strategies.reply_screening import NODE_UNAVAILABLE, ClientFailure, Layout, layout_of, screen_replies
 from strategies.round_interface import RoundStrategy
 from strategies.weighted_mean import array_view
 
@@ -128,7 +128,7 @@ class CohortGrid:
 
 class CohortSampling(RoundStrategy):
     """Mixin, listed before a Flower strategy class, that samples seeded cohorts and
-    screens their replies (strategies/faults.py) before aggregating.
+    screens their replies (strategies/reply_screening.py) before aggregating.
 
     Call :meth:`bind_partitions` once before the first round. Subclasses that aggregate
     differently override :meth:`aggregate_accepted`, which only ever sees screened replies

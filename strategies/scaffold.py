@@ -14,7 +14,7 @@ from flwr.app import ArrayRecord
 from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.protocol import SCAFFOLD_DELTA_CONTROL, SCAFFOLD_SERVER_CONTROL
 from strategies.arrays import to_numpy, with_record
-from strategies.method import COHORT
+from strategies.cohort import COHORT
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -43,7 +43,11 @@ from strategies.arrays import to_numpy
 from strategies.checkpoint import CHECKPOINT_FILE, read_checkpoint, restore_checkpoint, write_checkpoint
 from strategies.config import cohort_size, summary_horizon, validate_run_config
 from strategies.exchange import TRAFFIC, send_and_receive
-from strategies.faults import (
+from strategies.indicators import CKA_SAMPLES, round_indicators
+from strategies.methods import hand_over_client_halves, method
+from strategies.model_store import discard_rounds_after, save_round_models, saves_round
+from strategies.registry import build_client_schedule, build_strategy
+from strategies.reply_screening import (
     ClientOutOfGpuMemory,
     ClientProcessesDied,
     NothingTrained,
@@ -51,10 +55,6 @@ from strategies.faults import (
     nothing_trained_reason,
     out_of_gpu_memory,
 )
-from strategies.indicators import CKA_SAMPLES, round_indicators
-from strategies.methods import hand_over_client_halves, method
-from strategies.model_store import discard_rounds_after, save_round_models, saves_round
-from strategies.registry import build_client_schedule, build_strategy
 from strategies.results import RunRecorder
 from strategies.round_interface import RoundStrategy
 from strategies.sampling import discover_partitions

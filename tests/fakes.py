@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from strategies.method import COHORT  # every Basin strategy's fraction and minimum arguments
+from strategies.cohort import COHORT  # every Basin strategy's fraction and minimum arguments
 
 __all__ = ["COHORT", "FakeGrid", "train_request", "train_reply"]
 

@@ -18,9 +18,9 @@ from experiments.analysis.hessian import (
     pair_indicators,
     power_iteration,
 )
+from experiments.analysis.inputs import ThetaSpace
 from experiments.analysis.interpolation import interpolation_curve, interpolation_thetas
 from experiments.analysis.landscape import Plane, evaluate_plane, grid_axes, plane_through
-from experiments.analysis.runs import ThetaSpace
 from experiments.analysis.stability import curve_summary, round_to_round_noise
 from strategies.indicators import client_distances, linear_cka, locality, mean_pairwise_cka, round_indicators
 from strategies.model_store import discard_rounds_after, load_round_models, save_round_models, saved_rounds, saves_round

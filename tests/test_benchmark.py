@@ -101,7 +101,7 @@ def test_the_clients_mode_holds_the_cohort_and_each_clients_work_fixed_across_k(
     import pytest
 
     from experiments import benchmark
-    from experiments.runtime import benchmarking
+    from experiments.measurement import flower_overhead as benchmarking
     from experiments.runtime.cli import UsageError
 
     args = benchmark.build_parser().parse_args(["--clients", "100,10000", "--set", "data-dir=/nowhere"])
@@ -120,7 +120,7 @@ def test_the_clients_mode_holds_the_cohort_and_each_clients_work_fixed_across_k(
 
 
 def test_the_clients_table_gives_each_figure_its_ratio_and_the_memory_growth(capsys):
-    from experiments.runtime.benchmarking import print_clients_table
+    from experiments.measurement.flower_overhead import print_clients_table
 
     row = {"clients": 100, "wall-seconds": 30.0, "round-1-starts-seconds": 8.0, "round-1-seconds": 6.0,
            "overhead-rounds-2-on-seconds": 0.02, "wall-minus-rounds-seconds": 10.0, "peak-memory-mib": 3500.0}
@@ -134,7 +134,7 @@ def test_the_clients_table_gives_each_figure_its_ratio_and_the_memory_growth(cap
 def test_the_memory_sampler_reads_a_process_proportional_set_size():
     import os
 
-    from experiments.runtime.benchmarking import proportional_set_mib
+    from experiments.measurement.flower_overhead import proportional_set_mib
 
     assert 1 < proportional_set_mib(os.getpid()) < 100_000
     assert proportional_set_mib(2**22 + 12345) == 0.0  # no such process
@@ -156,7 +156,7 @@ def _fake_run(run_dir: Path, launched: float, round_seconds: list[float]) -> Non
 
 
 def test_the_startup_timeline_is_read_from_what_a_run_leaves_and_its_medians_taken(tmp_path):
-    from experiments.runtime.startup_timing import median_figures, run_timeline
+    from experiments.measurement.startup_timing import median_figures, run_timeline
 
     _fake_run(tmp_path / "a", launched=1002.5, round_seconds=[5.0, 0.5, 0.5])
     timeline = run_timeline(tmp_path / "a", command_started=1000.0)
@@ -201,7 +201,7 @@ def test_the_modes_of_every_shipped_method_on_cuda_without_a_gpu():
 
 
 def test_the_methods_speed_table_measures_each_method_against_fedavg_in_the_same_run():
-    from experiments.runtime.method_speed import speed_table
+    from experiments.measurement.method_speed import speed_table
 
     table = speed_table(["fedavg", "fedfa", "fedalign"], "resnet20-gn", "cpu", {}, steps=2, progress=False)
     assert list(table["setup"].unique()) == ["fmnist-cnn 1x28x28", "resnet20-gn 3x32x32 + crop-flip"]

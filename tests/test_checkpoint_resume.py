@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from clients.state_store import CLIENT_STATE_DIR
-from experiments.runtime.launch import RunFailed, launch
+from experiments.runtime.launch import launch
 from experiments.runtime.machine import ClientResources, gpu_memory_advice
 from experiments.runtime.processes import process_table, process_tree, stop_process_tree
 from experiments.runtime.run_config import APP_DIR, resolve_config
+from experiments.runtime.run_endings import RunFailed
 from strategies.checkpoint import CHECKPOINT_FILE
 from strategies.model_store import load_round_models, saved_rounds
 

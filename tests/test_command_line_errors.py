@@ -20,7 +20,7 @@ from miniature import damaged_hub_sets
 from experiments.runtime.output_dir import LOCK_FILE, OutputLock, OutputLocked, unique_output_dir
 from experiments.runtime.run_config import APP_DIR
 from strategies.checkpoint import CHECKPOINT_ENTRIES, CHECKPOINT_FORMAT, save_checkpoint
-from strategies.faults import nothing_trained_reason
+from strategies.reply_screening import nothing_trained_reason
 
 SMALL = ["--set", "num-rounds=2", "--set", "num-clients=4", "--set", "participation=1.0", "--set", "local-epochs=1"]
 NO_GPU = not torch.cuda.is_available()
@@ -393,8 +393,8 @@ def test_ctrl_c_ends_the_job_with_130_and_the_command_that_resumes_it(tmp_path, 
 
 
 def test_a_run_that_ended_without_a_word_is_killed_with_the_reason_from_flowers_log(tmp_path):
-    from experiments.runtime.launch import run_failure
     from experiments.runtime.run_config import default_run_config
+    from experiments.runtime.run_endings import run_failure
     from strategies.results import RunRecorder
 
     config = default_run_config()

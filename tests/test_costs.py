@@ -12,7 +12,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from clients.local_round import LocalRound
 from clients.models import build_model
 from experiments import costs
-from experiments.runtime import method_costs
+from experiments.measurement import method_costs
 
 MODEL, SHAPE, CLASSES, BATCH, STEPS = "resnet20-gn", (3, 16, 16), 10, 8, 2
 METHODS = ["fedprox", "scaffold", "moon", "fedsam", "gradaug-n1", "gradaug-n2", "fedalign"]

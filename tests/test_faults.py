@@ -12,8 +12,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageTy
 from clients.faults import InjectedFault, inject_faults, parse_faults
 from strategies.averaging import ModelAveraging
 from strategies.exchange import send_and_receive
-from strategies.faults import TIMEOUT_REASON, screen_replies
 from strategies.fedavg import FedAvg
+from strategies.reply_screening import TIMEOUT_REASON, screen_replies
 from strategies.sampling import NodeDiscoveryError, discover_partitions
 from tests.fakes import FakeGrid, train_reply, train_request
 
@@ -173,7 +173,7 @@ def test_a_message_the_superlink_refuses_counts_as_no_reply_and_does_not_stall_t
 
 
 def test_a_round_lost_to_dead_client_processes_is_infrastructure_not_a_client_fault():
-    from strategies.faults import ClientFailure, infrastructure_loss
+    from strategies.reply_screening import ClientFailure, infrastructure_loss
 
     dead = ClientFailure(101, 1, "client error: The actor is dead because its owner has died. Owner Id: 01…")
     died = ClientFailure(102, 2, "client error: ray.exceptions.ActorDiedError: The actor died unexpectedly")

@@ -1,4 +1,4 @@
-"""Methods are declared once (strategies/method.py, strategies/methods.py): every table is
+"""Methods are declared once (strategies/averaging_spec.py, strategies/methods.py): every table is
 derived from the declarations, no module names a method it does not declare, every
 declared method runs end to end, and the worked examples of docs/extending.md hold to
 their equations."""
@@ -77,7 +77,7 @@ def test_the_methods_page_holds_the_table_the_declarations_generate():
     from strategies.methods import METHODS_PAGE, TABLE_END, TABLE_START, methods_table
 
     assert f"{TABLE_START}\n{methods_table()}\n{TABLE_END}" in METHODS_PAGE.read_text(), \
-        "run `python -m strategies.methods --write-docs`"
+        "run `python -m experiments.method_list --write-docs`"
     rows = methods_table().splitlines()[2:]
     assert len(rows) == 28 and rows[2].startswith("| `strategy = fedadam / fedyogi / fedadagrad` |")
 
@@ -95,7 +95,7 @@ def test_every_declared_method_and_averaging_rule_runs_in_a_real_flower_run():
 
 def test_every_table_is_derived_from_the_declarations():
     from clients.components import ClientComponent
-    from experiments.runtime.method_costs import default_methods
+    from experiments.measurement.method_costs import default_methods
     from strategies.config import STRATEGY_NAMES
     from strategies.methods import client_components, objective_builders
 
@@ -112,9 +112,9 @@ def test_every_table_is_derived_from_the_declarations():
 
 def test_pyproject_holds_the_declared_method_keys_with_their_defaults():
     """Flower accepts overrides only of keys pyproject.toml declares: its generated block
-    must be what the declarations generate (`python -m strategies.methods --write-pyproject`)."""
+    must be what the declarations generate (`python -m experiments.method_list --write-pyproject`)."""
     text = PYPROJECT.read_text()
-    assert pyproject_block() in text, "run `python -m strategies.methods --write-pyproject`"
+    assert pyproject_block() in text, "run `python -m experiments.method_list --write-pyproject`"
     defaults = tomllib.loads(text)["tool"]["flwr"]["app"]["config"]
     assert set(defaults) == set(SCHEMA)
     assert {key: defaults[key] for key in method_options()} == {key: o.default for key, o in method_options().items()}
@@ -155,7 +155,7 @@ machine.CUDA_DEVICE_FILES = ("/nonexistent/nvidiactl",)  # as on this CPU machin
 import experiments.run, experiments.sweep
 from experiments.api import run_job
 from experiments.runtime.launch import launch
-from experiments.runtime.report import method_label
+from experiments.runtime.finished_runs import method_label
 from experiments.runtime.run_config import resolve_config
 from strategies.checkpoint import read_checkpoint
 from strategies.methods import METHODS, client_halves

@@ -16,7 +16,7 @@ from flwr.serverapp.strategy import FedAdam, FedAvg
 from experiments.runtime.deployment import LocalFederation
 from experiments.runtime.launch import run_app
 from strategies import IMA, WIMA, ServerSWA
-from strategies.method import COHORT
+from strategies.cohort import COHORT
 from strategies.scaffold import Scaffold
 
 # Few nodes and rounds: on the Deployment Engine every message is a new ClientApp process

@@ -19,11 +19,12 @@ import pytest
 from experiments import run, sweep
 from experiments.runtime import launch as launch_module
 from experiments.runtime import sweep_runs
-from experiments.runtime.launch import RunFailed, launch
+from experiments.runtime.launch import launch
 from experiments.runtime.processes import free_port, stop_process_tree
 from experiments.runtime.ray_cluster import LocalRayCluster, RayClusterUnreachable, check_ray_address, job_cluster
 from experiments.runtime.reproducible import compare_runs
 from experiments.runtime.run_config import resolve_config
+from experiments.runtime.run_endings import RunFailed
 
 RAY = Path(sys.executable).parent / "ray"
 SMALL = {"num-clients": 4, "participation": 0.5, "num-rounds": 2, "local-epochs": 1, "device": "cpu"}

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from experiments.runtime.report import summary_table
+from experiments.runtime.finished_runs import summary_table
 from experiments.runtime.run_config import PRESETS_DIR, load_preset, resolve_config
 from experiments.runtime.sweep_runs import SWEEPS_DIR, _summary_columns, load_sweep
 from strategies.config import summary_horizon

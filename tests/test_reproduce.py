@@ -1,4 +1,4 @@
-"""Reproduction reports (experiments/runtime/paper_tables.py, verdicts.py,
+"""Reproduction reports (experiments/reproduction/table_cells.py, verdicts.py,
 reproduction_report.py and reproduction.py; python -m experiments.reproduce): the papers'
 tables as data, every cell's run, the comparison and its verdicts, the report's files, and
 a real run of a small table on the digits (slow tier)."""
@@ -15,11 +15,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from experiments.reproduction.report_files import basin_text, figure_panels, plotted, report_markdown, tolerance_bars, write_report
+from experiments.reproduction.runner import build_sweep
+from experiments.reproduction.table_cells import Cell, PaperValue, TableError, cell_status, load_table, select, table_names
+from experiments.reproduction.verdicts import Measured, Tolerances, compare, gain_verdict, headline, verdict
 from experiments.runtime.machine import ClientResources, check_machine
-from experiments.runtime.paper_tables import Cell, PaperValue, TableError, cell_status, load_table, select, table_names
-from experiments.runtime.reproduction import build_sweep
-from experiments.runtime.reproduction_report import basin_text, figure_panels, plotted, report_markdown, tolerance_bars, write_report
-from experiments.runtime.verdicts import Measured, Tolerances, compare, gain_verdict, headline, verdict
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -460,7 +460,7 @@ def _verdict_of(metric: str, paper: str, basin: Measured) -> str:
     return verdict(cell, basin)[0]
 
 
-# Every branch of the verdict rules (experiments/runtime/verdicts.py), each with the verdict
+# Every branch of the verdict rules (experiments/reproduction/verdicts.py), each with the verdict
 # it must give: a branch that returned another would fail its case.
 @pytest.mark.parametrize("metric, paper, basin, expected", [
     # accuracy: 3 points without the paper's ±; with it, 2·√(± ² + std²), at least 1 point

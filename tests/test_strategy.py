@@ -87,7 +87,7 @@ def test_summary_of_hand_made_rows():
 
 
 def test_summary_table_shows_real_wall_time_start_up_and_effective_k():
-    from experiments.runtime.report import summary_table
+    from experiments.runtime.finished_runs import summary_table
 
     table = summary_table({"FedAvg": {"last-k": 5, "last-k-requested": 10, "last-5-accuracy": 0.5,
                                       "wall-seconds": 23.0, "run-seconds": 40.0, "startup-seconds": 15.0}})

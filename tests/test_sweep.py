@@ -18,7 +18,8 @@ from conftest import processes_in_scope
 
 from experiments import sweep as sweep_module
 from experiments.runtime import sweep_runs
-from experiments.runtime.launch import RunFailed, launch
+from experiments.runtime.launch import launch
+from experiments.runtime.run_endings import RunFailed
 from experiments.runtime.sweep_runs import SWEEPS_DIR, SweepError, collect, load_sweep, run_sweep
 from strategies.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from strategies.config import ConfigError

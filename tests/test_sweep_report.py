@@ -175,7 +175,7 @@ def test_a_single_partition_is_still_named():
 def test_accuracy_figure_names_methods_setup_and_averaging_start():
     import matplotlib.pyplot as plt
 
-    from experiments.runtime.report import accuracy_figure, averaging_start, method_label, setup_title
+    from experiments.runtime.finished_runs import accuracy_figure, averaging_start, method_label, setup_title
     from experiments.runtime.run_config import resolve_config
 
     runs = {a: resolve_config({"averaging": a, "num-rounds": 30}) for a in ("none", "ima", "wima")}

@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from experiments.analysis.runs import (
+from experiments.analysis.inputs import (
     AnalysisRun,
     ThetaSpace,
     finished,

@@ -26,9 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from clients.training import select_device
-from experiments.analysis.interpolation import parse_model_spec, pick_model
-from experiments.analysis.landscape import Plane, evaluate_plane, model_scorer
-from experiments.analysis.runs import (
+from experiments.analysis.inputs import (
     AnalysisRun,
     find_runs,
     finished,
@@ -38,6 +36,8 @@ from experiments.analysis.runs import (
     theta_space,
     tool_parser,
 )
+from experiments.analysis.interpolation import parse_model_spec, pick_model
+from experiments.analysis.landscape import Plane, evaluate_plane, model_scorer
 from experiments.runtime.output_dir import create_output_dir
 from experiments.runtime.progress import progress_bar
 

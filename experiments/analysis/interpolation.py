@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from experiments.analysis.runs import (
+from experiments.analysis.inputs import (
     AnalysisRun,
     ThetaSpace,
     find_runs,

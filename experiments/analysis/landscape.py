@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from experiments.analysis.runs import (
+from experiments.analysis.inputs import (
     AnalysisRun,
     ThetaSpace,
     finished,

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.analysis.runs import AnalysisRun, find_runs, finished, pyplot, save_figure, save_table, tool_parser
+from experiments.analysis.inputs import AnalysisRun, find_runs, finished, pyplot, save_figure, save_table, tool_parser
 from experiments.runtime.output_dir import create_output_dir
 
 

@@ -136,23 +136,25 @@ def _interrupt(signum, frame) -> None:
 
 def guarded(body: Callable[[], int]) -> int:
     """``body()``'s exit code; 2 with one line for a user error, 3 for a full disk, 130 when interrupted."""
+    from clients.log import log
+
     in_main_thread = threading.current_thread() is threading.main_thread()  # signals: main thread only
     previous = signal.signal(signal.SIGTERM, _interrupt) if in_main_thread else None
     try:
         return body()
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        log.warning("interrupted", extra={"bare": True})
         return EXIT_INTERRUPTED
     except DiskFull as error:
-        print(f"error: {error}", file=sys.stderr)
+        log.error(f"error: {error}", extra={"bare": True})
         return EXIT_DISK_FULL
     except Exception as error:
         if is_disk_full(error):  # before the user errors: an OSError may be both
-            print(f"error: {disk_full_error(error)}", file=sys.stderr)
+            log.error(f"error: {disk_full_error(error)}", extra={"bare": True})
             return EXIT_DISK_FULL
         if not isinstance(error, user_errors()):
             raise
-        print(f"error: {error}", file=sys.stderr)
+        log.error(f"error: {error}", extra={"bare": True})
         return EXIT_USAGE
     finally:
         if in_main_thread:

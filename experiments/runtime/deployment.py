@@ -1,12 +1,10 @@
-"""The local Deployment Engine: a SuperLink, SuperNodes and a run on them: the
-implementation behind ``.venv/bin/python -m experiments.deploy``. Its command line
-(experiments/deploy.py) answers ``--help`` and usage errors before this module imports
-torch and Flower.
+"""The local Deployment Engine: a SuperLink, SuperNodes and a run on them, for
+``.venv/bin/python -m experiments.deploy`` (experiments/deploy.py, which imports this module,
+with torch and Flower, once its arguments are parsed) and the tests.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -25,9 +23,8 @@ import tomli_w
 
 from experiments.certificates import KeyPair, TlsFiles, write_supernode_key_pair, write_tls_certificates
 from experiments.runtime.flower_log import follow_run, read_summary
-from experiments.runtime.launch import RunFailed, check_folder_reuse, end_summary, interrupted_reason, run_failure, stage_app
-from experiments.runtime.machine import ClientResources, check_data, check_machine
-from experiments.runtime.output_dir import OutputLock, create_output_dir, record_holder, unique_output_dir
+from experiments.runtime.launch import stage_app
+from experiments.runtime.output_dir import OutputLock, create_output_dir, record_holder
 from experiments.runtime.processes import (
     Guardian,
     deferred_interrupts,
@@ -35,7 +32,8 @@ from experiments.runtime.processes import (
     processes_of_home,
     stop_process_tree,
 )
-from experiments.runtime.run_config import APP_DIR, load_preset, parse_overrides, resolve_config
+from experiments.runtime.run_config import APP_DIR
+from experiments.runtime.run_endings import check_folder_reuse, end_summary, interrupted_reason, run_failure
 from strategies.checkpoint import read_checkpoint
 from strategies.config import validate_run_config
 
@@ -368,24 +366,3 @@ def _wait_until(ready: Callable[[], bool], process: subprocess.Popen, log: Path,
         if time.monotonic() > deadline:
             raise DeploymentError(f"timed out waiting for {what} ({timeout:.0f} s)\n--- last lines of {log} ---\n{_tail(log)}")
         time.sleep(0.2)
-
-
-
-def run_command(args: argparse.Namespace) -> int:
-    """Validate, then start the local deployment and run on it (see the module docstring)."""
-    config = resolve_config(load_preset(args.preset) if args.preset else {}, parse_overrides(args.set))
-    check_data([config])
-    check_machine([config], ClientResources(args.cpus_per_client))  # each SuperNode's threads fit the machine
-    security = Security(tls=args.tls or args.auth, auth=args.auth)
-    name = Path(args.preset).stem if args.preset else "main"
-    out_dir = create_output_dir(args.out) if args.out else unique_output_dir(Path("runs"), f"deploy-{name}")
-    try:
-        summary = deploy(config, out_dir, security, args.cpus_per_client, overwrite=args.overwrite)
-    except (RunFailed, DeploymentError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(json.dumps(summary, indent=2))
-    print(f"results: {out_dir} ({security.name}, {config['num-clients']} SuperNodes)")
-    return 0
-
-

@@ -24,7 +24,7 @@ import pandas as pd
 from clients.atomic_files import write_atomically
 from clients.log import log
 from experiments.runtime.cli import DiskFull
-from experiments.runtime.launch import RunFailed, end_summary, interrupted_reason, launch
+from experiments.runtime.launch import launch
 from experiments.runtime.machine import (
     CLIENT_PROCESS_GPU_BYTES,
     ClientResources,
@@ -40,6 +40,7 @@ from experiments.runtime.mps import MpsDaemon, check_mps
 from experiments.runtime.output_dir import OutputLock, create_output_dir
 from experiments.runtime.ray_cluster import LocalRayCluster
 from experiments.runtime.run_config import load_preset, named_toml, read_toml, resolve_config, tracked_in
+from experiments.runtime.run_endings import RunFailed, end_summary, interrupted_reason
 from strategies.checkpoint import CheckpointError, read_checkpoint
 from strategies.config import ConfigError, cohort_size
 from strategies.results import current_summary, write_json_atomic

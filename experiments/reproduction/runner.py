@@ -3,8 +3,8 @@ resumable, parallel), the cost cells measured on the CPU, the report written
 (``.venv/bin/python -m experiments.reproduce`` and ``experiments.api.reproduce``; the command line
 answers ``--help`` and usage errors before this module imports torch and Flower).
 
-The tables: experiments/runtime/paper_tables.py; the verdicts: experiments/runtime/verdicts.py;
-the report's files: experiments/runtime/reproduction_report.py.
+The tables: experiments/reproduction/table_cells.py; the verdicts: experiments/reproduction/verdicts.py;
+the report's files: experiments/reproduction/report_files.py.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import pandas as pd
 
 from clients.atomic_files import write_atomically
 from clients.log import log
-from experiments.runtime.machine import ClientResources, data_problem_of
-from experiments.runtime.paper_tables import (
+from experiments.reproduction.report_files import printed_table, write_report
+from experiments.reproduction.table_cells import (
     COST_METRICS,
     GPU_ADVISED_STEPS,
     Cell,
@@ -34,9 +34,9 @@ from experiments.runtime.paper_tables import (
     table_counts,
     table_names,
 )
-from experiments.runtime.reproduction_report import printed_table, write_report
+from experiments.reproduction.verdicts import compare, headline
+from experiments.runtime.machine import ClientResources, data_problem_of
 from experiments.runtime.sweep_runs import Sweep, SweepRun, collect
-from experiments.runtime.verdicts import compare, headline
 
 reproduce_log = log.getChild("reproduce")  # its lines say [reproduce]
 
@@ -80,7 +80,7 @@ def build_sweep(table: PaperTable, seeds: int, resources: ClientResources | None
 def measure_costs(table: PaperTable, out_dir: Path, steps: int = 10, progress: bool = True,
                   cached_only: bool = False) -> dict[str, float]:
     """MFLOPs (forward multiply-adds per sample, millions) and parameters held (millions)
-    of every cost cell, measured by experiments.runtime.method_costs on this machine's CPU and kept
+    of every cost cell, measured by experiments.measurement.method_costs on this machine's CPU and kept
     in ``costs.json`` (a later call reads them back; ``cached_only``: only those)."""
     cells = [c for c in table.cells if c.metric in COST_METRICS and c.config is not None]
     if not cells:
@@ -106,7 +106,7 @@ def measure_costs(table: PaperTable, out_dir: Path, steps: int = 10, progress: b
 def _cost_of(config: Mapping[str, Any], steps: int, progress: bool) -> dict[str, float]:
     import torch
 
-    from experiments.runtime.method_costs import measure
+    from experiments.measurement.method_costs import measure
     from partitions.datasets import INPUT_SHAPES
 
     shape = INPUT_SHAPES[str(config["dataset"])]
@@ -124,7 +124,7 @@ def step_seconds(configs: Iterable[Mapping[str, Any]], progress: bool = True) ->
     """Median seconds of one local step on this machine's device, per (model, data set,
     batch size, strategy), measured on Basin's client path (2 steps each)."""
     from clients.training import select_device
-    from experiments.runtime.method_costs import measure
+    from experiments.measurement.method_costs import measure
     from partitions.datasets import INPUT_SHAPES
 
     device = select_device("auto")

@@ -12,9 +12,9 @@ from typing import Any
 import pandas as pd
 
 from clients.atomic_files import write_atomically
+from experiments.reproduction.table_cells import COST_METRICS, NOT_THE_SETUP, RUN_METRICS, PaperTable
+from experiments.reproduction.verdicts import TOLERANCES, Tolerances, headline
 from experiments.runtime.machine import data_problem_of
-from experiments.runtime.paper_tables import COST_METRICS, NOT_THE_SETUP, RUN_METRICS, PaperTable
-from experiments.runtime.verdicts import TOLERANCES, Tolerances, headline
 
 
 def _format(value: float | None, censored: bool = False, digits: int = 2) -> str:

@@ -28,13 +28,14 @@ from clients.log import log
 from clients.models import build_run_model, resolve_model_name
 from clients.training import evaluate, select_device
 from experiments.runtime.cli import UsageError
-from experiments.runtime.launch import RunFailed, launch
+from experiments.runtime.launch import launch
 from experiments.runtime.machine import check_machine, client_resources, machine_cpus
 from experiments.runtime.mps import MpsDaemon, check_mps
 from experiments.runtime.output_dir import LOCK_FILE, OutputLock, create_output_dir, unique_output_dir
 from experiments.runtime.processes import processes_of_home
 from experiments.runtime.ray_cluster import LocalRayCluster
 from experiments.runtime.run_config import default_run_config, load_preset, parse_overrides, resolve_config
+from experiments.runtime.run_endings import RunFailed
 from partitions import load_dataset
 from strategies.config import ConfigError, cohort_size
 from strategies.methods import hand_over_client_halves

@@ -1,4 +1,4 @@
-"""What every server strategy shares (:data:`COHORT`), and an averaging rule's declaration.
+"""An averaging rule's declaration (:class:`AveragingSpec`) and the round its averages start.
 A method's declaration (:class:`~clients.declarations.MethodSpec`) is in clients/declarations.py,
 the vocabulary both halves of a method share.
 """
@@ -12,10 +12,6 @@ from typing import Any
 from clients.declarations import TableRow
 from clients.options import Option
 from strategies.schedules import ClientSchedule
-
-# Every Basin strategy addresses exactly the sampled cohort (fraction 1, no minimum), and
-# federated evaluation is off: the ServerApp evaluates the global model centrally.
-COHORT: dict[str, Any] = dict(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=0)
 
 
 def averaging_start_round(config: Mapping[str, Any]) -> int:

@@ -2,7 +2,7 @@
 implementation behind ``.venv/bin/python -m experiments.benchmark --methods [--modes]``.
 
 Each method runs on Basin's own client path (the strategy's real training message, then
-``LocalRound`` as the ClientApp builds it; experiments/runtime/method_costs.py) on
+``LocalRound`` as the ClientApp builds it; experiments/measurement/method_costs.py) on
 synthetic tensors, in two setups: the Fashion-MNIST CNN (1×28×28, no augmentation) and a
 CIFAR-shaped ResNet (3×32×32) with crop + flip. Per method: the step mode on this device
 and why (clients/client_step.py), client steps per second over one timed round after a
@@ -29,7 +29,7 @@ from clients.local_round import LocalRound
 from clients.log import log
 from clients.models import build_model, uses_projection_head
 from clients.training import select_device
-from experiments.runtime.method_costs import REFERENCE, method_config, training_content
+from experiments.measurement.method_costs import REFERENCE, method_config, training_content
 from strategies.methods import METHODS, hand_over_client_halves
 
 

@@ -6,7 +6,7 @@ vmapped pass) and the plain loop (load each grid model's weights, evaluate it) t
 notebook would write; prints both and their ratio. The inputs are random tensors of the
 model's input shape (the time does not depend on the pixels)::
 
-    .venv/bin/python -m experiments.analysis.benchmark --model fmnist-cnn --samples 10000 --models-per-pass 1,8,64 [--device cuda]
+    .venv/bin/python -m experiments.analysis.grid_timing --model fmnist-cnn --samples 10000 --models-per-pass 1,8,64 [--device cuda]
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 
 from clients.models import MODEL_NAMES, REQUIRED_INPUT, build_model
 from clients.training import evaluate, select_device
+from experiments.analysis.inputs import ThetaSpace
 from experiments.analysis.landscape import grid_axes, plane_through
-from experiments.analysis.runs import ThetaSpace
 from experiments.runtime.cli import guarded
 
 
@@ -31,7 +31,7 @@ def synchronize(device: torch.device) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=".venv/bin/python -m experiments.analysis.benchmark", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=".venv/bin/python -m experiments.analysis.grid_timing", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="fmnist-cnn", choices=MODEL_NAMES)
     parser.add_argument("--input-shape", default="", help="C,H,W for models that take any size (default 3,32,32)")
     parser.add_argument("--classes", type=int, default=10)

@@ -42,7 +42,7 @@ from strategies.model_store import load_round_models, saved_rounds
 
 ANALYSIS_DIR = "analysis"
 # Grid models per vmapped pass of ThetaSpace.evaluate, by device. On 2 CPU cores one at a
-# time is fastest (experiments/analysis/benchmark.py, FMNIST CNN: chunks of 4 and 16 ran at
+# time is fastest (experiments/analysis/grid_timing.py, FMNIST CNN: chunks of 4 and 16 ran at
 # 0.76× and 0.72× the speed of chunks of 1); the CUDA value is not measured yet: measure
 # it with the benchmark on your GPU.
 MODELS_PER_PASS = {"cpu": 1, "cuda": 32}

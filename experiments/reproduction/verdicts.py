@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from experiments.runtime.paper_tables import COST_METRICS, Cell, PaperTable, cell_status
+from experiments.reproduction.table_cells import COST_METRICS, Cell, PaperTable, cell_status
 
 # ---- comparing ------------------------------------------------------------------------
 

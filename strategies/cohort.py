@@ -1,0 +1,9 @@
+"""What every Basin server strategy is built with (:data:`COHORT`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Every Basin strategy addresses exactly the sampled cohort (fraction 1, no minimum), and
+# federated evaluation is off: the ServerApp evaluates the global model centrally.
+COHORT: dict[str, Any] = dict(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=0)
