@@ -22,8 +22,6 @@ import sys
 from pathlib import Path
 
 from experiments.api import grid
-from experiments.api import label_of as label_of  # the --compare grid's run labels and the job folder's name,
-from experiments.api import output_name as output_name  # as this command line names them
 from experiments.runtime.cli import (
     EXIT_INTERRUPTED,
     UsageError,
@@ -34,6 +32,8 @@ from experiments.runtime.cli import (
     guarded,
     nonempty_path,
 )
+from experiments.runtime.job_folders import label_of as label_of  # the --compare grid's run labels and the job folder's name,
+from experiments.runtime.job_folders import output_name as output_name  # as this command line names them
 
 # Only the standard library above (experiments.runtime.cli and experiments.api import nothing else
 # at import time): `--help` answers without importing torch or Flower (the rest is imported

@@ -15,6 +15,7 @@ import pytest
 
 from experiments import api
 from experiments.runtime.cli import UsageError
+from experiments.runtime.job_folders import label_of
 from strategies.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,4 +123,4 @@ def test_load_run_reads_a_sweep_folder(tmp_path):
 
 def test_the_compare_grid_and_labels():
     points = api.grid({"strategy": ["fedavg", "fedprox"], "averaging": ["none", "ima"]})
-    assert [api.label_of(p) for p in points] == ["fedavg-none", "fedavg-ima", "fedprox-none", "fedprox-ima"]
+    assert [label_of(p) for p in points] == ["fedavg-none", "fedavg-ima", "fedprox-none", "fedprox-ima"]
