@@ -28,6 +28,8 @@ if missing := [module for module in REQUIRED if not _installed(module)]:
                 f"`.venv/bin/python -m experiments.<tool>`")
     # `python -m experiments.<tool>` imports this package while sys.argv[0] is still "-m".
     if sys.argv[:1] == ["-m"]:
-        print(f"error: {_message}", file=sys.stderr)
+        from clients.log import log  # the standard library only
+
+        log.error(f"error: {_message}", extra={"bare": True})
         sys.exit(2)
     raise ModuleNotFoundError(_message, name=missing[0])

@@ -56,7 +56,7 @@ def test_the_readmes_python_example_type_checks_as_a_users_file(tmp_path):
     done = subprocess.run([str(Path(sys.executable).parent / "mypy"), "--config-file", "mypy.ini", str(user)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "MYPYPATH": str(REPO)})
     assert done.returncode == 0, done.stdout
-    assert "-> experiments.api.Job" in done.stdout and 'Revealed type is "experiments.api.Job"' in done.stdout
+    assert "-> experiments.job_results.Job" in done.stdout and 'Revealed type is "experiments.job_results.Job"' in done.stdout
 
 
 @pytest.mark.parametrize("call, error, message", [

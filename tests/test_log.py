@@ -48,22 +48,24 @@ def test_quiet_and_verbose_set_what_a_command_shows(capsys, level, flags, shown)
     assert [line.removeprefix("[basin] ") for line in capsys.readouterr().err.splitlines()] == shown
 
 
+# What the commands do once their arguments are parsed: their output is the commands' own.
+COMMAND_BODIES = ("experiments/analysis/", "experiments/measurement/", "experiments/reproduction/")
+
+
 def is_program(tree: ast.Module) -> bool:
     """Whether a module runs as a program (``if __name__ == "__main__":``): its output is its own."""
     return any(isinstance(node, ast.If) and "__name__" in ast.unparse(node.test) for node in tree.body)
 
 
 def library_prints(root: Path = REPO) -> list[str]:
-    """Every print() of a library module: everything in partitions/, clients/ and strategies/,
-    experiments/api.py and the machinery in experiments/runtime/; a command (experiments/'
-    other modules) and a program Basin starts write their own output."""
+    """Every print() of a library module: every module but the programs (the commands, and
+    the ones Basin starts) and the commands' bodies."""
     printing = []
     for package in ("partitions", "clients", "strategies", "experiments"):
         for path in sorted((root / package).rglob("*.py")):
             relative = path.relative_to(root).as_posix()
-            library = package != "experiments" or relative == "experiments/api.py" or "/runtime/" in relative
             tree = ast.parse(path.read_text())
-            if library and not is_program(tree):
+            if not relative.startswith(COMMAND_BODIES) and not is_program(tree):
                 printing += [f"{relative}:{node.lineno}" for node in ast.walk(tree)
                              if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "print"]
     return printing
