@@ -202,7 +202,7 @@ def sweep(
     """Run a sweep's unfinished runs (resumable) and return it: ``.venv/bin/python -m experiments.sweep``.
 
     Args:
-        name_or_path: a sweep from experiments/sweeps/ or a TOML file.
+        name_or_path: a sweep from experiments/sweep_files/ or a TOML file.
         set: run-config overrides for every run (``--set``).
         out: the sweep's folder (default ``runs/<sweep name>``).
         parallel: runs at once (``--parallel``; None: auto).
@@ -212,7 +212,8 @@ def sweep(
         See the module docstring; ``RunFailed`` when a run failed (the others ran).
     """
     from experiments.runtime.run_endings import RunFailed
-    from experiments.runtime.sweep_runs import execute_sweep, load_sweep, sweep_path
+    from experiments.runtime.sweep_definition import load_sweep, sweep_path
+    from experiments.runtime.sweep_runs import execute_sweep
 
     _check_parallel(parallel)
     loaded = load_sweep(sweep_path(name_or_path), {**(set or {}), **({"track": track} if track is not None else {})})

@@ -206,7 +206,8 @@ def check_pair(base: dict[str, Any], rounds: int, out: Path) -> list[dict[str, A
 
     from experiments.runtime.machine import client_resources
     from experiments.runtime.run_config import resolve_config
-    from experiments.runtime.sweep_runs import load_sweep, run_sweep
+    from experiments.runtime.sweep_definition import load_sweep
+    from experiments.runtime.sweep_runs import run_sweep
     from strategies.results import current_summary
 
     out.mkdir(parents=True, exist_ok=True)

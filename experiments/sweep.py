@@ -1,6 +1,6 @@
 """Sweeps: many Basin runs over a grid of configs, resumable, one results table.
 
-    .venv/bin/python -m experiments.sweep ima-fmnist-alpha            # a sweep from experiments/sweeps/
+    .venv/bin/python -m experiments.sweep ima-fmnist-alpha            # a sweep from experiments/sweep_files/
     .venv/bin/python -m experiments.sweep my-sweep.toml --set num-rounds=20 --out runs/quick
     .venv/bin/python -m experiments.sweep my-sweep.toml --list        # the runs and their status
     .venv/bin/python -m experiments.sweep ima-fmnist-alpha --ray-address 10.0.0.5:6379  # on a Ray cluster
@@ -41,7 +41,7 @@ from experiments.runtime.cli import add_verbosity_options, apply_verbosity, exit
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("sweep", help="a sweep name from experiments/sweeps/ or a TOML file")
+    parser.add_argument("sweep", help="a sweep name from experiments/sweep_files/ or a TOML file")
     parser.add_argument("--track", metavar="TRACKERS",
                         help="log every run to experiment trackers: a comma-separated list of tensorboard, mlflow, "
                              "wandb (the run-config key track, as a sweep file's [set] track = ...; grouped by sweep)")
@@ -77,7 +77,8 @@ def run_command(args: argparse.Namespace) -> int:
     from experiments.runtime.machine import data_problem_of
     from experiments.runtime.ray_cluster import check_ray_address
     from experiments.runtime.run_config import parse_overrides
-    from experiments.runtime.sweep_runs import collect, execute_sweep, load_sweep, sweep_path
+    from experiments.runtime.sweep_definition import load_sweep, sweep_path
+    from experiments.runtime.sweep_runs import collect, execute_sweep
 
     overrides = {**parse_overrides(args.set), **({"track": args.track} if args.track is not None else {})}
     sweep = load_sweep(sweep_path(args.sweep), overrides)

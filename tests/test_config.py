@@ -228,7 +228,7 @@ def test_the_output_folder_is_named_after_what_ran():
 def test_user_facing_docs_stand_alone():
     # README, presets and sweep files never send a user to files outside the repository.
     repo = PRESETS_DIR.parents[1]
-    docs = [repo / "README.md", *PRESETS_DIR.glob("*.toml"), *(repo / "experiments" / "sweeps").glob("*.toml")]
+    docs = [repo / "README.md", *PRESETS_DIR.glob("*.toml"), *(repo / "experiments" / "sweep_files").glob("*.toml")]
     for path in docs:
         text = path.read_text()
         assert "METHODS.md" not in text and "../shared" not in text and "BASELINES.md" not in text, path

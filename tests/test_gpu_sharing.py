@@ -9,7 +9,7 @@ import stat
 import pytest
 import torch
 
-from experiments.runtime import machine, sweep_runs
+from experiments.runtime import machine, sweep_definition, sweep_runs
 from experiments.runtime import mps as mps_module
 from experiments.runtime.cli import UsageError
 from experiments.runtime.machine import client_resources
@@ -140,8 +140,8 @@ def test_auto_gpu_share_trains_a_whole_cohort_at_once_within_cores_and_memory(mo
 
 
 def test_parallel_auto(monkeypatch):
-    runs = [sweep_runs.SweepRun(f"r{i}", config(**{"num-clients": 100, "participation": 0.1})) for i in range(6)]
-    plan = sweep_runs.Sweep("s", runs, machine.ClientResources(), 0, True)
+    runs = [sweep_definition.SweepRun(f"r{i}", config(**{"num-clients": 100, "participation": 0.1})) for i in range(6)]
+    plan = sweep_definition.Sweep("s", runs, machine.ClientResources(), 0, True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert sweep_runs.auto_parallel(plan) == 1
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from experiments.runtime.run_config import PRESETS_DIR, load_preset, resolve_config
-from experiments.runtime.sweep_runs import SWEEPS_DIR, load_sweep
+from experiments.runtime.sweep_definition import SWEEP_FILES_DIR, load_sweep
 
 TABLE = Path(__file__).resolve().parent.parent / "docs" / "paper-setups.md"
 ROW = re.compile(r"^\| `([^`]+)` \|(.*)$")
@@ -30,7 +30,7 @@ def _rows(section: str) -> dict[str, dict]:
 PRESET_ROWS = _rows("Presets")
 SWEEP_ROWS = _rows("Sweeps")
 PRESETS = sorted(path.stem for path in PRESETS_DIR.glob("*.toml"))
-SWEEPS = sorted(path.stem for path in SWEEPS_DIR.glob("*.toml"))
+SWEEPS = sorted(path.stem for path in SWEEP_FILES_DIR.glob("*.toml"))
 
 
 def test_every_shipped_preset_and_sweep_has_a_row():
@@ -56,7 +56,7 @@ def _grid_keys(grid: dict) -> set[str]:
 
 @pytest.mark.parametrize("name", SWEEPS)
 def test_sweep_matches_its_papers_setup(name):
-    path = SWEEPS_DIR / f"{name}.toml"
+    path = SWEEP_FILES_DIR / f"{name}.toml"
     spec, row = tomllib.loads(path.read_text()), dict(SWEEP_ROWS[name])
     assert spec["preset"] == row.pop("preset")
     assert spec["grid"] == row.pop("grid")
@@ -69,7 +69,7 @@ def test_sweep_matches_its_papers_setup(name):
 
 
 def test_the_fedswa_comparison_gives_every_method_the_cosine_and_fedswas_partition():
-    runs = load_sweep(SWEEPS_DIR / "fedswa-cifar100.toml").runs
+    runs = load_sweep(SWEEP_FILES_DIR / "fedswa-cifar100.toml").runs
     assert {run.config["strategy"] for run in runs} >= {"fedavg", "scaffold", "fedswa", "fedmoswa", "mofedsam", "fedlesam"}
     assert {(run.config["lr-schedule"], run.config["partition"], run.config["samples-per-client"],
              run.config["client-dirichlet-concentration"], run.config["client-dirichlet-exhaustion"],
@@ -78,7 +78,7 @@ def test_the_fedswa_comparison_gives_every_method_the_cosine_and_fedswas_partiti
 
 def test_one_comparison_reports_one_metric():
     for name in ("wima-cifar10", "wima-cifar100"):
-        runs = load_sweep(SWEEPS_DIR / f"{name}.toml").runs
+        runs = load_sweep(SWEEP_FILES_DIR / f"{name}.toml").runs
         assert {run.config["summary-last-k"] for run in runs} == {100}, name  # FedAvg/SWA runs too, not only WIMA's
 
 
@@ -89,7 +89,7 @@ def test_ima_sweeps_run_fedadam_and_fedyogi_with_the_ima_authors_server_settings
 
     checked = 0
     for name in ("ima-fmnist-methods", "ima-cifar10", "ima-cifar100", "ima-pacs"):
-        for run in load_sweep(SWEEPS_DIR / f"{name}.toml").runs:
+        for run in load_sweep(SWEEP_FILES_DIR / f"{name}.toml").runs:
             if run.config["strategy"] not in ("fedadam", "fedyogi"):
                 continue
             strategy = build_strategy(run.config)

@@ -10,7 +10,8 @@ import pytest
 
 from experiments.runtime.finished_runs import summary_table
 from experiments.runtime.run_config import PRESETS_DIR, load_preset, resolve_config
-from experiments.runtime.sweep_runs import SWEEPS_DIR, _summary_columns, load_sweep
+from experiments.runtime.sweep_definition import SWEEP_FILES_DIR, load_sweep
+from experiments.runtime.sweep_runs import _summary_columns
 from strategies.config import summary_horizon
 from strategies.results import RunRecorder
 
@@ -24,7 +25,7 @@ def _accuracies() -> list[float]:
 
 def test_the_shipped_setups_report_the_last_5_10_or_100_rounds():
     presets = {resolve_config(load_preset(str(path)))["summary-last-k"] for path in PRESETS_DIR.glob("*.toml")}
-    sweeps = {run.config["summary-last-k"] for path in SWEEPS_DIR.glob("*.toml") for run in load_sweep(path).runs}
+    sweeps = {run.config["summary-last-k"] for path in SWEEP_FILES_DIR.glob("*.toml") for run in load_sweep(path).runs}
     assert presets | sweeps == {5, 10, 100}
 
 

@@ -20,7 +20,8 @@ from experiments import sweep as sweep_module
 from experiments.runtime import sweep_runs
 from experiments.runtime.launch import launch
 from experiments.runtime.run_endings import RunFailed
-from experiments.runtime.sweep_runs import SWEEPS_DIR, SweepError, collect, load_sweep, run_sweep
+from experiments.runtime.sweep_definition import SWEEP_FILES_DIR, SweepError, load_sweep
+from experiments.runtime.sweep_runs import collect, run_sweep
 from strategies.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from strategies.config import ConfigError
 
@@ -95,7 +96,7 @@ def test_bad_sweep_exits_2_before_anything_starts(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("path", sorted(SWEEPS_DIR.glob("*.toml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(SWEEP_FILES_DIR.glob("*.toml")), ids=lambda p: p.stem)
 def test_every_sweep_preset_resolves(path):
     sweep = load_sweep(path)
     assert sweep.runs and sweep.duplicates == 0
@@ -303,19 +304,19 @@ seed = [0]
 
 def test_ima_methods_sweeps_cover_ima_table_1_with_the_papers_settings():
     for name in ("ima-fmnist-methods", "ima-cifar10"):
-        sweep = load_sweep(SWEEPS_DIR / f"{name}.toml")
+        sweep = load_sweep(SWEEP_FILES_DIR / f"{name}.toml")
         strategies = {run.config["strategy"] for run in sweep.runs}
         assert strategies == {"fedavg", "fedprox", "fedasam", "fednova", "fedadam", "fedyogi", "fedgma", "fedfa"}
         assert {run.config["fedfa-variant"] for run in sweep.runs} == {"fedfa-ima"}  # as IMA ran FedFA
         assert {run.config["averaging"] for run in sweep.runs} == {"none", "ima"}
         assert {run.config["prox-mu"] for run in sweep.runs} == {0.01}
         assert {run.config["server-lr"] for run in sweep.runs} == {0.0}  # FedGMA η_s = 1, FedAdam/Yogi 0.01
-    cifar = load_sweep(SWEEPS_DIR / "ima-cifar10.toml")
+    cifar = load_sweep(SWEEP_FILES_DIR / "ima-cifar10.toml")
     # The IMA authors' CIFAR-10 pipeline: standardised, not augmented.
     assert {(run.config["augment"], run.config["normalize"]) for run in cifar.runs} == {("none", True)}
     for name in ("wima-cifar10", "wima-cifar100", "wima-cifar10-participation", "wima-cifar10-window",
                  "fedalign-cifar100-ablations", "fedswa-cifar100"):
-        assert {run.config["augment"] for run in load_sweep(SWEEPS_DIR / f"{name}.toml").runs} == {"crop-flip"}
+        assert {run.config["augment"] for run in load_sweep(SWEEP_FILES_DIR / f"{name}.toml").runs} == {"crop-flip"}
 
 
 def test_a_finished_sweep_run_again_has_nothing_pending_and_starts_no_ray(tmp_path, monkeypatch):

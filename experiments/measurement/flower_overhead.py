@@ -373,7 +373,8 @@ def sweep_command(args) -> int:
     """Runs per hour of SWEEP_GRID (on the preset, ``--set`` and ``--rounds``), run through
     ``experiments.sweep`` one at a time, then ``--parallel`` at once, each pass in its own
     folder (nothing resumed); writes ``benchmark-sweep.json``."""
-    from experiments.runtime.sweep_runs import auto_parallel, load_sweep, run_sweep
+    from experiments.runtime.sweep_definition import load_sweep
+    from experiments.runtime.sweep_runs import auto_parallel, run_sweep
 
     config = config_of(args)  # validates the base setup
     out_dir = create_output_dir(args.out) if args.out else unique_output_dir(Path("runs"), "benchmark-sweep")

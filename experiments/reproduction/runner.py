@@ -36,7 +36,8 @@ from experiments.reproduction.table_cells import (
 )
 from experiments.reproduction.verdicts import compare, headline
 from experiments.runtime.machine import ClientResources, data_problem_of
-from experiments.runtime.sweep_runs import Sweep, SweepRun, collect
+from experiments.runtime.sweep_definition import Sweep, SweepRun
+from experiments.runtime.sweep_runs import collect
 
 reproduce_log = log.getChild("reproduce")  # its lines say [reproduce]
 
