@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=None, help="with --methods: timed steps per method (default 30)")
     parser.add_argument("--cohort", type=int, default=10, help="with --clients: clients per round (default 10)")
     parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/benchmark-<time>)")
-    # The implementation (experiments/measurement/flower_overhead.py) reads these from the arguments: it does not import this module.
+    # The implementation (experiments/measurement/) reads these from the arguments: it does not import this module.
     parser.set_defaults(default_preset=DEFAULT_PRESET, no_preset=NO_PRESET)
     return parser
 
@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
             args.out = create_output_dir(args.out, "--out")
         return guarded(lambda: methods_command(args, parse_overrides(args.set)))
     # The implementation imports torch and Flower: only once the arguments parsed.
-    from experiments.measurement.flower_overhead import clients_command, run_command, sweep_command
+    from experiments.measurement.flower_overhead import run_command
+    from experiments.measurement.many_clients import clients_command
+    from experiments.measurement.sweep_timing import sweep_command
 
     if args.rounds is None:
         args.rounds = 5 if args.clients else 20

@@ -101,26 +101,27 @@ def test_the_clients_mode_holds_the_cohort_and_each_clients_work_fixed_across_k(
     import pytest
 
     from experiments import benchmark
-    from experiments.measurement import flower_overhead as benchmarking
+    from experiments.measurement import many_clients
     from experiments.runtime.cli import UsageError
+    from strategies.config import cohort_size
 
     args = benchmark.build_parser().parse_args(["--clients", "100,10000", "--set", "data-dir=/nowhere"])
     assert args.clients == (100, 10000) and args.cohort == 10 and args.preset is None
     args.rounds = 5
     for k in args.clients:
-        config = benchmarking.resolve_config(benchmarking.CLIENTS_SETUP, benchmarking.parse_overrides(["data-dir=/nowhere"]),
+        config = many_clients.resolve_config(many_clients.CLIENTS_SETUP, many_clients.parse_overrides(["data-dir=/nowhere"]),
                                           {"num-clients": k, "participation": 10 / k, "num-rounds": 5})
-        assert benchmarking.cohort_size(config) == 10 and config["samples-per-client"] == 300
+        assert cohort_size(config) == 10 and config["samples-per-client"] == 300
     assert benchmark.build_parser().parse_args(["--clients"]).clients == benchmark.DEFAULT_CLIENT_COUNTS
     with pytest.raises(argparse.ArgumentTypeError, match="comma-separated integers >= 1"):
         benchmark.client_counts("100,0")
     args.cohort = 200
     with pytest.raises(UsageError, match="--cohort 200 with 100 clients is not allowed"):
-        benchmarking.clients_config(args, 100)
+        many_clients.clients_config(args, 100)
 
 
 def test_the_clients_table_gives_each_figure_its_ratio_and_the_memory_growth(capsys):
-    from experiments.measurement.flower_overhead import print_clients_table
+    from experiments.measurement.many_clients import print_clients_table
 
     row = {"clients": 100, "wall-seconds": 30.0, "round-1-starts-seconds": 8.0, "round-1-seconds": 6.0,
            "overhead-rounds-2-on-seconds": 0.02, "wall-minus-rounds-seconds": 10.0, "peak-memory-mib": 3500.0}
@@ -134,7 +135,7 @@ def test_the_clients_table_gives_each_figure_its_ratio_and_the_memory_growth(cap
 def test_the_memory_sampler_reads_a_process_proportional_set_size():
     import os
 
-    from experiments.measurement.flower_overhead import proportional_set_mib
+    from experiments.measurement.many_clients import proportional_set_mib
 
     assert 1 < proportional_set_mib(os.getpid()) < 100_000
     assert proportional_set_mib(2**22 + 12345) == 0.0  # no such process
