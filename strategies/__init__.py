@@ -15,16 +15,21 @@ Importing Basin changes nothing in Flower: its engine replacements
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from strategies.averaging import IMA, WIMA, ModelAveraging, ServerSWA
+    from strategies.averaging import ModelAveraging
+    from strategies.averaging_wrappers import IMA, WIMA, ServerSWA
 
 __all__ = ["IMA", "WIMA", "ModelAveraging", "ServerSWA"]
 
 
 def __getattr__(name: str):
-    """``from strategies import IMA`` imports the averaging module (and torch) when asked:
+    """``from strategies import IMA`` imports the averaging modules (and torch) when asked:
     the ClientApp's entry (strategies/client_app.py) loads this package without them."""
-    if name in __all__:
-        from strategies import averaging
+    if name == "ModelAveraging":
+        from strategies.averaging import ModelAveraging
 
-        return getattr(averaging, name)
+        return ModelAveraging
+    if name in __all__:
+        from strategies import averaging_wrappers
+
+        return getattr(averaging_wrappers, name)
     raise AttributeError(f"module 'strategies' has no attribute {name!r}")

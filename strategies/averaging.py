@@ -18,7 +18,9 @@ averages of the global models the base produces — never of its own outputs:
 
 IMA on an adaptive server optimiser (FedAdam, FedYogi, FedAdagrad) takes the window mean
 as the target of the optimiser's step by default, as the paper and its authors' code do
-(:class:`IMA`). The state round-trips through checkpoints (:class:`ModelAveraging`).
+(strategies/averaging_wrappers.py's :class:`IMA`). The state round-trips through
+checkpoints (:class:`ModelAveraging`). The same rules as classes for a user's own
+ServerApp: strategies/averaging_wrappers.py.
 """
 
 from __future__ import annotations
@@ -37,7 +39,12 @@ from clients.declarations import TableRow
 from clients.options import ConfigError
 from strategies.arrays import to_arrays, to_numpy
 from strategies.averaging_spec import AveragingSpec, averaging_start_round
-from strategies.round_interface import RoundStrategy, load_wrapped_checkpoint_state, wrapped_checkpoint_state
+from strategies.round_interface import (
+    RoundStrategy,
+    WrappingStrategy,
+    load_wrapped_checkpoint_state,
+    wrapped_checkpoint_state,
+)
 from strategies.schedules import ClientSchedule
 
 if TYPE_CHECKING:
@@ -52,7 +59,7 @@ def window_mean(models: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray
     return {key: np.asarray(sum(m[key] for m in models) / len(models)).astype(models[0][key].dtype) for key in models[0]}
 
 
-class ModelAveraging(RoundStrategy, Strategy):
+class ModelAveraging(WrappingStrategy, Strategy):
     """Average the base strategy's global models over a window of rounds.
 
     The state (window, running average, counters) lives here and round-trips through
@@ -128,12 +135,9 @@ class ModelAveraging(RoundStrategy, Strategy):
                 raise ValueError(f"optimizer_target needs a server optimiser with a step target, got {type(base).__name__}")
             base.step_target = self._window_target
 
-    def __getattr__(self, name: str):
-        # Everything the component does not define (sampling hooks, per-round client
-        # counts, …) is the base strategy's.
-        if name == "base":
-            raise AttributeError(name)
-        return getattr(self.base, name)
+    @property
+    def wrapped(self) -> Strategy:
+        return self.base
 
     # -- what the round loop asks -------------------------------------------------------
     def first_sampled_round(self) -> int:
@@ -265,86 +269,6 @@ class ModelAveraging(RoundStrategy, Strategy):
         self.base_arrays = None if state["base_arrays"] is None else to_arrays(state["base_arrays"])
         self.averaged_arrays = None if state["averaged_arrays"] is None else to_arrays(state["averaged_arrays"])
         self.moments_reset = bool(state.get("moments_reset", False))
-
-
-def _checked_base(strategy: Strategy, basin_clients: bool, name: str) -> Strategy:
-    """``strategy``, unless it needs Basin's ClientApp and the caller did not say it has one."""
-    client_half = getattr(strategy, "client_half", "")
-    if client_half and not basin_clients:
-        raise ValueError(
-            f"{name}({type(strategy).__name__}(...)): {type(strategy).__name__} needs Basin's ClientApp "
-            f"(strategies.client_app:app) for {client_half}; a stock Flower ClientApp trains plain local SGD and "
-            f"ignores it. Pass basin_clients=True when your app's clients are Basin's, or wrap a server-only "
-            f"strategy (Flower's FedAvg, FedAdam, …)"
-        )
-    return strategy
-
-
-class IMA(ModelAveraging):
-    """IMA (Zhou, Lin, Zhang, Tsang, "Understanding and Improving Model Averaging in Federated
-    Learning on Heterogeneous Data", IEEE TMC 2024, eq. 4) around any Flower strategy: from
-    ``start_round`` (t_s) on, the clients receive the mean of the last ``window`` (P) global
-    models the strategy produced, w_IMA^t = (1/P) Σ_{i<P} w^{t−i}.
-
-    Memory: ``window`` copies of the model (the window fills from round t_s − P + 1).
-    Use with Flower's loop: ``IMA(FedAvg(...), window=5, start_round=150).start(grid=grid,
-    initial_arrays=arrays, num_rounds=200)``; the result's arrays are the last model sent,
-    the average from t_s on. On Basin's FedAdam/FedYogi/FedAdagrad the window mean is the
-    target of the optimiser's step (the authors' ordering); on Flower's own, the window of
-    its outputs is sent. :meth:`state_dict` / :meth:`load_state_dict` checkpoint the window.
-    IMA's client-side exploration schedule (lr decay after t_s) is the clients' business:
-    Basin's ClientApp follows ``lr`` in the round config.
-
-    **IMA on an adaptive server optimiser** (FedAdam, FedYogi, FedAdagrad; strategies/fedopt.py)
-    has its own ordering by default (``optimizer_target=True``; run config
-    ``ima-server-opt = fma-target``), as the paper ("storing P global models obtained by FMA")
-    and its authors' ``utils/aggregator.py`` (modes ``fedadam+ima``, ``fedyogi+ima``,
-    ``fedadagrad+ima``) do: the window holds each round's **FMA aggregate** (the clients'
-    weighted mean), not the optimiser's output; from t_s on the window mean is the **target**
-    of the optimiser's step, Δ = mean − w with w the model sent; m and v are reset to zero at
-    t_s (FedAdam and FedYogi; the code does not reset FedAdagrad's); the clients receive the
-    optimiser's output. In results.csv that output is the averaged (sent) model and the
-    round's FMA the base model (the authors log it as "before moving averaging").
-    ``ima-server-opt = output-window`` is the older ordering: the window holds the
-    optimiser's outputs and their mean is sent, as for any other base.
-    """
-
-    def __init__(self, strategy: Strategy, window: int = 5, start_round: int = 1, subset: str = "all",
-                 basin_clients: bool = False) -> None:
-        super().__init__(_checked_base(strategy, basin_clients, "IMA"), window, start_round, feedback=True,
-                         subset=subset, optimizer_target=hasattr(strategy, "step_target"))
-
-
-class WIMA(ModelAveraging):
-    """WIMA (Caldarola, Caputo, Ciccone, "Window-based Model Averaging Improves
-    Generalization in Heterogeneous Federated Learning", ICCV Workshops 2023, eq. 4) around any
-    Flower strategy: from round ``window`` (W) on, a server-side shadow model, the mean of the
-    last W global models; the clients keep receiving the strategy's own model unless
-    ``feedback``.
-
-    Memory: ``window`` copies of the model. With Flower's loop the result's arrays are the
-    strategy's last model; :meth:`final_arrays` (or ``averaged_arrays``) gives the shadow.
-    """
-
-    def __init__(self, strategy: Strategy, window: int = 5, feedback: bool = False, subset: str = "all",
-                 basin_clients: bool = False) -> None:
-        super().__init__(_checked_base(strategy, basin_clients, "WIMA"), window, window, feedback=feedback, subset=subset)
-
-
-class ServerSWA(ModelAveraging):
-    """Server-side SWA (Caldarola, Caputo, Ciccone, "Improving Generalization in Federated
-    Learning by Seeking Flat Minima", ECCV 2022) around any Flower strategy: from
-    ``start_round`` on, at the end of each lr cycle of ``cycle`` rounds, w_SWA ← (n·w_SWA +
-    w)/(n + 1); evaluation only (the clients receive the strategy's model).
-
-    Memory: one copy of the model (a running mean). :meth:`final_arrays` gives w_SWA. The
-    cyclic client lr of the paper is the clients' business.
-    """
-
-    def __init__(self, strategy: Strategy, start_round: int = 1, cycle: int = 1, subset: str = "all",
-                 basin_clients: bool = False) -> None:
-        super().__init__(_checked_base(strategy, basin_clients, "ServerSWA"), None, start_round, feedback=False,
-                         sample_every=cycle, subset=subset)
 
 
 def window_fits(config) -> None:

@@ -9,7 +9,7 @@ Adagrad: v_t = v_{t−1} + Δ_t²; w_{t+1} = w_t + η·m_t/(√v_t + τ). Defaul
 authors' ``utils/aggregator.py`` uses exactly these for FedAdam and FedYogi).
 
 The target is a hook, :meth:`ServerOptimizer.step_target`: IMA's default ordering on these
-optimisers (strategies/averaging.py, ``ima-server-opt = fma-target``) replaces it from t_s
+optimisers (strategies/averaging_wrappers.py, ``ima-server-opt = fma-target``) replaces it from t_s
 on by the mean of a window of FMA aggregates, and resets the moments once at t_s
 (:meth:`ServerOptimizer.reset_moments`), as the IMA authors' ``fedadam+ima`` and
 ``fedyogi+ima`` modes do.

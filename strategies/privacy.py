@@ -35,12 +35,17 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, Strategy
 
 from clients.flower_internals import add_aggregate_noise, clip_model_update
-from strategies.round_interface import RoundStrategy, load_wrapped_checkpoint_state, wrapped_checkpoint_state
+from strategies.round_interface import (
+    RoundStrategy,
+    WrappingStrategy,
+    load_wrapped_checkpoint_state,
+    wrapped_checkpoint_state,
+)
 
 DP_ORDERS = ("inside", "outside")
 
 
-class ServerSideDP(RoundStrategy, DifferentialPrivacyServerSideFixedClipping):
+class ServerSideDP(WrappingStrategy, DifferentialPrivacyServerSideFixedClipping):
     """Flower's server-side fixed-clipping DP around ``strategy``, seeded per round.
 
     Parameters
@@ -66,11 +71,9 @@ class ServerSideDP(RoundStrategy, DifferentialPrivacyServerSideFixedClipping):
         self.seed = seed
         self.released: ArrayRecord | None = None  # this round's output, noise added
 
-    def __getattr__(self, name: str) -> Any:
-        # The round loop's sampling hooks and per-round bookkeeping are the wrapped strategy's.
-        if name == "strategy":
-            raise AttributeError(name)
-        return getattr(self.strategy, name)
+    @property
+    def wrapped(self) -> Strategy:
+        return self.strategy
 
     # IMA's fma-target ordering sets the step target of the server optimiser it wraps.
     @property

@@ -108,6 +108,42 @@ class RoundStrategy:
             self.load_state_dict(state["method"])
 
 
+class WrappingStrategy(RoundStrategy):
+    """Mixin of a strategy that wraps another (an averaging component, server-side DP): the
+    round loop asks the outermost strategy for the cohort's sampling and the round's
+    bookkeeping, which are the wrapped strategy's. Everything else a wrapper offers it
+    defines itself."""
+
+    @property
+    def wrapped(self) -> Any:
+        """The strategy this one wraps."""
+        raise NotImplementedError
+
+    # Read-only here: the wrapped strategy writes them (RoundStrategy declares them as
+    # the attributes strategies/sampling.CohortSampling sets).
+    @property
+    def round_clients(self) -> dict[str, float]:  # type: ignore[override]
+        return self.wrapped.round_clients
+
+    @property
+    def round_failures(self) -> list[ClientFailure]:  # type: ignore[override]
+        return self.wrapped.round_failures
+
+    @property
+    def round_status(self) -> str:  # type: ignore[override]
+        return self.wrapped.round_status
+
+    def bind_partitions(self, partition_of_node: dict[int, int], cohort_size: int, seed: int,
+                        min_replies: int = 1, skip_unavailable: bool = False) -> None:
+        self.wrapped.bind_partitions(partition_of_node, cohort_size, seed, min_replies, skip_unavailable)
+
+    def follow_rejoined_nodes(self, grid: Grid, timeout: float) -> None:
+        self.wrapped.follow_rejoined_nodes(grid, timeout)
+
+    def round_client_models(self, limit: int | None = None) -> dict[int, tuple[dict[str, np.ndarray], float]]:
+        return self.wrapped.round_client_models(limit)
+
+
 def wrapped_checkpoint_state(strategy: Any) -> dict[str, Any]:
     """The checkpoint state of a strategy a component wraps: a Basin strategy's own, or any
     Flower strategy's state attributes."""

@@ -107,12 +107,13 @@ def query_partitions(
     return partition_of_node, problems
 
 
-class CohortGrid:
-    """A view of a Grid whose connected nodes are only the round's sampled cohort.
+class CohortGrid(Grid):
+    """A Grid whose connected nodes are only the round's sampled cohort.
 
     Passed to an unmodified Flower strategy's ``configure_train`` (with
     ``fraction_train=1``), it makes the strategy address exactly the cohort Basin chose
     while every hook of the strategy (FedOpt's bookkeeping, FedProx's config) still runs.
+    Everything but the node ids is the run's grid's.
     """
 
     def __init__(self, grid: Grid, node_ids: list[int]):
@@ -122,8 +123,26 @@ class CohortGrid:
     def get_node_ids(self) -> Iterable[int]:
         return list(self._node_ids)
 
-    def __getattr__(self, name: str):
-        return getattr(self._grid, name)
+    # A run's type is Flower's private flwr.supercore.run.Run.
+    def set_run(self, run: Any) -> None:
+        self._grid.set_run(run)
+
+    @property
+    def run(self) -> Any:
+        return self._grid.run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return self._grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self._grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        return self._grid.send_and_receive(messages, timeout=timeout)
 
 
 class CohortSampling(RoundStrategy):
