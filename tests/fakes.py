@@ -10,7 +10,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 
 from strategies.cohort import COHORT  # every Basin strategy's fraction and minimum arguments
 
-__all__ = ["COHORT", "FakeGrid", "train_request", "train_reply"]
+__all__ = ["COHORT", "FakeGrid", "bound_strategy", "train_request", "train_reply"]
 
 
 class FakeGrid:
@@ -37,3 +37,14 @@ def train_reply(node_id: int, weights, n: float = 1, metrics: dict | None = None
         **records,
     })
     return Message(content=content, reply_to=train_request(node_id))
+
+
+def bound_strategy(keys: dict, num_clients: int = 3):
+    """The strategy the registry builds for run-config ``keys``, its partitions bound to
+    nodes 100, 101, … (every client each round)."""
+    from experiments.runtime.run_config import resolve_config
+    from strategies.registry import build_strategy
+
+    strategy = build_strategy(resolve_config({"num-clients": num_clients, "participation": 1.0, **keys}))
+    strategy.bind_partitions({100 + i: i for i in range(num_clients)}, num_clients, 0)
+    return strategy

@@ -43,7 +43,7 @@ def run_rounds(component, outputs, first_round=1):
     return sent
 
 
-def test_window_mean():
+def test_the_window_mean_is_the_elementwise_mean_of_its_models():
     mean = window_mean([{"w": np.array([1.0, 2.0])}, {"w": np.array([3.0, 6.0])}, {"w": np.array([2.0, 1.0])}])
     assert mean["w"].tolist() == [2.0, 3.0]
 
@@ -309,56 +309,3 @@ def test_ima_on_fedadam_checkpoint_keeps_the_reset():
     assert sent["w"].numpy().tobytes() == whole["w"].numpy().tobytes()
 
 
-def test_round_schedule_is_a_key_of_every_method():
-    """lr-schedule = cosine: lr_t = lr₀(1 + cos(π(t−1)/R))/2 for any strategy (the FedSWA comparison)."""
-    from experiments.runtime.run_config import resolve_config
-    from strategies.registry import build_client_schedule
-
-    for strategy in ("fedavg", "scaffold", "fedswa", "fedmoswa", "fedlesam"):
-        config = resolve_config({"strategy": strategy, "lr-schedule": "cosine", "lr": 0.1, "num-rounds": 10,
-                                 "momentum": 0.0})
-        schedule = build_client_schedule(config)
-        assert schedule(1)[0] == pytest.approx(0.1) and schedule(6)[0] == pytest.approx(0.05)
-        assert schedule(10)[0] == pytest.approx(0.1 * (1 + np.cos(np.pi * 0.9)) / 2)
-    official = resolve_config({"strategy": "fedmoswa", "fedswa-variant": "official-code", "lr-decay": 0.9,
-                               "momentum": 0.0})
-    assert build_client_schedule(official)(3)[0] == pytest.approx(official["lr"] * 0.81)  # no special case
-
-
-def _built(keys):
-    from experiments.runtime.run_config import resolve_config
-    from strategies.registry import build_strategy
-
-    return _bound(build_strategy(resolve_config(keys)))
-
-
-def test_fedlesam_server_takes_the_uniform_mean_by_default():
-    """FedLESAM's authors' server/server.py: the uniform mean of the client models; samples: n_i-weighted."""
-    means = {}
-    for weighting in ("uniform", "samples"):
-        strategy = _built({"strategy": "fedlesam", "fedlesam-weighting": weighting, "num-clients": 3, "participation": 1.0})
-        strategy.configure_train(1, ArrayRecord({"w": Array(np.zeros(1))}), ConfigRecord(), FakeGrid([100, 101, 102]))
-        arrays, _ = strategy.aggregate_train(1, _replies([[1.0], [2.0], [6.0]], [1, 1, 2]))
-        means[weighting] = arrays["w"].numpy()[0]
-    assert means == {"uniform": pytest.approx(3.0), "samples": pytest.approx(15.0 / 4)}
-
-
-def test_only_fedalign_clips_its_gradients_in_the_fedalign_study():
-    study = {"model": "resnet20-gn", "num-clients": 3, "participation": 1.0}
-    clips = {}
-    for method in ("fedalign", "fedavg", "fedprox", "moon"):
-        strategy = _built({**study, "strategy": method})
-        messages = strategy.configure_train(1, ArrayRecord({"w": Array(np.zeros(1))}), ConfigRecord({"grad-clip": 0.0}),
-                                            FakeGrid([100, 101, 102]))
-        clips[method] = {float(m.content["config"]["grad-clip"]) for m in messages}
-    assert clips == {"fedalign": {10.0}, "fedavg": {0.0}, "fedprox": {0.0}, "moon": {0.0}}
-
-
-@pytest.mark.parametrize("strategy", ["mime", "mimelite", "fedcm", "mofedsam", "fedacg", "adabest", "fedmoswa"])
-def test_plain_sgd_methods_refuse_client_momentum(strategy):
-    from experiments.runtime.run_config import resolve_config
-    from strategies.config import ConfigError
-
-    with pytest.raises(ConfigError, match="'momentum' = 0.9.*allowed: momentum = 0"):
-        resolve_config({"strategy": strategy})
-    resolve_config({"strategy": strategy, "momentum": 0.0})

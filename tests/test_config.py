@@ -80,7 +80,7 @@ def test_unknown_and_missing_keys():
         validate_run_config(config)
 
 
-def test_cross_key_checks():
+def test_a_model_for_other_inputs_and_a_cohort_of_no_client_are_refused():
     with pytest.raises(ConfigError, match="'model'"):
         resolve_config({"model": "fmnist-cnn"})  # digits are 8x8
     with pytest.raises(ConfigError, match="'participation'"):
@@ -240,3 +240,13 @@ def test_every_preset_says_in_its_listing_what_sets_it_apart():
 
     descriptions = [line.split(maxsplit=1)[1] for line in list_presets().splitlines()]
     assert len(descriptions) == len(set(descriptions)), [d for d in descriptions if descriptions.count(d) > 1]
+
+
+@pytest.mark.parametrize("strategy", ["mime", "mimelite", "fedcm", "mofedsam", "fedacg", "adabest", "fedmoswa"])
+def test_plain_sgd_methods_refuse_client_momentum(strategy):
+    from experiments.runtime.run_config import resolve_config
+    from strategies.config import ConfigError
+
+    with pytest.raises(ConfigError, match="'momentum' = 0.9.*allowed: momentum = 0"):
+        resolve_config({"strategy": strategy})
+    resolve_config({"strategy": strategy, "momentum": 0.0})

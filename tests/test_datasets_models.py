@@ -73,7 +73,7 @@ def test_hub_loading_path_on_a_local_dataset(tmp_path):
         ("mlp", (1, 8, 8), 64 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10),
     ],
 )
-def test_model_shapes_and_parameter_counts(name, shape, parameters):
+def test_the_image_setups_models_have_their_parameter_counts_and_output_shapes(name, shape, parameters):
     model = build_model(name, shape, 10)
     assert sum(p.numel() for p in model.parameters()) == parameters
     assert model(torch.zeros(4, *shape)).shape == (4, 10)

@@ -139,7 +139,7 @@ def test_auto_gpu_share_trains_a_whole_cohort_at_once_within_cores_and_memory(mo
     assert "8 client processes train at once per run: cohort 10, at most 8 by CPU cores" in capsys.readouterr().err
 
 
-def test_parallel_auto(monkeypatch):
+def test_auto_parallel_is_one_run_without_a_gpu_and_as_many_as_the_free_gpu_memory_holds(monkeypatch):
     runs = [sweep_definition.SweepRun(f"r{i}", config(**{"num-clients": 100, "participation": 0.1})) for i in range(6)]
     plan = sweep_definition.Sweep("s", runs, machine.ClientResources(), 0, True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -161,7 +161,7 @@ def test_partition_table_names_each_clients_domain_and_counts_sequence_targets()
     ("femnist-cnn", (1, 28, 28), 62, 1_206_590, (2, 62)),
     ("char-lstm", (80,), 82, 820_450, (2, 82, 80)),
 ])
-def test_model_shapes_and_parameter_counts(name, shape, classes, parameters, output):
+def test_the_domain_and_text_models_have_their_parameter_counts_and_output_shapes(name, shape, classes, parameters, output):
     model = build_model(name, shape, classes)
     assert sum(p.numel() for p in model.parameters()) == parameters
     x = torch.randint(0, classes, (2, *shape)) if name == "char-lstm" else torch.randn(2, *shape)

@@ -47,3 +47,27 @@ def test_every_way_a_launch_ends_is_recorded_and_the_error_goes_on(tmp_path, mon
     assert summary["status"] == status and summary["error"].startswith(reason), summary
     assert summary["rounds"] == 1
     assert homes and not processes_of_home(tmp_path)  # nothing of the launch runs on
+
+
+def test_a_run_that_ended_without_a_word_is_killed_with_the_reason_from_flowers_log(tmp_path):
+    from experiments.runtime.run_config import default_run_config
+    from experiments.runtime.run_endings import run_failure
+    from strategies.results import RunRecorder
+
+    config = default_run_config()
+    recorder = RunRecorder(tmp_path, config, last_k=10, target=0.9)  # summary.json: "running"
+    for server_round, accuracy in ((1, 0.5), (2, 0.7)):
+        recorder.append({"round": server_round, "test-accuracy": accuracy, "round-status": "aggregated", "clients-failed": 0})
+    log = tmp_path / "flwr.log"
+    log.write_text("\x1b[92mINFO \x1b[0m:      Starting Flower Simulation\n"
+                   "\x1b[91mERROR \x1b[0m:     No actor could be created: empty actor pool\n"
+                   "\x1b[92mINFO \x1b[0m:      Stopping\n")
+    error = run_failure(tmp_path, config, log)
+    assert str(error).splitlines()[0] == f"run in {tmp_path} failed: No actor could be created: empty actor pool"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "killed" and summary["rounds"] == 2 and summary["acc-last-k"] == pytest.approx(0.6)
+
+    log.write_text("Starting local SuperLink\n[basin] round 2/30 accuracy 0.7\n")
+    assert "ended after round 2 without recording why" in str(run_failure(tmp_path, config, log)).splitlines()[0]
+    recorder.fail(ValueError("bad"))  # the ServerApp's own error wins
+    assert str(run_failure(tmp_path, config, log)).splitlines()[0].endswith("failed: ValueError: bad")

@@ -70,3 +70,71 @@ def test_module_docstrings_say_what_and_why_in_a_few_lines():
             if len(docstring.splitlines()) > MODULE_DOCSTRING_LINES:
                 too_long[str(path.relative_to(REPO))] = len(docstring.splitlines())
     assert not too_long, f"module docstrings over {MODULE_DOCSTRING_LINES} lines: {too_long}"
+
+
+MAX_MODULE_LINES = 400
+# Flower's private surface in one place, whatever its length (clients/flower_internals.py).
+LONG_BY_DESIGN = {"clients/flower_internals.py"}
+
+
+def long_modules(root: Path = REPO) -> dict[str, int]:
+    """Modules of Basin and its tests over MAX_MODULE_LINES lines, but LONG_BY_DESIGN."""
+    lengths = {path.relative_to(root).as_posix(): len(path.read_text().splitlines())
+               for folder in (*PACKAGES, "tests", "examples") for path in (root / folder).rglob("*.py")}
+    return {name: n for name, n in sorted(lengths.items()) if n > MAX_MODULE_LINES and name not in LONG_BY_DESIGN}
+
+
+def test_no_module_is_over_400_lines_but_flowers_private_surface():
+    """A module over 400 lines has done two jobs each time it was looked at: split it by job."""
+    assert not long_modules(), long_modules()
+
+
+def _one_edit_apart(a: str, b: str) -> bool:
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b)) <= 1
+    short, long = sorted((a, b), key=len)
+    return len(long) - len(short) == 1 and any(long[:i] + long[i + 1:] == short for i in range(len(long)))
+
+
+def confusable_names(root: Path = REPO) -> list[tuple[str, str]]:
+    """Pairs of modules or folders of Basin's packages whose names are the same or one letter
+    apart, but methods' modules: a method's two halves share its name (strategies/fedfa.py,
+    clients/objectives/fedfa.py), and methods are named by their papers (fedavg, fedacg)."""
+    from strategies.methods import AVERAGING_MODULES, METHOD_MODULES
+
+    method_names = {module.rpartition(".")[2] for module in (*METHOD_MODULES, *AVERAGING_MODULES)}
+    entries = sorted(path.relative_to(root).as_posix() for package in PACKAGES for path in (root / package).rglob("*")
+                     if "__pycache__" not in path.parts and (path.is_dir() or path.suffix == ".py")
+                     and path.stem not in ("__init__", "__main__"))
+    stems = {entry: Path(entry).stem for entry in entries}
+    return [(a, b) for i, a in enumerate(entries) for b in entries[i + 1:]
+            if _one_edit_apart(stems[a], stems[b]) and not {stems[a], stems[b]} <= method_names]
+
+
+def test_no_two_modules_share_a_name_or_differ_by_one_letter():
+    assert not confusable_names(), confusable_names()
+
+
+def test_the_shape_checks_bite_on_a_planted_long_module_and_a_planted_name(tmp_path):
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+    (tmp_path / "strategies" / "methods.py").write_text("")
+    (tmp_path / "strategies" / "method.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (tmp_path / "clients" / "flower_internals.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (tmp_path / "clients" / "fedfa.py").write_text("")
+    (tmp_path / "strategies" / "fedfa.py").write_text("")
+    assert confusable_names(tmp_path) == [("strategies/method.py", "strategies/methods.py")]
+    assert long_modules(tmp_path) == {"strategies/method.py": MAX_MODULE_LINES + 1}
+
+
+def test_no_test_name_is_in_two_files():
+    """A failing test's name says where it is: no name in two files."""
+    import ast
+    from collections import defaultdict
+
+    files = defaultdict(list)
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                files[node.name].append(path.name)
+    assert not {name: where for name, where in files.items() if len(where) > 1}

@@ -242,3 +242,19 @@ def test_the_ema_is_beta_times_the_average_plus_one_minus_beta_times_the_model()
     restored = ExponentialAveraging(FedAvg(), decay=0.75, start_round=2)
     restored.load_state_dict(ema.state_dict())  # checkpointable: its one copy and count
     assert restored.running_mean["w"].tolist() == [4.25, 2.5] and restored.num_averaged == 3
+
+
+def test_the_cosine_lr_schedule_is_the_same_under_every_method():
+    """lr-schedule = cosine: lr_t = lr₀(1 + cos(π(t−1)/R))/2 for any strategy (the FedSWA comparison)."""
+    from experiments.runtime.run_config import resolve_config
+    from strategies.registry import build_client_schedule
+
+    for strategy in ("fedavg", "scaffold", "fedswa", "fedmoswa", "fedlesam"):
+        config = resolve_config({"strategy": strategy, "lr-schedule": "cosine", "lr": 0.1, "num-rounds": 10,
+                                 "momentum": 0.0})
+        schedule = build_client_schedule(config)
+        assert schedule(1)[0] == pytest.approx(0.1) and schedule(6)[0] == pytest.approx(0.05)
+        assert schedule(10)[0] == pytest.approx(0.1 * (1 + np.cos(np.pi * 0.9)) / 2)
+    official = resolve_config({"strategy": "fedmoswa", "fedswa-variant": "official-code", "lr-decay": 0.9,
+                               "momentum": 0.0})
+    assert build_client_schedule(official)(3)[0] == pytest.approx(official["lr"] * 0.81)  # no special case

@@ -114,7 +114,7 @@ def test_residual_branches_start_switched_off():
         ("vgg11-gn", vgg11_parameters),
     ],
 )
-def test_parameter_counts(name, expected, classes):
+def test_the_resnets_have_the_reference_codes_parameter_counts(name, expected, classes):
     model = build_model(name, (3, 32, 32), classes)
     assert sum(p.numel() for p in model.parameters()) == expected(classes)
 
@@ -195,7 +195,7 @@ def test_inputs_below_8x8_are_refused():
 
 
 @pytest.mark.parametrize("name, stages, blocks", [("resnet20-gn", 3, 9), ("resnet56", 3, 18), ("resnet18-gn", 4, 8)])
-def test_forward_stages(name, stages, blocks):
+def test_forward_stages_gives_each_stages_output_and_the_logits_of_forward(name, stages, blocks):
     torch.manual_seed(0)
     model = build_model(name, (3, 32, 32), 10)
     x = torch.randn(2, 3, 32, 32)
@@ -272,7 +272,7 @@ def test_whole_network_runs_slim(name, full):
     assert outputs[-1].shape[1] == sliced_channels(full, 0.8) < full
 
 
-def test_stochastic_depth():
+def test_dropped_residual_branches_leave_the_shortcut_in_training_and_none_drop_in_evaluation():
     torch.manual_seed(0)
     model = trained_like(build_model("resnet20-gn", (3, 32, 32), 10))
     x = torch.randn(4, 3, 32, 32)

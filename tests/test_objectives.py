@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
@@ -26,6 +26,7 @@ from clients.objectives.stochastic_depth import StochasticDepth, drop_rates
 from clients.protocol import FEDDYN_CLIENT_GRADIENT, MOON_PREVIOUS_MODEL, MOSWA_CLIENT_CONTROL
 from clients.training import LocalObjective, LocalTrainingConfig, in_round_lrs, train_local
 from strategies.fedswa import FedSwa, moswa_control_update
+from tests.fakes import FakeGrid, bound_strategy
 
 
 def _linear(weight: list[float]) -> nn.Linear:
@@ -385,3 +386,15 @@ def test_official_fedmoswa_adds_its_correction_after_clipping(after_clip, expect
     local_round.objective = _Pull()
     local_round.train(model, torch.zeros(1, 2), torch.zeros(1, dtype=torch.long), torch.Generator().manual_seed(0))
     assert model.weight.flatten().tolist() == pytest.approx(expected)
+
+
+@pytest.mark.usefixtures("server_identity")  # tests/conftest.py
+def test_only_fedalign_clips_its_gradients_in_the_fedalign_study():
+    study = {"model": "resnet20-gn"}
+    clips = {}
+    for method in ("fedalign", "fedavg", "fedprox", "moon"):
+        strategy = bound_strategy({**study, "strategy": method})
+        messages = strategy.configure_train(1, ArrayRecord({"w": Array(np.zeros(1))}), ConfigRecord({"grad-clip": 0.0}),
+                                            FakeGrid([100, 101, 102]))
+        clips[method] = {float(m.content["config"]["grad-clip"]) for m in messages}
+    assert clips == {"fedalign": {10.0}, "fedavg": {0.0}, "fedprox": {0.0}, "moon": {0.0}}

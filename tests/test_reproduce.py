@@ -1,7 +1,7 @@
-"""Reproduction reports (experiments/reproduction/table_cells.py, verdicts.py,
-reproduction_report.py and reproduction.py; python -m experiments.reproduce): the papers'
-tables as data, every cell's run, the comparison and its verdicts, the report's files, and
-a real run of a small table on the digits (slow tier)."""
+"""Reproduction reports (experiments/reproduction/runner.py and report_files.py; python -m
+experiments.reproduce): every cell's run, the comparison with the papers' numbers, the
+report's files, the command line, and a real run of a small table on the digits (slow tier).
+The tables as data: test_table_cells.py; the verdict rules: test_verdicts.py."""
 
 from __future__ import annotations
 
@@ -17,148 +17,16 @@ import pytest
 
 from experiments.reproduction.report_files import basin_text, figure_panels, plotted, report_markdown, tolerance_bars, write_report
 from experiments.reproduction.runner import build_sweep
-from experiments.reproduction.table_cells import Cell, PaperValue, TableError, cell_status, load_table, select, table_names
-from experiments.reproduction.verdicts import Measured, Tolerances, compare, gain_verdict, headline, verdict
-from experiments.runtime.machine import ClientResources, check_machine
+from experiments.reproduction.table_cells import TableError, load_table
+from experiments.reproduction.verdicts import compare, headline
+from tests.test_table_cells import PAPER_CELLS
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Cells per table, counted in the papers: rows × columns × values per column.
-PAPER_CELLS = {
-    "ima-table1": 8 * 12 * 2, "ima-table2": 6 * 5 * 2, "ima-table3": 8 * 5,
-    "wima-table2": 11 * 7 * 2, "wima-table3": 2 * 2, "wima-table4": 5 * 2, "wima-table5": 4 * 3,
-    "fedalign-table1": 6 * 5, "fedalign-table2": 6 * 4, "fedalign-table3": 6 * 3, "fedalign-table4": 6 * 5,
-    "fedalign-table5": 10 * 4, "fedalign-table6": 1 * 9, "fedalign-table7": 8 * 8,
-    "fedswa-table3": 10 * 6 * 2,
-}
 
 
-def cell(table, key: str):
-    return next(c for c in table.cells if c.key == key)
 
-
-# ---- the papers' tables as data ---------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def tables():
-    return {name: load_table(name) for name in table_names()}
-
-
-def test_every_table_the_papers_have_is_there_with_every_cell(tables):
-    assert {name: len(table.cells) for name, table in tables.items()} == PAPER_CELLS
-
-
-def test_cells_hold_the_papers_numbers(tables):
-    ima = tables["ima-table1"]
-    assert cell(ima, "FedAvg | FMNIST (CNN), #C = 2").paper.value == 81.17
-    assert cell(ima, "FedAvg | FMNIST (CNN), #C = 2 | + IMA").paper.value == 84.68
-    assert cell(ima, "FedGMA | PACS (AlexNet), α = 0.1 (+FS) | + IMA").paper.value == 47.46
-    wima = tables["wima-table2"]
-    assert cell(wima, "SCAFFOLD | CIFAR100, α = 0").paper.value == 45.65
-    assert cell(wima, "FedDyn | CIFAR10, α = 0 | w/ WIMA").paper.missing
-    swa = tables["fedswa-table3"]
-    rounds = cell(swa, "FedAvg | CIFAR100, Dirichlet-0.1 | Rounds").paper
-    assert (rounds.value, rounds.censored) == (1000, True)
-    assert cell(swa, "FedMoSWA | CIFAR100, Dirichlet-0.1 | Rounds").paper.value == 577
-    accuracy = cell(swa, "FedMoSWA | CIFAR100, Dirichlet-0.1 | Acc.(%)").paper
-    assert (accuracy.value, accuracy.spread) == (61.9, 0.5)
-    assert cell(tables["fedalign-table5"], "FedAlign | MFLOPs").paper.value == 89.1
-    assert cell(tables["ima-table2"], "FedProx | t_s = 150 | speed-up").paper.value == 1.96
-
-
-def test_no_two_cells_of_a_table_run_the_same_setup_unless_the_paper_prints_the_same_number(tables):
-    """A cell mapped onto another cell's setup cannot reproduce both of the paper's numbers
-    (wima-table2's FedAvg on CIFAR100/PAM once ran FedAvgM's setup: 47.41 against 55.96).
-    A speed-up is derived from its rounds cell's run, and a cost cell's two metrics come
-    from one measurement: they are compared as (setup, metric)."""
-    shared = []
-    for table in tables.values():
-        seen: dict[str, object] = {}
-        for c in table.cells:
-            if c.config is None or c.metric == "speed-up":
-                continue
-            setup = json.dumps({**c.config, "metric": c.metric}, sort_keys=True)
-            other = seen.setdefault(setup, c)
-            if other is not c and other.paper.text != c.paper.text:
-                shared.append(f"{table.name}: {other.key} ({other.paper.text}) and {c.key} ({c.paper.text})")
-    assert not shared, "cells with one setup and different printed numbers:\n" + "\n".join(shared)
-
-
-def test_each_cell_runs_the_papers_setting(tables):
-    ima = tables["ima-table1"]
-    with_ima = cell(ima, "FedProx | FMNIST (CNN), α = 0.1 | + IMA").config
-    assert (with_ima["strategy"], with_ima["averaging"], with_ima["alpha"], with_ima["prox-mu"]) == ("fedprox", "ima", 0.1, 0.01)
-    assert cell(ima, "FedProx | FMNIST (CNN), α = 0.1").config["averaging"] == "none"
-    assert cell(ima, "FedAvg | CIFAR-10 (ResNet), #C = 2").config["model"] == "resnet18-gn"
-    ts = cell(tables["ima-table2"], "FedAdam | t_s = 150 | rounds").config
-    assert (ts["avg-start"], ts["target-accuracy"], ts["dataset"]) == (150, 0.6161, "cifar10")
-    window = cell(tables["wima-table4"], "W = 50 | CIFAR100").config
-    assert (window["window"], window["dataset"], window["alpha"]) == (50, "cifar100", 0.0)
-    assert cell(tables["wima-table5"], "CIFAR10, α = 0.05 | WIMA clf").config["avg-subset"] == "classifier"
-    pam = cell(tables["wima-table2"], "FedAvg | CIFAR100, PAM").config
-    # §4.1.3's FedAvg (η_s = 1, momentum 0), not FedAvgM's setup: the paper prints other numbers for the two.
-    assert (pam["strategy"], pam["server-momentum"]) == ("fedavg", 0.0)
-    assert cell(tables["wima-table2"], "FedAvg | CIFAR100, PAM").note.startswith("UNCONFIRMED mapping")
-    sampled = cell(tables["fedalign-table4"], "MOON | C = 64 × 0.25 (100)").config
-    assert (sampled["num-clients"], sampled["participation"], sampled["num-rounds"]) == (64, 0.25, 100)
-    assert cell(tables["fedalign-table5"], "GradAug (n = 3) | MFLOPs").config["gradaug-subnets"] == 3
-
-
-def test_every_mapped_cell_passes_the_launchers_checks(tables):
-    """load_table resolved and validated every config (partitions included); the machine
-    check is the launcher's last one before Flower starts."""
-    configs = [c.config for table in tables.values() for c in table.cells if c.config is not None]
-    assert len(configs) == 659  # 901 cells, less 224 unsupported and 18 the papers do not report
-    check_machine(configs, ClientResources(1, 0.0))
-
-
-def test_cells_that_cannot_run_say_why(tables):
-    for table in tables.values():
-        for c in table.cells:
-            assert (c.config is None) == bool(c.reason), c.key
-    assert "GLDv2" in cell(tables["wima-table3"], "FedAvg | GLDV2 | w/ WIMA").reason
-    assert "RTX-2080Ti" in cell(tables["fedalign-table5"], "MOON | Time (s)").reason
-    assert cell_status(cell(tables["fedalign-table2"], "FedAvg | α = 0.1")) == "not reported"
-    assert cell_status(cell(tables["fedalign-table5"], "MOON | MFLOPs")) == "cost"
-
-
-# ---- values, filters, verdicts -------------------------------------------------------------
-
-@pytest.mark.parametrize("text, value, spread, censored", [
-    ("81.17", 81.17, None, False), ("52.9±0.1", 52.9, 0.1, False), ("45.8 ± 0.3", 45.8, 0.3, False),
-    ("1000+", 1000, None, True), ("1", 1, None, False),
-])
-def test_paper_values_parse(text, value, spread, censored):
-    parsed = PaperValue.parse(text)
-    assert (parsed.value, parsed.spread, parsed.censored, parsed.missing) == (value, spread, censored, "")
-
-
-def test_missing_and_malformed_values():
-    assert "N/A" in PaperValue.parse("N/A").missing
-    assert "lost" in PaperValue.parse("lost").missing
-    with pytest.raises(TableError, match="allowed: a number"):
-        PaperValue.parse("81.17(84.68)")
-
-
-def test_only_keeps_the_named_rows_and_columns(tables):
-    kept = select(tables["ima-table1"], ["FMNIST", "FedAvg,FedProx"])
-    assert len(kept.cells) == 2 * 2 * 2  # 2 rows × 2 FMNIST columns × without/with IMA
-    assert {c.row for c in kept.cells} == {"FedAvg", "FedProx"}
-    with pytest.raises(TableError, match="matches no cell"):
-        select(tables["ima-table1"], ["ImageNet"])
-
-
-def test_accuracy_tolerance():
-    tolerances = Tolerances()
-    assert tolerances.accuracy(None, 5.0) == 3.0  # no ± in the paper: 3 points
-    assert tolerances.accuracy(0.1, 0.0) == 1.0  # never tighter than 1 point
-    assert tolerances.accuracy(0.6, 0.8) == pytest.approx(2.0)  # 2·√(0.36 + 0.64)
-
-
-def test_gain_verdicts():
-    assert gain_verdict(3.5, 4.5) == "gain match"
-    assert gain_verdict(3.5, 5.5) == "same sign"
-    assert gain_verdict(3.5, -0.2) == "opposite sign"
+# ---- the comparison ------------------------------------------------------------------------
 
 
 FAKE_TABLE = """
@@ -455,49 +323,3 @@ def test_a_table_runs_resumes_and_reports_the_runs_numbers(tmp_path, miniature_h
     assert done.returncode == 0 and {r.name: (r / "outcome.json").stat().st_mtime_ns for r in (out / "runs").iterdir()} == runs
 
 
-def _verdict_of(metric: str, paper: str, basin: Measured) -> str:
-    cell = Cell("A method", "A column", "", PaperValue.parse(paper), metric, config={})
-    return verdict(cell, basin)[0]
-
-
-# Every branch of the verdict rules (experiments/reproduction/verdicts.py), each with the verdict
-# it must give: a branch that returned another would fail its case.
-@pytest.mark.parametrize("metric, paper, basin, expected", [
-    # accuracy: 3 points without the paper's ±; with it, 2·√(± ² + std²), at least 1 point
-    ("acc-last-k", "80.0", Measured(82.9, 0.0, 1), "match"),
-    ("acc-last-k", "80.0", Measured(83.1, 0.0, 1), "differs"),
-    ("acc-last-k", "80.0±0.3", Measured(80.9, 0.0, 2), "match"),
-    ("acc-last-k", "80.0±0.3", Measured(81.1, 0.0, 2), "differs"),
-    # rounds to target, both reached: within 15 %
-    ("rounds-to-target", "100", Measured(114.0, 0.0, 2), "match"),
-    ("rounds-to-target", "100", Measured(116.0, 0.0, 2), "differs"),
-    # neither reached it within its rounds: a match; only one side reached it: differs, either side
-    ("rounds-to-target", "1000+", Measured(300.0, 0.0, 2, censored=True), "match"),
-    ("rounds-to-target", "1000+", Measured(120.0, 0.0, 2), "differs"),
-    ("rounds-to-target", "100", Measured(300.0, 0.0, 2, censored=True), "differs"),
-    # some seeds missed it: a lower bound, never a match; too many rounds even so: differs
-    ("rounds-to-target", "100", Measured(105.0, 0.0, 2, reached=1), "open: 1 of 2 seeds reached the target"),
-    ("rounds-to-target", "100", Measured(130.0, 0.0, 2, reached=1), "differs"),
-    # a speed-up within 15 %, costs within 5 %
-    ("speed-up", "2.0", Measured(2.25, 0.0, 1), "match"),
-    ("speed-up", "2.0", Measured(2.35, 0.0, 1), "differs"),
-    ("mflops", "100", Measured(104.0, 0.0, 1), "match"),
-    ("mflops", "100", Measured(106.0, 0.0, 1), "differs"),
-])
-def test_every_branch_of_the_verdict_rules_gives_its_verdict(metric, paper, basin, expected):
-    assert _verdict_of(metric, paper, basin) == expected
-
-
-def test_a_cell_without_a_number_on_either_side_gets_no_verdict():
-    assert _verdict_of("acc-last-k", "80.0", Measured(note="not run yet")) == ""
-    assert _verdict_of("acc-last-k", "N/A", Measured(80.0, 0.0, 1)) == ""
-
-
-def test_the_cell_counts_in_docs_reproducing_are_the_tables():
-    """docs/reproducing.md's count of each table's cells, and their total, are the table files'."""
-    import re
-
-    text = (Path(__file__).resolve().parents[1] / "docs" / "reproducing.md").read_text()
-    counts = {name: int(count) for name, count in re.findall(r"^\| `([a-z0-9-]+)` \| [^|]+ \| (\d+) \|", text, re.M)}
-    assert counts == {name: len(load_table(name).cells) for name in table_names()}
-    assert re.search(r"^\| \*\*all\*\* \| \| \*\*(\d+)\*\* \|", text, re.M).group(1) == str(sum(counts.values()))

@@ -161,22 +161,6 @@ def test_installed_only_in_the_engine_process_and_only_when_switched_on(monkeypa
     assert raybackend.ClientAppActor is RemoteClientAppActor
 
 
-def test_a_client_process_loads_the_client_actor_without_flowers_simulation_package():
-    """Ray imports the actor's module in each client process: Flower's own actor module
-    brings flwr.simulation (its runner and CLI, ~1 s of CPU per process); Basin's copy only
-    Ray and the ClientApp, and it runs a ClientApp as Flower's actor does."""
-    code = ("import sys\n"
-            "from clients.client_actor import ClientAppActor\n"
-            "actor = ClientAppActor()\n"
-            "app = lambda message, context: ('reply to', message)\n"
-            "print(actor.run(lambda: app, 'message', '7', 'context'))\n"
-            "print(sorted(name for name in sys.modules if name.split('.')[:2] in (['flwr', 'simulation'], ['flwr', 'cli'])\n"
-            "             or name.startswith('torch')))\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["('7', ('reply to', 'message'), 'context')", "[]"]
-
-
 @pytest.mark.parametrize("ray_address", [None, "10.0.0.5:6379"])
 def test_the_engines_own_ray_starts_without_a_job_runtime_env_so_actors_take_prestarted_workers(
     monkeypatch, ray_address
@@ -206,19 +190,6 @@ def test_the_engines_own_ray_starts_without_a_job_runtime_env_so_actors_take_pre
         assert calls == [{"num_cpus": 2, "include_dashboard": False}]
     # The head it starts has no dashboard API server (flower_internals.init_ray); a joined cluster is Ray's own.
     assert (api_servers[0] is node.Node.start_api_server) == bool(ray_address)
-
-
-def test_the_server_app_module_loads_without_torch():
-    """Flower loads the ServerApp, then the ClientApp, under one lock, and starts Ray after
-    both: the ServerApp module's own imports must not hold the ClientApp and Ray back."""
-    import subprocess
-    from pathlib import Path
-
-    code = "import sys, strategies.server_app, strategies.client_app\nprint('torch' in sys.modules)\n"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            cwd=Path(__file__).resolve().parents[1])
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == "False"
 
 
 def test_node_contexts_are_flowers_from_one_read_of_the_run_config(tmp_path, monkeypatch):
