@@ -6,7 +6,8 @@ the registry above both halves, lists those modules, and every table that used t
 methods (config validation and ``--list-keys``, the checkpoint, reports, the cost table,
 the clients' objectives and components) iterates over the declarations instead. A method
 whose only change is the clients' objective is declared with :func:`objective_method` in
-clients/objectives/declarations.py; the registry gives it its server (FedAvg sending the
+its own torch-free module (strategies/moon.py, its objective in clients/objectives/moon.py);
+the registry gives it its server (FedAvg sending the
 objective, strategies/client_objective.py), so clients/ never imports strategies/.
 
 The client half is named where it is defined (:class:`ImplementedIn`, ``module:name``) and

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from flwr.app import Context
 
 # Round config entries (ConfigRecord "config").
-OBJECTIVE = "objective"  # name of the local objective (clients/objectives.py); absent = cross-entropy
+OBJECTIVE = "objective"  # name of the local objective (clients/objectives/); absent = cross-entropy
 FEDDYN_ALPHA = "feddyn-alpha"  # FedDyn's α
 FEDCM_ALPHA = "fedcm-alpha"  # FedCM's α: the weight of the local gradient in v = α·g + (1 − α)·Δ_t
 MIME_MOMENTUM = "mime-momentum"  # β of the server's base optimizer (0: plain SGD)
