@@ -64,3 +64,20 @@ def test_averaging_around_flowers_own_strategy_checkpoints_its_attributes_and_re
     restored.load_checkpoint_state(state)
     assert restored.base.momentum_vector["w"].tolist() == [1.0, 1.0]
     assert restored.averaged_arrays["w"].numpy().tolist() == [2.0, 2.0]
+
+
+def test_a_wrapper_offers_the_round_state_of_what_it_wraps_and_nothing_unstated():
+    """The averaging component and server-side DP state what they take from the strategy they
+    wrap (WrappingStrategy): the cohort's binding and the round's bookkeeping; anything else
+    of the wrapped strategy is not theirs (it was, silently, through ``__getattr__``)."""
+    from strategies.privacy import ServerSideDP
+
+    base = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=0)
+    averaging = ModelAveraging(base, window_size=2, start_round=1, feedback=True)
+    private = ServerSideDP(averaging, noise_multiplier=0.0, clipping_norm=1.0, num_sampled_clients=2, seed=0)
+    private.bind_partitions({100: 0, 101: 1}, 2, seed=0)
+    assert base.partition_of_node == {100: 0, 101: 1} and base.cohort_size == 2
+    base.round_status, base.round_clients = "skipped: no replies", {"sampled": 2.0}
+    assert (private.round_status, private.round_clients) == (averaging.round_status, averaging.round_clients) \
+        == ("skipped: no replies", {"sampled": 2.0})
+    assert not hasattr(averaging, "partition_of_node") and not hasattr(private, "cohort_size")
