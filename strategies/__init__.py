@@ -24,12 +24,8 @@ __all__ = ["IMA", "WIMA", "ModelAveraging", "ServerSWA"]
 def __getattr__(name: str):
     """``from strategies import IMA`` imports the averaging modules (and torch) when asked:
     the ClientApp's entry (strategies/client_app.py) loads this package without them."""
-    if name == "ModelAveraging":
-        from strategies.averaging import ModelAveraging
-
-        return ModelAveraging
     if name in __all__:
-        from strategies import averaging_wrappers
+        from strategies import averaging_wrappers  # it imports ModelAveraging too
 
         return getattr(averaging_wrappers, name)
     raise AttributeError(f"module 'strategies' has no attribute {name!r}")
