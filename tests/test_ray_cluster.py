@@ -308,11 +308,12 @@ def test_a_job_cluster_that_cannot_start_says_why_and_keeps_the_reason_in_the_jo
     _holder_faults(tmp_path, monkeypatch, "fail")
     log = tmp_path / "job" / "ray-cluster.log"
     log.parent.mkdir()
-    cluster = LocalRayCluster(True, 1, log_path=log)
-    cluster.__enter__()
-    with pytest.raises(RayClusterUnreachable, match="boom: no Ray here today"):
-        cluster.wait_until_up()
-    assert "boom: no Ray here today" in log.read_text() and cluster.holder is None
+    with LocalRayCluster(True, 1, log_path=log) as address:
+        cluster = job_cluster(address)
+        with pytest.raises(RayClusterUnreachable, match="boom: no Ray here today"):
+            cluster.wait_until_up()
+        assert "boom: no Ray here today" in log.read_text() and cluster.holder is None
+    assert not cluster.folder.exists()
 
 
 @pytest.mark.slow
@@ -327,12 +328,38 @@ def test_a_stray_line_on_the_holders_stdout_does_not_fail_the_start(tmp_path, mo
 
 
 def test_a_job_cluster_that_does_not_start_in_time_is_refused_and_its_holder_stopped():
-    cluster = LocalRayCluster(True, 1, timeout=0.01)
-    address = cluster.__enter__()  # at once: the cluster starts beside the job's first run
-    assert job_cluster(address) is cluster
-    with pytest.raises(RayClusterUnreachable, match="did not start within"):
-        cluster.wait_until_up()
-    assert cluster.holder is None and job_cluster(address) is None
+    with LocalRayCluster(True, 1, timeout=0.01) as address:  # at once: the cluster starts beside the job's first run
+        cluster = job_cluster(address)
+        with pytest.raises(RayClusterUnreachable, match="did not start within"):
+            cluster.wait_until_up()
+        assert cluster.holder is None and job_cluster(address) is None
+    assert not cluster.folder.exists()
+
+
+def test_a_cluster_that_cannot_start_keeps_its_runs_homes_until_the_job_ends_and_then_leaves_nothing():
+    """Its failed start removed the job's folder at once, beneath the run that found it:
+    the run's processes, still stopping, wrote into their home meanwhile, and the folder
+    was left behind (CI, 2026-11-28: an empty /tmp/basin-ray-job-* after this file's real
+    run on a cluster that cannot start)."""
+    with LocalRayCluster(True, 1) as address:
+        cluster = job_cluster(address)
+        cluster.holder.kill()  # Ray never comes up
+        with cluster.job_flwr_home() as home:
+            with pytest.raises(RayClusterUnreachable, match="did not start"):
+                cluster.wait_until_up()
+            (Path(home) / "written-by-a-process-still-stopping").write_text("")
+    assert not cluster.folder.exists()
+
+
+def test_a_holder_that_cannot_be_started_leaves_no_folder(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError("no process today")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    cluster = LocalRayCluster(True, 1)
+    with pytest.raises(OSError, match="no process today"):
+        cluster.__enter__()
+    assert cluster.folder is not None and not cluster.folder.exists() and not Path(cluster.log_path).exists()
 
 
 @pytest.mark.slow
@@ -363,11 +390,13 @@ def test_a_run_on_a_job_cluster_that_cannot_start_is_stopped_with_a_clear_error_
 
     homes_before = set(flwr_homes().values())
     with LocalRayCluster(True, 1) as address:
-        job_cluster(address).holder.kill()  # Ray never comes up
+        cluster = job_cluster(address)
+        cluster.holder.kill()  # Ray never comes up
         with pytest.raises(RayClusterUnreachable, match="did not start"):
             launch(resolve_config(SMALL), tmp_path / "out", progress=False, ray_address=address)
     assert (tmp_path / "out" / "flwr.log").exists()  # Flower had started
     assert set(flwr_homes().values()) <= homes_before  # and nothing of the run is left
+    assert not cluster.folder.exists()
 
 
 def test_the_flower_environment_inlines_models_in_ray_calls_and_keeps_the_users_choice(monkeypatch, tmp_path):

@@ -113,8 +113,9 @@ class LocalRayCluster:
                     stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(write_end,),
                     cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                 )
-        except BaseException:
+        except BaseException:  # no holder: nothing else would remove the folder
             os.close(read_end)
+            self._remove_files()
             raise
         finally:
             os.close(write_end)
@@ -134,7 +135,9 @@ class LocalRayCluster:
             failure = self._failure()
             if not failure:
                 return
-        self.__exit__()  # outside the lock: stopping Ray may take long, and other runs' checks go on
+        # The holder only: the job's folder holds the homes of runs whose processes still
+        # run (the run being launched stops them as it fails); it goes at the job's end.
+        self._stop_holder()  # outside the lock: stopping Ray may take long, and other runs' checks go on
         raise RayClusterUnreachable(f"the job's Ray cluster did not start within {self.timeout:g} s "
                                     f"(.venv/bin/python -m experiments.runtime.ray_cluster): {failure}")
 
@@ -188,7 +191,8 @@ class LocalRayCluster:
             if not (home / KEPT_PROCESSES_STARTED).exists():
                 shutil.rmtree(home, ignore_errors=True)
 
-    def __exit__(self, *exc_info) -> None:
+    def _stop_holder(self) -> None:
+        """Stop the holder (it shuts Ray down) and forget the address; runs no longer start on it."""
         with self._lock:  # only the hand-over: the wait below holds no lock
             _job_clusters.pop(self.address, None)
             holder, self.holder = self.holder, None
@@ -203,13 +207,22 @@ class LocalRayCluster:
         except subprocess.TimeoutExpired:
             holder.kill()
             holder.wait()
+
+    def __exit__(self, *exc_info) -> None:
+        if not self.enabled:
+            return
+        self._stop_holder()
+        self._remove_files()
+        remove_finished_ray_sessions(self.sessions_before)
+
+    def _remove_files(self) -> None:
+        """Remove the job's folder, and its log where that is temporary or empty."""
         if self.folder is not None:  # the holder removes it too: also where this process died
             shutil.rmtree(self.folder, ignore_errors=True)
         with contextlib.suppress(OSError):  # a log with nothing in it says nothing; a temporary one goes with the job
             log = Path(self.log_path) if self.log_path is not None else None
             if log is not None and (log.stat().st_size == 0 or log == default_log_path(self.folder)):
                 log.unlink()
-        remove_finished_ray_sessions(self.sessions_before)
 
 
 def default_log_path(folder: Path) -> Path:
