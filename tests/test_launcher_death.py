@@ -65,10 +65,17 @@ def _client_processes_after(out: Path, launcher: subprocess.Popen, rounds: int) 
         assert time.monotonic() < deadline and launcher.poll() is None, f"the run never reached round {rounds}"
         time.sleep(0.05)
     home = (out / LOCK_FILE).read_text().splitlines()[1]  # the run's FLWR_HOME, as the lock records it
-    table = process_table()
-    clients = [pid for pid in processes_of_home(home) if table.get(pid, (0, 0, ""))[2].startswith("ray::ClientAppActor")]
-    assert clients, "the run's client processes are found"
-    return clients
+    # Waited for, not read once: in one CI run of 2026-11-28 none was found just after round 3.
+    while True:
+        table = process_table()
+        run = processes_of_home(home)
+        clients = [pid for pid in run if table.get(pid, (0, 0, ""))[2].startswith("ray::ClientAppActor")]
+        if clients:
+            return clients
+        assert time.monotonic() < deadline and launcher.poll() is None, (
+            "the run's client processes are not found; its processes: "
+            + "; ".join(f"{pid} {table.get(pid, (0, 0, '?'))[2][:80]}" for pid in run))
+        time.sleep(0.1)
 
 
 def _rows(path: Path) -> int:
