@@ -67,9 +67,30 @@ def _leftovers(before: tuple[set[Path], set[Path]]) -> list[str]:
     return sorted(map(str, [*ended, *basin]))
 
 
+def _is_xdist_worker(config) -> bool:
+    """Whether this process is one of pytest-xdist's workers (``-n``): its controller, not
+    a worker, sees the whole test run."""
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    # The fast tier runs on pytest-xdist's workers, one per CPU core (README's test command):
+    # torch's default of one thread per core in each worker oversubscribes the cores (on 2
+    # cores: 332 s for the fast tier with 2 workers, 151 s without workers, 94 s with 2
+    # workers of one thread each; 2026-11-28).
+    if _is_xdist_worker(config):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_sessionstart(session):
     from experiments.runtime.processes import ray_sessions
 
+    # Checked once, by pytest-xdist's controller: a worker's verdict does not reach the run's
+    # exit status, and it would wait on folders that other workers' tests still use.
+    if _is_xdist_worker(session.config):
+        return
     session.config.basin_before = (ray_sessions(), set(Path(tempfile.gettempdir()).glob("basin-*")))
     session.config.basin_started = time.monotonic()
 

@@ -1,4 +1,5 @@
-"""The test suite itself, stopped from outside, leaves nothing behind."""
+"""The test suite's own checks: a test run stopped from outside, one that leaves something
+behind or runs past CI's time budget, and the fast tier's pytest-xdist workers."""
 
 from __future__ import annotations
 
@@ -40,23 +41,32 @@ def test_a_test_run_stopped_with_sigterm_tears_down_and_removes_its_folders(tmp_
     assert not cache.exists()
 
 
-def test_a_test_run_that_leaves_a_basin_folder_behind_fails_naming_it(tmp_path):
-    """CI's check that a test run leaves nothing behind (BASIN_CHECK_LEFTOVERS=1,
-    tests/conftest.py) fails a run whose test leaves a /tmp/basin-* folder, and names it."""
+def _run_pytest(test: Path, *options: str, **env: str) -> subprocess.CompletedProcess:
+    """pytest on ``test`` with the suite's conftest and ``env`` added to the environment."""
     import os
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    environment = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    for name in ("BASIN_CHECK_LEFTOVERS", "BASIN_TEST_BUDGET_S"):
+        if name not in env:
+            environment.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider", *options,
+                           str(test)], cwd=test.parent, env=environment, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one process", "two xdist workers"])
+def test_a_test_run_that_leaves_a_basin_folder_behind_fails_naming_it(tmp_path, workers):
+    """CI's check that a test run leaves nothing behind (BASIN_CHECK_LEFTOVERS=1,
+    tests/conftest.py) fails a run whose test leaves a /tmp/basin-* folder, and names it;
+    also when the test ran on one of pytest-xdist's workers (the fast tier's)."""
+    import os
+    import tempfile
+
     test = tmp_path / "test_leaves.py"
     marker = tmp_path / "left.txt"
     test.write_text("import tempfile\n"
-                    f"def test_leaves():\n    open({str(marker)!r}, 'w').write(tempfile.mkdtemp(prefix='basin-left-'))\n")
-    env = {**os.environ, "BASIN_CHECK_LEFTOVERS": "1", "BASIN_LEFTOVER_GRACE_S": "0", "PYTHONPATH": str(repo)}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
-                             str(test)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                    f"def test_leaves():\n    open({str(marker)!r}, 'w').write(tempfile.mkdtemp(prefix='basin-left-'))\n"
+                    "def test_passes():\n    pass\n")
+    result = _run_pytest(test, *workers, BASIN_CHECK_LEFTOVERS="1", BASIN_LEFTOVER_GRACE_S="0")
     left = marker.read_text()
     os.rmdir(left)
     assert result.returncode == 1, result.stdout[-2000:]
@@ -83,13 +93,18 @@ def test_importing_the_conftest_under_a_second_name_makes_no_second_cache_folder
 def test_a_test_run_over_its_time_budget_fails_saying_so(tmp_path):
     """CI's time budget for a test run (BASIN_TEST_BUDGET_S, set by .ci/run) fails a run
     that takes longer, though every test passed, and says by how much."""
-    import os
-
     test = tmp_path / "test_takes_a_second.py"
     test.write_text("import time\ndef test_takes_a_second():\n    time.sleep(1.0)\n")
-    env = {**os.environ, "BASIN_TEST_BUDGET_S": "0.5", "PYTHONPATH": str(REPO)}
-    env.pop("BASIN_CHECK_LEFTOVERS", None)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
-                             str(test)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = _run_pytest(test, BASIN_TEST_BUDGET_S="0.5")
     assert result.returncode == 1, result.stdout[-2000:]
     assert "1 passed" in result.stdout and "over CI's budget of 0.5 s" in result.stdout, result.stdout[-2000:]
+
+
+def test_each_xdist_worker_runs_torch_on_one_thread(tmp_path):
+    """The fast tier runs on one pytest-xdist worker per core (README's test command): torch's
+    default of a thread per core in each worker oversubscribes the cores (the fast tier took
+    332 s with 2 workers, 94 s with 2 workers of one thread each, on 2 cores)."""
+    test = tmp_path / "test_threads.py"
+    test.write_text("import torch\ndef test_one_thread():\n    assert torch.get_num_threads() == 1\n")
+    result = _run_pytest(test, "-n", "2")
+    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-2000:]
