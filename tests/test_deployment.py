@@ -8,7 +8,10 @@ process a test starts may outlive it.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -93,11 +96,11 @@ def test_tls_with_supernode_authentication_admits_registered_nodes_only(tmp_path
     assert "insecure" not in entry and entry["root-certificates"].endswith("ca.crt")
 
 
-def _run_and_break_a_node(tmp_path: Path, config: dict, nodes: int, index: int, after_round: int,
-                          break_node) -> tuple[dict, int, int, pd.DataFrame]:
-    """Run ``config`` on ``nodes`` SuperNodes and call ``break_node(process)`` on node
-    ``index``'s once round ``after_round`` is recorded; (summary, that node's id, the rounds
-    recorded when it broke, results.csv)."""
+def _run_and_break_nodes(tmp_path: Path, config: dict, nodes: int, after_round: int,
+                         breaks: dict[int, Callable[[subprocess.Popen], None]]) -> tuple[dict, dict[int, int], int, pd.DataFrame]:
+    """Run ``config`` on ``nodes`` SuperNodes and, once round ``after_round`` is recorded, call
+    ``breaks[index](process)`` on node ``index``'s process, for each index; (summary, each
+    broken node's id by index, the rounds recorded when they broke, results.csv)."""
     import time
     from concurrent.futures import ThreadPoolExecutor
 
@@ -109,51 +112,40 @@ def _run_and_break_a_node(tmp_path: Path, config: dict, nodes: int, index: int, 
         while not (out / "results.csv").is_file() or len((out / "results.csv").read_text().splitlines()) <= after_round:
             assert time.monotonic() < deadline and not running.done(), f"the run never reached round {after_round}"
             time.sleep(0.1)
-        break_node(started[index].process)
+        for index, break_node in breaks.items():
+            break_node(started[index].process)
         broken_after = len((out / "results.csv").read_text().splitlines()) - 1
         summary = running.result(timeout=600)
-    return summary, started[index].node_id, broken_after, pd.read_csv(out / "results.csv")
+    return summary, {index: started[index].node_id for index in breaks}, broken_after, pd.read_csv(out / "results.csv")
 
 
 @pytest.mark.slow
-def test_a_dead_supernode_is_one_failure_a_round_under_its_partition(tmp_path):
-    """One of 4 SuperNodes killed (with its children) after round 1: every later round counts
-    it once, as partition 2 on its own node, and the run goes on with 3. (Flower's SuperLink
-    answers "Node Unavailable" for it only after missing its heartbeats, which took longer
-    than this test's rounds here; that reply's attribution is tested with Flower's own error
-    message in tests/test_faults.py.)"""
-    from experiments.runtime.processes import stop_process_tree
+def test_a_dead_and_a_frozen_supernode_are_one_failure_each_a_round_under_their_partitions(tmp_path):
+    """Of 5 SuperNodes, after round 1 one is killed (with its children) and one is stopped
+    (SIGSTOP, with its children: frozen, not dead). Each later round waits for them
+    `round-timeout` seconds at most, counts each once, under its own partition on its own
+    node, and goes on with the other 3; the run completes, and the stopped processes are
+    cleaned up with the rest (the autouse check above). One run for both: each waits
+    round-timeout, so apart they cost that wait twice (about 45 s each on 2 cores).
+    (Flower's SuperLink answers "Node Unavailable" for the dead one only after missing its
+    heartbeats, which took longer than this test's rounds here; that reply's attribution
+    is tested with Flower's own error message in tests/test_faults.py.)"""
+    from experiments.runtime.processes import process_table, process_tree, stop_process_tree
 
-    # Each round after its death waits round-timeout for it: 3 rounds leave one such round
-    # after the one under way when it died (5 rounds, killed after round 2, took 30 s more).
-    config = resolve_config({**SHORT, "num-clients": 4, "participation": 1.0, "min-replies": 2, "num-rounds": 3,
-                             "round-timeout": 10.0})
-    summary, dead, killed_after, rows = _run_and_break_a_node(
-        tmp_path, config, 4, 2, 1, lambda process: stop_process_tree([process.pid]))
-    assert summary["status"] == "completed"
-    later = rows[rows["round"] > killed_after + 1]  # the round under way when it died may still have its reply
-    assert len(later) >= 1 and (later["clients-failed"] == 1).all() and (later["clients-ok"] == 3).all()
-    assert all(failure.startswith(f"partition 2 (node {dead}): ") and ";" not in failure for failure in later["failures"])
-
-
-@pytest.mark.slow
-def test_a_frozen_supernode_fails_each_round_after_round_timeout_and_the_run_completes(tmp_path):
-    """One of 3 SuperNodes stopped (SIGSTOP, with its children: frozen, not dead) after
-    round 1: each later round waits for it `round-timeout` seconds at most, counts it as
-    one failure, and the run completes; the stopped processes are cleaned up with the rest."""
-    import signal
-
-    from experiments.runtime.processes import process_table, process_tree
-
-    def freeze(process) -> None:
+    def freeze(process: subprocess.Popen) -> None:
         for pid in process_tree([process.pid], process_table()):
             os.kill(pid, signal.SIGSTOP)
 
-    config = resolve_config({**SHORT, "num-clients": 3, "participation": 1.0, "min-replies": 2, "num-rounds": 3,
+    # 3 rounds leave one round after the one under way when they broke (5 rounds, a node
+    # killed after round 2, took 30 s more).
+    config = resolve_config({**SHORT, "num-clients": 5, "participation": 1.0, "min-replies": 2, "num-rounds": 3,
                              "round-timeout": 10.0})
-    summary, frozen, frozen_after, rows = _run_and_break_a_node(tmp_path, config, 3, 1, 1, freeze)
+    summary, broken, broken_after, rows = _run_and_break_nodes(
+        tmp_path, config, 5, 1, {2: lambda process: stop_process_tree([process.pid]), 4: freeze})
     assert summary["status"] == "completed"
-    later = rows[rows["round"] > frozen_after + 1]
-    assert len(later) >= 1 and (later["clients-failed"] == 1).all() and (later["clients-ok"] == 2).all()
-    assert all(failure.startswith(f"partition 1 (node {frozen}): ") for failure in later["failures"])
+    later = rows[rows["round"] > broken_after + 1]  # the round under way when they broke may still have their replies
+    assert len(later) >= 1 and (later["clients-failed"] == 2).all() and (later["clients-ok"] == 3).all()
+    for failures in later["failures"]:
+        dead, frozen = failures.split("; ")  # one entry each, in partition order
+        assert dead.startswith(f"partition 2 (node {broken[2]}): ") and frozen.startswith(f"partition 4 (node {broken[4]}): ")
     assert (later["round-seconds"] < config["round-timeout"] + 3).all()

@@ -158,13 +158,6 @@ def test_ima_around_flowers_fedavg_on_the_deployment_engine(quickstart, tmp_path
     _check_ima_arithmetic(tmp_path)
 
 
-@pytest.mark.slow
-def test_the_example_app_runs_with_ima(tmp_path):
-    app = Path(__file__).resolve().parents[1] / "examples" / "ima-quickstart"
-    log = run_app(app, tmp_path / "flwr.log", num_supernodes=2, run_config="num-server-rounds=3 start-round=2 window=2")
-    assert "IMA's model after the last round: accuracy" in log, log[-3000:]
-
-
 def test_a_method_that_needs_basins_clients_says_so_when_wrapped():
     with pytest.raises(ValueError, match="Scaffold needs Basin's ClientApp .* control variate"):
         IMA(Scaffold(**COHORT))
