@@ -28,8 +28,8 @@ STEPS = ("tests", "benchmark", "determinism", "pair")
 # IMA (Zhou et al.), Table: Fashion-MNIST, #C = 2, test accuracy % of FedAvg and FedAvg + IMA.
 PAPER_PAIR = {"none": 81.17, "ima": 84.68}
 PAIR_PRESET = "ima-fmnist-shards"
-# --device cpu: what makes every step tiny.
-DRY_SETTINGS = {"num-clients": 20, "participation": 0.1, "local-epochs": 1}
+# --device cpu: what makes every step tiny: the paper's 100 clients (600 images each), 2 a round, 1 epoch.
+DRY_SETTINGS = {"num-clients": 100, "participation": 0.02, "local-epochs": 1}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -181,8 +181,9 @@ def check_determinism(base: dict[str, Any], processes: tuple[int, int], out: Pat
     from experiments.runtime.run_endings import RunFailed
 
     cohort = max(processes)
-    config = resolve_config(base, {"num-rounds": 3, "cuda-deterministic": True, "num-clients": max(20, cohort),
-                                   "participation": cohort / max(20, cohort)})
+    num_clients = base["num-clients"] if dry else max(20, cohort)
+    config = resolve_config(base, {"num-rounds": 3, "cuda-deterministic": True, "num-clients": num_clients,
+                                   "participation": cohort / num_clients})
     folders = []
     for count in processes:
         # On the CPU, n processes: 2/n CPUs each of this machine's 2 (1 → 2 CPUs); on CUDA a GPU share of 1/n.
