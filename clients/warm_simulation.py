@@ -68,13 +68,12 @@ def hand_over(path: str | None) -> int | None:
     except OSError:
         connection.close()
         return None
-    request = json.dumps({"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
     # A signal that comes once the warm process may have the command waits for the handlers
     # that pass it on (it would otherwise end this command by default, and the warm process
     # by SIGKILL instead of by that signal).
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
     try:
-        socket.send_fds(connection, [STATUS.pack(len(request)) + request], [0, 1, 2])
+        send_request(connection, {"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd()}, [0, 1, 2])
         (pid,) = STATUS.unpack(_receive_exactly(connection, STATUS.size))
     except ConnectionError:  # it ended before taking the command over (its imports failed)
         connection.close()
@@ -95,27 +94,34 @@ def serve(path: str, preload: list[str]) -> None:
     simulation command and engine, the ServerApp's work), then run the simulation
     (``clients.simulation_engine.run_flower_simulation``) for the first command that hands
     itself over (see the module docstring)."""
+    listener = _listen(path)  # a command that comes during the imports waits for them
+    set_by_imports = _import_all(preload)
+    _take_over(listener, path, set_by_imports)
+
+
+def _listen(path: str) -> socket.socket:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
-    listener.listen(1)  # a command that comes during the imports waits for them
+    listener.listen(1)
+    return listener
+
+
+def _import_all(modules: list[str]) -> dict[str, str]:
+    """Import ``modules``; return what the imports set in the environment (Flower's
+    simulation module sets Ray's uv switch), kept under the command's environment."""
     environment_before = dict(os.environ)
-    for module in preload:
+    for module in modules:
         importlib.import_module(module)
-    # What the imports set in the environment (Flower's simulation module sets Ray's uv
-    # switch), kept under the command's environment below.
-    set_by_imports = {key: value for key, value in os.environ.items() if environment_before.get(key) != value}
+    return {key: value for key, value in os.environ.items() if environment_before.get(key) != value}
+
+
+def _take_over(listener: socket.socket, path: str, set_by_imports: dict[str, str]) -> None:
+    """Take over the first command that hands itself over at ``listener``, run its
+    simulation, send it the exit status, and exit with it."""
     connection, _ = listener.accept()
     listener.close()
     os.unlink(path)
-    # The streams come with the message's first bytes (a plain recv would drop them).
-    message, fds, _flags, _address = socket.recv_fds(connection, 1 << 16, 3)
-    while len(message) < STATUS.size:
-        message += _receive_exactly(connection, STATUS.size - len(message))
-    (size,) = STATUS.unpack(message[:STATUS.size])
-    message = message[STATUS.size:]
-    if len(message) < size:
-        message += _receive_exactly(connection, size - len(message))
-    request = json.loads(message)
+    request, fds = receive_request(connection, 3)
     sys.stdout.flush()
     sys.stderr.flush()
     for target, fd in enumerate(fds):
@@ -151,6 +157,104 @@ def serve(path: str, preload: list[str]) -> None:
     sys.exit(status)
 
 
+def receive_request(connection: socket.socket, max_fds: int) -> tuple[dict, list[int]]:
+    """One request: its length, its JSON, and up to ``max_fds`` file descriptors that
+    come with its first bytes (a plain recv would drop them); ``({}, [])`` at end of file."""
+    message, fds, _flags, _address = socket.recv_fds(connection, 1 << 16, max_fds)
+    if not message:
+        return {}, []
+    while len(message) < STATUS.size:
+        message += _receive_exactly(connection, STATUS.size - len(message))
+    (size,) = STATUS.unpack(message[:STATUS.size])
+    message = message[STATUS.size:]
+    if len(message) < size:
+        message += _receive_exactly(connection, size - len(message))
+    return json.loads(message), fds
+
+
+def send_request(connection: socket.socket, request: dict, fds: list[int]) -> None:
+    """Send what :func:`receive_request` reads."""
+    data = json.dumps(request).encode()
+    socket.send_fds(connection, [STATUS.pack(len(data)) + data], fds)
+
+
+def fork_server(control_fd: int, preload: list[str]) -> None:
+    """A job's warm simulation processes, forked from one that imported ``preload`` once.
+
+    Each of a job's runs needs a simulation process, and each imported the same modules
+    (~3 of its ~4 CPU-seconds on 2 cores). This process imports them once, then reads
+    requests on the Unix socket ``control_fd`` (:func:`send_request`: ``{"socket": PATH,
+    "cwd": FOLDER}`` with the run's listening socket, bound by the launcher so that the
+    run's command can connect at once): it forks, and sends back the child's PID
+    (``STATUS``); the child chdirs to the run's folder and serves the socket as
+    :func:`serve` does after its imports. At end of file (the launcher closed its end at
+    the job's end, or died) it kills the children still running and exits. A child has
+    this process's environment until a command hands itself over (then the command's,
+    FLWR_HOME included): not found by FLWR_HOME, the launcher stops it by its PID."""
+    control = socket.socket(fileno=control_fd)
+    set_by_imports = _import_all(preload)
+    children: set[int] = set()
+
+    def reap(*_: object) -> None:
+        for pid in list(children):
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    children.discard(pid)
+
+    signal.signal(signal.SIGCHLD, reap)
+    # Ctrl-C reaches the whole process group: the job's launcher says when this process ends.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        try:
+            request, fds = receive_request(control, 1)
+        except (OSError, ConnectionError):
+            break
+        if not fds:
+            break
+        listener = socket.socket(fileno=fds[0])
+        pid = os.fork()
+        if pid == 0:
+            control.close()
+            _serve_forked(listener, request["socket"], request["cwd"], set_by_imports)
+        listener.close()
+        children.add(pid)
+        reap()  # one that ended before it was added
+        try:
+            control.sendall(STATUS.pack(pid))
+        except OSError:
+            break
+    for pid in list(children):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for pid in children:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def _serve_forked(listener: socket.socket, path: str, cwd: str, set_by_imports: dict[str, str]) -> None:
+    """A forked child of :func:`fork_server`: serve the run's socket; never return into the server's loop."""
+    status = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the simulation waits for the processes it starts
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for target, mode in ((0, os.O_RDONLY), (1, os.O_WRONLY)):  # not the server's request and PID pipes
+            null = os.open(os.devnull, mode)
+            os.dup2(null, target)
+            os.close(null)
+        os.chdir(cwd)
+        _take_over(listener, path, set_by_imports)
+    except SystemExit as ending:
+        status = ending.code if isinstance(ending.code, int) else (0 if ending.code is None else 1)
+    finally:
+        import atexit
+
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
 def _exit_status(command) -> int:
     """``command()``'s exit status, as ``sys.exit(command())`` would give it."""
     try:
@@ -164,4 +268,7 @@ def _exit_status(command) -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, os.getcwd())  # the staged app, the launcher's working folder for it
-    serve(sys.argv[1], sys.argv[2:])
+    if sys.argv[1] == "--fork-server":
+        fork_server(int(sys.argv[2]), sys.argv[3:])
+    else:
+        serve(sys.argv[1], sys.argv[2:])

@@ -255,3 +255,48 @@ def test_the_warm_process_gets_the_commands_signals_and_ends_with_it(tmp_path, s
     # ceiling only guards against a hang (a loaded 2-core machine once took over 10 s).
     assert warm.wait(timeout=120) == (-signal.SIGTERM if signal_number == signal.SIGTERM else -signal.SIGKILL)
     assert command.wait(timeout=120) != 0
+
+
+def test_a_jobs_warm_processes_are_forked_from_one_that_imported_once_and_end_with_it(tmp_path):
+    """On a job's own cluster each run's warm process is forked from the job's fork server
+    (experiments/runtime/simulation_forks.py), which made the imports once: each run's
+    command hands itself over to its own child of that server, with its environment and
+    working folder. When the job ends (or its launcher dies: the same end of file) the
+    server ends, and so does a child that no command reached."""
+    from types import SimpleNamespace
+
+    import psutil
+
+    from experiments.runtime.launch import start_warm_simulation
+    from experiments.runtime.processes import alive
+    from experiments.runtime.simulation_forks import ForkedSimulation, SimulationForks
+
+    app = _fake_app(tmp_path, REPORTING_SIMULATION)
+    (tmp_path / "job").mkdir()
+    job = SimpleNamespace(simulations=SimulationForks(tmp_path / "job"))
+    try:
+        warm, replies = [], []
+        for index in range(3):
+            home = tmp_path / f"home-{index}"
+            home.mkdir()
+            warm.append(start_warm_simulation(home, app, dict(os.environ), job,
+                                              imports=("preloaded",), stage=lambda to: shutil.copytree(app, to)))
+        assert all(isinstance(process, ForkedSimulation) and process.forked.wait(60) for process in warm)
+        # One server, which imported `preloaded` before forking them.
+        servers = {psutil.Process(process.pid).ppid() for process in warm}
+        assert servers == {job.simulations._server.pid}
+        for index in range(2):  # the third run's command never comes
+            command = _run_command(tmp_path / f"home-{index}", app, tmp_path, RUN_ONLY=f"run{index}")
+            out, err = command.communicate(timeout=120)
+            assert command.returncode == 3, err
+            replies.append(out.split(" ", 4))
+        assert [int(reply[0]) for reply in replies] == [warm[0].pid, warm[1].pid]
+        assert [reply[1:4] for reply in replies] == [[str(tmp_path), "run0", "True"], [str(tmp_path), "run1", "True"]]
+        assert not alive(warm[0].pid) and alive(warm[2].pid)
+    finally:
+        job.simulations.close()
+        for process in warm:
+            if isinstance(process, subprocess.Popen):  # not forked (what this test is for): its own process
+                process.kill()
+                process.wait()
+    assert not alive(warm[2].pid) and not alive(servers.pop())

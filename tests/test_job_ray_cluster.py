@@ -105,8 +105,9 @@ def test_a_jobs_runs_keep_their_client_processes_whose_sources_stay_until_the_jo
                ray_address=address)
         others = _kept_client_processes()
         assert len(others) == 2 and not others & first
-        # The runs that started kept processes keep their FLWR_HOME (and app) until the job ends.
-        assert sorted(path.name for path in cluster.folder.iterdir()) == ["run-1", "run-3"]
+        # The runs that started kept processes keep their FLWR_HOME (and app) until the job ends,
+        # as the fork server of its warm simulation processes keeps its app (simulation_forks.py).
+        assert sorted(path.name for path in cluster.folder.iterdir()) == ["run-1", "run-3", "simulation-app"]
     assert not _kept_client_processes() and not cluster.folder.exists()
     alone = launch(resolve_config(second), tmp_path / "alone", progress=False)
     # Its simulation ran in the warm process the launcher started (clients/warm_simulation.py).

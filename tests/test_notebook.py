@@ -54,11 +54,19 @@ def execute(notebook, folder: Path, scope: str, interrupt_when: Callable[[], boo
             os.environ[SCOPE_VARIABLE] = previous
 
 
-def wait_for_no_processes(scope: str, seconds: float = 20.0) -> set[int]:
+def wait_for_no_processes(scope: str, seconds: float = 20.0) -> dict[int, str]:
+    """The processes of ``scope`` still running after ``seconds``, with their command lines."""
     deadline = time.monotonic() + seconds
     while (left := processes_in_scope(scope)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    return left
+    return {pid: _command_line(pid) for pid in left}
+
+
+def _command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "(ended)"
 
 
 def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path, scoped_env):

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from experiments.runtime.processes import (
 from experiments.runtime.ray_cluster import LocalRayCluster, check_ray_address, job_cluster
 from experiments.runtime.run_config import APP_DIR
 from experiments.runtime.run_endings import check_folder_reuse, end_summary, interrupted_reason, run_failure
+from experiments.runtime.simulation_forks import ForkedSimulation
 from strategies.checkpoint import read_checkpoint
 from strategies.config import validate_run_config
 from strategies.methods import REGISTRY, write_pyproject
@@ -143,15 +144,21 @@ WARM_SIMULATION_IMPORTS = (ENGINE_MODULE, "flwr.simulation.app", "clients.simula
 WARM_SIMULATION_SWITCH = "BASIN_WARM_SIMULATION"
 
 
-def start_warm_simulation(flwr_home: Path, app: Path, env: Mapping[str, str],
-                          imports: tuple[str, ...] = WARM_SIMULATION_IMPORTS) -> subprocess.Popen | None:
+def start_warm_simulation(flwr_home: Path, app: Path, env: Mapping[str, str], cluster: LocalRayCluster | None = None,
+                          imports: tuple[str, ...] = WARM_SIMULATION_IMPORTS,
+                          stage: Callable[[Path], Path] = stage_app) -> subprocess.Popen | ForkedSimulation | None:
     """Start the run's warm simulation process (clients/warm_simulation.py), which makes the
     simulation's ``imports`` while the SuperLink and the SuperExec start; None where the
     run's ``flwr-simulation`` cannot reach one, or ``BASIN_WARM_SIMULATION=off``. It has
-    the run's environment (FLWR_HOME: stopped with the run's processes)."""
+    the run's environment (FLWR_HOME: stopped with the run's processes). On the job's own
+    cluster it is forked from the job's process that made the imports once
+    (experiments/runtime/simulation_forks.py; stopped by its PID), whose sources ``stage``
+    puts in the job's folder."""
     path = socket_path(str(flwr_home))
     if path is None or os.environ.get(WARM_SIMULATION_SWITCH, "on") == "off":
         return None
+    if cluster is not None and (forked := cluster.simulations.fork(path, app, env, imports, stage)) is not None:
+        return forked
     return subprocess.Popen([sys.executable, "-m", "clients.warm_simulation", path, *imports],
                             cwd=app, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -299,7 +306,7 @@ def _launch_locked(
                      f"(Basin's were checked against flwr {', '.join(flower_internals.FLOWER_RELEASES)})")
         if not flowers_own and (simulation_bin := write_simulation_command(Path(flwr_home), app)) is not None:
             env["PATH"] = f"{simulation_bin}{os.pathsep}{env['PATH']}"
-            warm_simulation = start_warm_simulation(Path(flwr_home), app, env)
+            warm_simulation = start_warm_simulation(Path(flwr_home), app, env, cluster)
         command = [
             *(FLWR_COMMAND if not flowers_own else [flwr_executable()]), "run", str(app), "--stream",
             "--run-config", str(run_config_path),
@@ -329,6 +336,11 @@ def _launch_locked(
                 # the SuperLink's tree): all of them, and only them, have the run's FLWR_HOME.
                 # A completed run has written everything: its processes get no grace (1 s).
                 completed = (read_summary(out_dir) or {}).get("status") == "completed"
+                if isinstance(warm_simulation, ForkedSimulation) and not completed:
+                    # The ServerApp's process first, as stop_home kills it (no further round is
+                    # recorded): a forked one has no FLWR_HOME for stop_home to find. A process of
+                    # its own is left to stop_home, which finds the Ray it started before killing it.
+                    warm_simulation.kill()
                 stop_home(flwr_home, grace=0.0 if completed else 1.0)
                 if ending is not None:  # recorded once the ServerApp is stopped: its rows are final
                     status, reason = ending

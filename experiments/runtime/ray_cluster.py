@@ -35,6 +35,7 @@ from pathlib import Path
 
 from clients.kept_processes import KEPT_PROCESSES_STARTED
 from experiments.runtime.processes import free_port, ray_sessions, remove_finished_ray_sessions
+from experiments.runtime.simulation_forks import SimulationForks
 
 
 class RayClusterUnreachable(ConnectionError):
@@ -102,6 +103,7 @@ class LocalRayCluster:
         env = {**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",  # as the launcher gives `flwr run`
                "RAY_GCS_SERVER_PORT": str(port)}
         self.folder = Path(tempfile.mkdtemp(prefix="basin-ray-job-"))
+        self.simulations = SimulationForks(self.folder)  # the runs' warm simulation processes
         if self.log_path is None:
             self.log_path = default_log_path(self.folder)
         read_end, write_end = os.pipe()
@@ -211,6 +213,7 @@ class LocalRayCluster:
     def __exit__(self, *exc_info) -> None:
         if not self.enabled:
             return
+        self.simulations.close()
         self._stop_holder()
         self._remove_files()
         remove_finished_ray_sessions(self.sessions_before)
