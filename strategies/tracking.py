@@ -24,6 +24,7 @@ dropped: tracking never fails a run.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -143,6 +144,16 @@ class WandbTracker(Tracker):
             self.run.log({f"figures/{figure.stem}": self.wandb.Image(str(figure)) for figure in figures},
                          step=getattr(self, "last_round", 0))
         self.run.finish(exit_code=0 if summary.get("status") == "completed" else 1)
+        # W&B's service removes its socket folder, and wandb the folders it makes in the
+        # temporary folder on import, only when the process exits normally; the launcher stops
+        # the ServerApp's process once the run is over, which left three folders a run in /tmp.
+        self.wandb.teardown()
+        with contextlib.suppress(ImportError, AttributeError):  # where a wandb release moves them: left
+            from wandb.sdk.artifacts.artifact import Artifact
+            from wandb.sdk.data_types._private import MEDIA_TMP
+
+            for folder in (MEDIA_TMP, Artifact._TMP_DIR):
+                folder.cleanup()
 
 
 TRACKER_CLASSES: dict[str, type[Tracker]] = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -23,8 +24,10 @@ ROUNDS = 3
 
 @pytest.fixture(scope="module")
 def tracked_run(tmp_path_factory) -> Path:
+    """The run's folder; beside it, ``left-in-tmp.json``: what the run left in the temporary folder."""
     out = tmp_path_factory.mktemp("tracked") / "run"
     log = out.parent / "stderr.log"
+    before = _temporary_entries()
     with open(log, "w") as stderr:  # output to a file, as under nohup or a cluster job
         result = subprocess.run(
             [sys.executable, "-m", "experiments.run", "--set", f"num-rounds={ROUNDS}", "--set", "num-clients=4",
@@ -32,7 +35,13 @@ def tracked_run(tmp_path_factory) -> Path:
             stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=600,
         )
     assert result.returncode == 0, log.read_text()[-3000:]
+    (out.parent / "left-in-tmp.json").write_text(json.dumps(sorted(_temporary_entries() - before)))
     return out
+
+
+def _temporary_entries() -> set[str]:
+    """The temporary folder's entries, but Ray's (its session folders: tests/conftest.py's check)."""
+    return {path.name for path in Path(tempfile.gettempdir()).iterdir()} - {"ray"}
 
 
 def _results(out: Path) -> pd.DataFrame:
@@ -82,6 +91,13 @@ def test_wandb_keeps_an_offline_run_with_every_round(tracked_run):
     assert [item["_step"] for item in rounds] == list(range(1, ROUNDS + 1))
     assert [item["test-accuracy"] for item in rounds] == _results(tracked_run)["test-accuracy"].tolist()
     assert any(item.get("figures/partition._type") == "image-file" for item in history)  # the figure, with the last round
+
+
+@pytest.mark.slow
+def test_a_tracked_run_leaves_nothing_in_the_temporary_folder(tracked_run):
+    """W&B's service socket folder and the folders wandb makes on import went only at a
+    normal exit, and the launcher stops the ServerApp's process: three folders a run."""
+    assert json.loads((tracked_run.parent / "left-in-tmp.json").read_text()) == []
 
 
 def test_a_failing_tracker_is_one_warning_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
