@@ -225,7 +225,12 @@ until [ "$(wc -l 2>/dev/null < "$OUT/results.csv" || echo 0)" -ge 2 ]; do
   sleep 0.1
 done
 kill -9 "$launcher"
-sleep 15
+# The guardian stops the run's processes, then marks it killed: wait for that (a ceiling of 120 s).
+for _ in $(seq 1200); do
+  grep -Eq '"status": *"killed"' "$OUT/summary.json" 2>/dev/null && break
+  sleep 0.1
+done
+sleep 1
 echo survived > "$MARKER"
 """
 _PYTHON_CALLER = """
@@ -238,13 +243,20 @@ while not (out / "results.csv").is_file() or len((out / "results.csv").read_text
         sys.exit(3)
     time.sleep(0.1)
 os.kill(launcher.pid, signal.SIGKILL)
-time.sleep(15)
+deadline = time.monotonic() + 120  # the guardian stops the run's processes, then marks it killed
+while '"killed"' not in ((out / "summary.json").read_text() if (out / "summary.json").is_file() else ""):
+    if time.monotonic() > deadline:
+        break
+    time.sleep(0.1)
+time.sleep(1)
 marker.write_text("survived")
 """
 
 
 def test_a_killed_launcher_does_not_take_down_the_script_or_program_that_started_it(tmp_path, scoped_env):
-    """Both kinds of caller at once (each run is small; the 15 s wait is the callers' own)."""
+    """Both kinds of caller at once (each run is small). Each caller waits until the run's
+    guardian has stopped the run's processes and marked it killed, then 1 s: a caller taken
+    down with the run never writes its marker."""
     env, scope = scoped_env
     callers = {"bash-script": ["bash", "-c", _BATCH_SCRIPT, "batch"], "python-popen": [sys.executable, "-c", _PYTHON_CALLER]}
     started = {}
