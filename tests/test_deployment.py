@@ -1,7 +1,8 @@
 """Basin on Flower's Deployment Engine (real SuperLink and SuperNodes on localhost).
 
-The same config gives the same rounds and the same final model as in simulation, and a
-SuperLink with SuperNode authentication admits registered nodes only (over TLS). No
+The same config gives the same rounds and the same final model as in simulation; a
+SuperLink with SuperNode authentication admits registered nodes only (over TLS), and a
+dead and a frozen SuperNode are each one failure a round (one deployment for both). No
 process a test starts may outlive it.
 """
 
@@ -11,7 +12,6 @@ import os
 import signal
 import subprocess
 import tomllib
-from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -69,67 +69,23 @@ def test_deployment_and_simulation_give_identical_rounds_and_model(tmp_path):
 
 
 @pytest.mark.slow
-def test_tls_with_supernode_authentication_admits_registered_nodes_only(tmp_path):
-    config = resolve_config(SHORT, {"num-clients": 2, "participation": 1.0, "num-rounds": 1})
-    out = tmp_path / "run"
-    with LocalFederation(out, Security(tls=True, auth=True)) as federation:
-        nodes = federation.start_supernodes(2)
-        # An impostor claiming partition 0 with a key nobody registered.
-        impostor_key = write_supernode_key_pair(tmp_path / "keys", "impostor")
-        impostor = federation.start_supernode(0, 2, impostor_key, wait=False, name="impostor")
-        impostor.process.wait(timeout=60)  # the SuperLink refuses it, and it gives up
-        summary = federation.run(config, out, progress=False)
-        listed = {int(node["node-id"]) for node in federation.list_supernodes()}
-        cli_config = tomllib.loads((federation.work_dir / "homes" / "cli" / "config.toml").read_text())
+def test_over_tls_only_registered_nodes_join_and_a_dead_and_a_frozen_one_are_one_failure_each_a_round(tmp_path):
+    """One deployment, over TLS with SuperNode authentication, for two claims (each
+    deployment costs a SuperLink and its nodes' start, and each broken node a wait of
+    `round-timeout`: apart, about 25 s and 45 s more on 2 cores).
 
-    assert not federation.work_dir.exists()  # keys, certificates and FLWR_HOMEs are gone
-    assert summary["status"] == "completed" and summary["rounds"] == 1
-    assert (pd.read_csv(out / "results.csv")["clients-ok"] == 2).all()
-    # Only the registered nodes are known to the SuperLink; the impostor never got an id.
-    assert listed == {node.node_id for node in nodes}
-    assert impostor.node_id is None and impostor.process.returncode != 0
-    assert "Failed to activate SuperNode" in impostor.log.read_text()
-    assert "No SuperNode found with the given public key" in (out / "superlink.log").read_text()
-    # The SuperLink served HTTPS and the CLI trusted the throw-away CA.
-    assert f"Uvicorn running on https://127.0.0.1:{federation.port}" in (out / "superlink.log").read_text()
-    entry = cli_config["superlink"][federation.name]
-    assert "insecure" not in entry and entry["root-certificates"].endswith("ca.crt")
-
-
-def _run_and_break_nodes(tmp_path: Path, config: dict, nodes: int, after_round: int,
-                         breaks: dict[int, Callable[[subprocess.Popen], None]]) -> tuple[dict, dict[int, int], int, pd.DataFrame]:
-    """Run ``config`` on ``nodes`` SuperNodes and, once round ``after_round`` is recorded, call
-    ``breaks[index](process)`` on node ``index``'s process, for each index; (summary, each
-    broken node's id by index, the rounds recorded when they broke, results.csv)."""
+    The SuperLink admits the registered nodes only: an impostor claiming partition 0 with a
+    key nobody registered is refused and gets no node id. Of the 5 registered SuperNodes,
+    after round 1 one is killed (with its children) and one is stopped (SIGSTOP, with its
+    children: frozen, not dead). Each later round waits for them `round-timeout` seconds at
+    most, counts each once, under its own partition on its own node, and goes on with the
+    other 3; the run completes, and the stopped processes are cleaned up with the rest (the
+    autouse check above). (Flower's SuperLink answers "Node Unavailable" for the dead one
+    only after missing its heartbeats, which took longer than this test's rounds here; that
+    reply's attribution is tested with Flower's own error message in tests/test_faults.py.)"""
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    out = tmp_path / "run"
-    with LocalFederation(out) as federation, ThreadPoolExecutor(max_workers=1) as pool:
-        started = federation.start_supernodes(nodes)
-        running = pool.submit(federation.run, config, out, False)
-        deadline = time.monotonic() + 300
-        while not (out / "results.csv").is_file() or len((out / "results.csv").read_text().splitlines()) <= after_round:
-            assert time.monotonic() < deadline and not running.done(), f"the run never reached round {after_round}"
-            time.sleep(0.1)
-        for index, break_node in breaks.items():
-            break_node(started[index].process)
-        broken_after = len((out / "results.csv").read_text().splitlines()) - 1
-        summary = running.result(timeout=600)
-    return summary, {index: started[index].node_id for index in breaks}, broken_after, pd.read_csv(out / "results.csv")
-
-
-@pytest.mark.slow
-def test_a_dead_and_a_frozen_supernode_are_one_failure_each_a_round_under_their_partitions(tmp_path):
-    """Of 5 SuperNodes, after round 1 one is killed (with its children) and one is stopped
-    (SIGSTOP, with its children: frozen, not dead). Each later round waits for them
-    `round-timeout` seconds at most, counts each once, under its own partition on its own
-    node, and goes on with the other 3; the run completes, and the stopped processes are
-    cleaned up with the rest (the autouse check above). One run for both: each waits
-    round-timeout, so apart they cost that wait twice (about 45 s each on 2 cores).
-    (Flower's SuperLink answers "Node Unavailable" for the dead one only after missing its
-    heartbeats, which took longer than this test's rounds here; that reply's attribution
-    is tested with Flower's own error message in tests/test_faults.py.)"""
     from experiments.runtime.processes import process_table, process_tree, stop_process_tree
 
     def freeze(process: subprocess.Popen) -> None:
@@ -140,12 +96,41 @@ def test_a_dead_and_a_frozen_supernode_are_one_failure_each_a_round_under_their_
     # killed after round 2, took 30 s more).
     config = resolve_config({**SHORT, "num-clients": 5, "participation": 1.0, "min-replies": 2, "num-rounds": 3,
                              "round-timeout": 10.0})
-    summary, broken, broken_after, rows = _run_and_break_nodes(
-        tmp_path, config, 5, 1, {2: lambda process: stop_process_tree([process.pid]), 4: freeze})
+    out = tmp_path / "run"
+    with LocalFederation(out, Security(tls=True, auth=True)) as federation, ThreadPoolExecutor(max_workers=1) as pool:
+        nodes = federation.start_supernodes(5)
+        impostor_key = write_supernode_key_pair(tmp_path / "keys", "impostor")
+        impostor = federation.start_supernode(0, 5, impostor_key, wait=False, name="impostor")
+        impostor.process.wait(timeout=60)  # the SuperLink refuses it, and it gives up
+        running = pool.submit(federation.run, config, out, False)
+        deadline = time.monotonic() + 300
+        while not (out / "results.csv").is_file() or len((out / "results.csv").read_text().splitlines()) <= 1:
+            assert time.monotonic() < deadline and not running.done(), "the run never reached round 1"
+            time.sleep(0.1)
+        stop_process_tree([nodes[2].process.pid])
+        freeze(nodes[4].process)
+        broken_after = len((out / "results.csv").read_text().splitlines()) - 1
+        summary = running.result(timeout=600)
+        listed = {int(node["node-id"]) for node in federation.list_supernodes()}
+        cli_config = tomllib.loads((federation.work_dir / "homes" / "cli" / "config.toml").read_text())
+
+    assert not federation.work_dir.exists()  # keys, certificates and FLWR_HOMEs are gone
+    # Only the registered nodes are known to the SuperLink; the impostor never got an id.
+    assert listed == {node.node_id for node in nodes}
+    assert impostor.node_id is None and impostor.process.returncode != 0
+    assert "Failed to activate SuperNode" in impostor.log.read_text()
+    assert "No SuperNode found with the given public key" in (out / "superlink.log").read_text()
+    # The SuperLink served HTTPS and the CLI trusted the throw-away CA.
+    assert f"Uvicorn running on https://127.0.0.1:{federation.port}" in (out / "superlink.log").read_text()
+    entry = cli_config["superlink"][federation.name]
+    assert "insecure" not in entry and entry["root-certificates"].endswith("ca.crt")
+
     assert summary["status"] == "completed"
+    rows = pd.read_csv(out / "results.csv")
     later = rows[rows["round"] > broken_after + 1]  # the round under way when they broke may still have their replies
     assert len(later) >= 1 and (later["clients-failed"] == 2).all() and (later["clients-ok"] == 3).all()
     for failures in later["failures"]:
         dead, frozen = failures.split("; ")  # one entry each, in partition order
-        assert dead.startswith(f"partition 2 (node {broken[2]}): ") and frozen.startswith(f"partition 4 (node {broken[4]}): ")
+        assert dead.startswith(f"partition 2 (node {nodes[2].node_id}): ")
+        assert frozen.startswith(f"partition 4 (node {nodes[4].node_id}): ")
     assert (later["round-seconds"] < config["round-timeout"] + 3).all()
