@@ -94,8 +94,8 @@ def test_over_tls_only_registered_nodes_join_and_a_dead_and_a_frozen_one_are_one
 
     # A SuperNode starts a ClientApp process for each message (Flower's subprocess
     # isolation), about 5 CPU-seconds of imports and data: round 1 of 5 nodes took 17 s on
-    # 2 cores, and with a round-timeout of 10 s it failed every round once. 3 nodes' round 1
-    # takes about 10 s. The nodes break once round 1's row is written, while round 2's
+    # 2 cores, and with a round-timeout of 10 s it failed every round once; 3 nodes' round 1
+    # took 11 s. The nodes break once round 1's row is written, while round 2's
     # ClientApps are still starting, so round 2 already waits round-timeout for them.
     config = resolve_config({**SHORT, "num-clients": 3, "participation": 1.0, "min-replies": 1, "num-rounds": 2,
                              "round-timeout": 20.0})
