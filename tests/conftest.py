@@ -1,5 +1,5 @@
 """Shared fixtures: small label vectors, the location of Fashion-MNIST, small local hub sets,
-a server identity."""
+a server identity, and the second tier's Flower runs that several tests read (flower_runs)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import struct
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -219,3 +222,79 @@ def scoped_env() -> tuple[dict[str, str], str]:
     """(environment, scope) for subprocesses whose leftovers a test checks with processes_in_scope."""
     scope = uuid.uuid4().hex
     return {**os.environ, SCOPE_VARIABLE: scope}, scope
+
+
+# ---- Flower runs that several tests read --------------------------------------------
+
+# One run alone leaves part of CI's 2 cores idle (Flower's polling and process start-up),
+# two at once keep both busy: 4 runs took 32.5 s instead of 38.2 s one at a time (2 cores,
+# 2026-11-27); three at once were slower again than two when last measured.
+RUNS_AT_ONCE = 2
+
+
+@dataclass
+class Launched:
+    """One finished `flwr run` of ``flower_runs``: its config and output folder, or how it failed."""
+
+    config: dict[str, Any]
+    out: Path
+    summary: dict[str, Any] | None
+    error: BaseException | None
+
+    def completed(self) -> Path:
+        """The run's folder; raises how it failed where it did not complete."""
+        if self.error is not None:
+            raise self.error
+        assert self.summary is not None and self.summary["status"] == "completed"
+        return self.out
+
+    def rows(self):
+        import pandas as pd
+
+        return pd.read_csv(self.completed() / "results.csv")
+
+
+def _flower_runs_of(item: pytest.Item) -> list[str]:
+    """The names in the item's ``flower_runs`` marks (its function's and its parameter's)."""
+    return [name for marker in item.iter_markers("flower_runs") for name in marker.args]
+
+
+@pytest.fixture(scope="session")
+def flower_runs(request, tmp_path_factory) -> dict[str, Launched]:
+    """The runs that this session's selected tests name with ``@pytest.mark.flower_runs(*names)``,
+    launched together when the first of those tests starts, RUNS_AT_ONCE at a time on one Ray
+    cluster, as a sweep's job runs them. A test module declares the settings of the names its
+    tests use in ``FLOWER_RUNS`` (name → settings over Basin's defaults; a data set
+    ``hf:{name}`` is the miniature hub set of that name, tests/miniature.py). A name is one
+    config in the whole session: a reference run that several tests or modules compare with
+    (an uninterrupted run, a run to repeat bit for bit) is launched once, beside the others,
+    instead of on its own with its own Ray and Flower start-up."""
+    from experiments.runtime.launch import launch
+    from experiments.runtime.machine import machine_cpus
+    from experiments.runtime.ray_cluster import LocalRayCluster
+    from experiments.runtime.run_config import resolve_config
+
+    settings: dict[str, dict[str, Any]] = {}
+    for item in request.session.items:
+        declared = getattr(item.module, "FLOWER_RUNS", {})
+        for name in _flower_runs_of(item):
+            if name not in declared:
+                raise pytest.UsageError(f"{item.nodeid}: flower_runs({name!r}): {item.module.__name__}.FLOWER_RUNS "
+                                        "does not declare it")
+            if settings.setdefault(name, declared[name]) != declared[name]:
+                raise pytest.UsageError(f"flower_runs({name!r}) is declared with other settings in {item.module.__name__}")
+    on_hub = [name for name, values in settings.items() if "{" in str(values.get("dataset", ""))]
+    hub = request.getfixturevalue("miniature_hub") if on_hub else {}
+    configs = {name: resolve_config({**values, **({"dataset": values["dataset"].format(**hub)} if name in on_hub else {})})
+               for name, values in settings.items()}
+    outs = {name: tmp_path_factory.mktemp(name.replace("+", "-")) for name in configs}
+    # One Ray cluster for all of them, as a sweep's job has: each run's own Ray start and
+    # client processes cost as much again (6 small runs, 2 at a time: 46.2 s in all with a Ray
+    # each, 32.2 s sharing one; 2 cores, 2026-11-27).
+    with LocalRayCluster(bool(configs), machine_cpus()) as job_ray, ThreadPoolExecutor(max_workers=RUNS_AT_ONCE) as pool:
+        futures = {name: pool.submit(launch, configs[name], outs[name], progress=False, ray_address=job_ray)
+                   for name in configs}
+    return {
+        name: Launched(configs[name], outs[name], None if future.exception() else future.result(), future.exception())
+        for name, future in futures.items()
+    }

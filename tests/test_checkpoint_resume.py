@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
 import pytest
@@ -76,6 +75,10 @@ RESUMED_METHODS = {
     "fedadam+ima": {"strategy": "fedadam", "server-lr": 0.05},
     "scaffold+ima": {"strategy": "scaffold", "momentum": 0.0, "lr": 0.1},
 }
+RESUMED_SETTINGS = {"num-clients": 4, "participation": 0.5, "num-rounds": 10, "local-epochs": 1, "device": "cpu",
+                    "averaging": "ima", "window": 2, "avg-start": 3, "checkpoint-every": 2, "save-models-every": 2}
+# Each method's uninterrupted run, which the resumed one must equal (tests/conftest.py's flower_runs).
+FLOWER_RUNS = {f"{method}-uninterrupted": {**RESUMED_SETTINGS, **settings} for method, settings in RESUMED_METHODS.items()}
 
 
 @pytest.mark.slow
@@ -105,43 +108,38 @@ def test_the_launcher_says_how_many_processes_shared_the_gpu_and_what_to_try():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", RESUMED_METHODS)
-def test_a_run_killed_with_sigkill_resumes_from_its_checkpoint_bitwise_identically(tmp_path, method):
-    config = resolve_config({
-        "num-clients": 4, "participation": 0.5, "num-rounds": 10, "local-epochs": 1, "device": "cpu",
-        "averaging": "ima", "window": 2, "avg-start": 3, "checkpoint-every": 2, "save-models-every": 2,
-        **RESUMED_METHODS[method],
-    })
+@pytest.mark.parametrize("method", [pytest.param(method, marks=pytest.mark.flower_runs(f"{method}-uninterrupted"))
+                                    for method in RESUMED_METHODS])
+def test_a_run_killed_with_sigkill_resumes_from_its_checkpoint_bitwise_identically(tmp_path, flower_runs, method):
+    reference = flower_runs[f"{method}-uninterrupted"]
+    config = reference.config
+    uninterrupted = reference.completed()
     killed = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(APP_DIR)}
-    # The reference run goes on beside the one to kill (each has its own SuperLink and Ray).
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        uninterrupted = pool.submit(launch, config, tmp_path / "uninterrupted", progress=False)
-        scratch = tmp_path / "launcher-tmp"
-        scratch.mkdir()
-        launcher = subprocess.Popen(
-            [sys.executable, "-c", KILLABLE_LAUNCH, json.dumps(config), str(killed), str(scratch)], cwd=APP_DIR, env=env,
-        )
-        try:
-            deadline = time.monotonic() + 240
-            server: list[int] = []
-            while not server:  # the ServerApp's process, found before the rounds start (they take ~0.03 s each)
-                assert time.monotonic() < deadline and launcher.poll() is None, "the run to kill never started"
-                table = process_table()
-                server = [pid for pid in process_tree([launcher.pid], table) if "flwr-simulation" in table[pid][2]]
-                time.sleep(0.05)
-            assert len(server) == 1
-            while _rows(killed / "results.csv") < 3:  # round 2's checkpoint is written, round 3 is done
-                assert time.monotonic() < deadline and launcher.poll() is None, "the run to kill never reached round 3"
-                time.sleep(0.002)
-            os.kill(server[0], signal.SIGKILL)  # the ServerApp dies mid-run, with its in-memory state
-            rows_at_kill = _rows(killed / "results.csv")
-            # The launcher notices within seconds (`flwr run` alone would wait about a minute).
-            assert launcher.wait(timeout=30) == 1
-        finally:
-            stop_process_tree([launcher.pid])
-            launcher.wait()
-        uninterrupted.result()
+    scratch = tmp_path / "launcher-tmp"
+    scratch.mkdir()
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", KILLABLE_LAUNCH, json.dumps(config), str(killed), str(scratch)], cwd=APP_DIR, env=env,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        server: list[int] = []
+        while not server:  # the ServerApp's process, found before the rounds start (they take ~0.03 s each)
+            assert time.monotonic() < deadline and launcher.poll() is None, "the run to kill never started"
+            table = process_table()
+            server = [pid for pid in process_tree([launcher.pid], table) if "flwr-simulation" in table[pid][2]]
+            time.sleep(0.05)
+        assert len(server) == 1
+        while _rows(killed / "results.csv") < 3:  # round 2's checkpoint is written, round 3 is done
+            assert time.monotonic() < deadline and launcher.poll() is None, "the run to kill never reached round 3"
+            time.sleep(0.002)
+        os.kill(server[0], signal.SIGKILL)  # the ServerApp dies mid-run, with its in-memory state
+        rows_at_kill = _rows(killed / "results.csv")
+        # The launcher notices within seconds (`flwr run` alone would wait about a minute).
+        assert launcher.wait(timeout=30) == 1
+    finally:
+        stop_process_tree([launcher.pid])
+        launcher.wait()
     killed_summary = json.loads((killed / "summary.json").read_text())
     assert killed_summary["status"] == "killed" and "ServerApp's process ended" in killed_summary["error"]
     checkpoint = torch.load(killed / CHECKPOINT_FILE, weights_only=True)
@@ -155,16 +153,16 @@ def test_a_run_killed_with_sigkill_resumes_from_its_checkpoint_bitwise_identical
     summary = launch(config, killed, progress=False)  # the same command again
     assert summary["status"] == "completed" and summary["resumed-after-round"] == checkpoint["round"]
     resumed = pd.read_csv(killed / "results.csv").drop(columns=TIMING_COLUMNS)
-    rows = pd.read_csv(tmp_path / "uninterrupted" / "results.csv")
+    rows = pd.read_csv(uninterrupted / "results.csv")
     pd.testing.assert_frame_equal(resumed, rows.drop(columns=TIMING_COLUMNS), check_exact=True)
     final = torch.load(killed / "final_model.pt", weights_only=True)
-    expected = torch.load(tmp_path / "uninterrupted" / "final_model.pt", weights_only=True)
+    expected = torch.load(uninterrupted / "final_model.pt", weights_only=True)
     assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in final)
     assert not (killed / CLIENT_STATE_DIR).exists()  # a completed run leaves no snapshots
     # Saved models follow the checkpoint: the rounds after it were saved again, identically.
-    assert saved_rounds(killed) == saved_rounds(tmp_path / "uninterrupted") == [2, 4, 6, 8, 9, 10]
+    assert saved_rounds(killed) == saved_rounds(uninterrupted) == [2, 4, 6, 8, 9, 10]
     for server_round in (2, 4, 6, 8, 9, 10):
-        ours, theirs = (load_round_models(d, server_round) for d in (killed, tmp_path / "uninterrupted"))
+        ours, theirs = (load_round_models(d, server_round) for d in (killed, uninterrupted))
         assert list(ours["clients"]) == list(theirs["clients"]) and ours["client-weights"] == theirs["client-weights"]
         for part in ("base", "averaged"):
             assert (ours[part] is None) == (theirs[part] is None)

@@ -95,6 +95,8 @@ def test_a_full_disk_is_one_line_and_exit_code_3(capsys, error):
 
 SETTINGS = {"num-clients": 4, "participation": 0.5, "num-rounds": 6, "local-epochs": 1, "device": "cpu",
             "checkpoint-every": 1, "averaging": "ima", "window": 2, "avg-start": 2}
+# The uninterrupted run that a resumed one must equal (tests/conftest.py's flower_runs).
+FLOWER_RUNS = {"disk-full-uninterrupted": SETTINGS}
 
 
 @pytest.fixture
@@ -125,7 +127,8 @@ def _nothing_left(scope: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_full_output_disk_stops_the_run_in_one_line_and_the_same_command_resumes_exactly(small_disk, tmp_path, scoped_env):
+@pytest.mark.flower_runs("disk-full-uninterrupted")
+def test_a_full_output_disk_stops_the_run_in_one_line_and_the_same_command_resumes_exactly(small_disk, scoped_env, flower_runs):
     env, scope = scoped_env
     out = small_disk / "run"
     full = _run(out, env)
@@ -142,9 +145,7 @@ def test_a_full_output_disk_stops_the_run_in_one_line_and_the_same_command_resum
     subprocess.run(["mount", "-o", "remount,size=20m", str(small_disk)], check=True)  # space freed
     resumed = _run(out, env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    reference = _run(tmp_path / "uninterrupted", env)
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    comparison = compare_runs(out, tmp_path / "uninterrupted")
+    comparison = compare_runs(out, flower_runs["disk-full-uninterrupted"].completed())
     assert comparison.identical, comparison.differences
     assert _nothing_left(scope) == []
 

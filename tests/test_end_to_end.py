@@ -6,20 +6,16 @@ import json
 import re
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import Launched
 
 from experiments.runtime.flower_log import startup_stage
 from experiments.runtime.launch import launch
-from experiments.runtime.machine import machine_cpus
-from experiments.runtime.ray_cluster import LocalRayCluster
 from experiments.runtime.run_config import load_preset, resolve_config
 from strategies.methods import end_to_end_runs
 
@@ -57,54 +53,8 @@ RUNS = {
     "fedavg+ima-saved": {"participation": 1.0, "num-rounds": 6, "averaging": "ima", "window": 2, "avg-start": 4,
                          "save-models-every": 2, "save-models-last": 3, "round-indicators": True},
 }
-# One run alone leaves part of CI's 2 cores idle (Flower's polling and process start-up),
-# two at once keep both busy: 4 runs took 32.5 s instead of 38.2 s one at a time (2 cores,
-# 2026-11-27); three at once were slower again than two when last measured.
-RUNS_AT_ONCE = 2
-
-
-@dataclass
-class Launched:
-    """One finished `flwr run` of RUNS: its config and output folder, or how it failed."""
-
-    config: dict[str, Any]
-    out: Path
-    summary: dict[str, Any] | None
-    error: BaseException | None
-
-    def rows(self) -> pd.DataFrame:
-        if self.error is not None:
-            raise self.error
-        assert self.summary["status"] == "completed"
-        return pd.read_csv(self.out / "results.csv")
-
-
-def _runs_of(item: pytest.Item) -> set[str]:
-    marker = item.get_closest_marker("flower_runs")
-    callspec = getattr(item, "callspec", None)
-    return set(marker.args if marker else ()) | ({callspec.params["method"]} if callspec and "method" in callspec.params else set())
-
-
-@pytest.fixture(scope="module")
-def flower_runs(request, tmp_path_factory, miniature_hub) -> dict[str, Launched]:
-    """Launch the RUNS this module's selected tests need, RUNS_AT_ONCE at a time (a data set
-    ``hf:{name}`` is the miniature hub set of that name)."""
-    names = [name for name in RUNS if any(name in _runs_of(item) for item in request.session.items if item.module is request.module)]
-    configs = {
-        name: resolve_config(SMALL, {**RUNS[name], "dataset": RUNS[name].get("dataset", "digits").format(**miniature_hub)})
-        for name in names
-    }
-    outs = {name: tmp_path_factory.mktemp(name.replace("+", "-")) for name in names}
-    # One Ray cluster for all of them, as a sweep's job has: each run's own Ray start and
-    # client processes cost as much again (6 small runs, 2 at a time: 46.2 s in all with a Ray
-    # each, 32.2 s sharing one; 2 cores, 2026-11-27).
-    with LocalRayCluster(bool(names), machine_cpus()) as job_ray, ThreadPoolExecutor(max_workers=RUNS_AT_ONCE) as pool:
-        futures = {name: pool.submit(launch, configs[name], outs[name], progress=False, ray_address=job_ray)
-                   for name in names}
-    return {
-        name: Launched(configs[name], outs[name], None if future.exception() else future.result(), future.exception())
-        for name, future in futures.items()
-    }
+# What `flower_runs` launches (tests/conftest.py) for this module's tests.
+FLOWER_RUNS = {name: {**SMALL, **settings} for name, settings in RUNS.items()}
 
 
 @pytest.mark.flower_runs("fedavg")
@@ -289,7 +239,7 @@ def test_wima_on_fedprox(flower_runs):
     assert rows["averaged-accuracy"].isna().tolist() == [True, False, False, False]
 
 
-@pytest.mark.parametrize("method", METHOD_RUNS)
+@pytest.mark.parametrize("method", [pytest.param(method, marks=pytest.mark.flower_runs(method)) for method in METHOD_RUNS])
 def test_every_method_runs_end_to_end(flower_runs, method):
     run = flower_runs[method]
     rows, config = run.rows(), run.config

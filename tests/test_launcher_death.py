@@ -16,10 +16,9 @@ import pytest
 import torch
 from conftest import processes_in_scope
 
-from experiments.runtime.launch import launch
 from experiments.runtime.output_dir import LOCK_FILE
 from experiments.runtime.processes import process_table, processes_of_home, ray_sessions
-from experiments.runtime.run_config import APP_DIR, resolve_config
+from experiments.runtime.run_config import APP_DIR
 
 pytestmark = pytest.mark.slow  # real launchers killed: the second tier (.ci/run)
 
@@ -85,16 +84,19 @@ def _rows(path: Path) -> int:
         return 0
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> pd.DataFrame:
-    out = tmp_path_factory.mktemp("uninterrupted") / "run"
-    summary = launch(resolve_config(SETTINGS), out, progress=False)
-    assert summary["status"] == "completed"
-    return pd.read_csv(out / "results.csv"), torch.load(out / "final_model.pt", weights_only=True)
+# The uninterrupted run that a resumed one must equal: launched with the session's other
+# reference runs (tests/conftest.py's flower_runs).
+FLOWER_RUNS = {"launcher-death-uninterrupted": SETTINGS}
+UNINTERRUPTED = pytest.mark.flower_runs("launcher-death-uninterrupted")
 
 
-@pytest.mark.parametrize("way", WAYS)
-def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(tmp_path, uninterrupted, way):
+def _uninterrupted(flower_runs) -> tuple[pd.DataFrame, dict[str, torch.Tensor]]:
+    run = flower_runs["launcher-death-uninterrupted"]
+    return run.rows(), torch.load(run.completed() / "final_model.pt", weights_only=True)
+
+
+@pytest.mark.parametrize("way", [pytest.param(way, marks=UNINTERRUPTED) if way in RESUMED_AFTER else way for way in WAYS])
+def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(tmp_path, flower_runs, way):
     out = tmp_path / "run"
     sessions = ray_sessions()
     launcher = subprocess.Popen(_command(out), cwd=APP_DIR, start_new_session=True, stdout=subprocess.DEVNULL,
@@ -159,7 +161,7 @@ def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(tm
                              env={**os.environ, "PYTHONPATH": str(APP_DIR)})
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert ray_sessions() <= sessions  # the run's Ray session folder (logs, sockets) is removed
-    rows, final = uninterrupted
+    rows, final = _uninterrupted(flower_runs)
     results = pd.read_csv(out / "results.csv")
     assert results["round"].tolist() == list(range(1, SETTINGS["num-rounds"] + 1))  # each round once
     pd.testing.assert_frame_equal(results.drop(columns=TIMING_COLUMNS), rows.drop(columns=TIMING_COLUMNS), check_exact=True)
@@ -168,7 +170,8 @@ def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(tm
     assert not (out / LOCK_FILE).exists()  # a launcher that ends removes its lock
 
 
-def test_client_processes_killed_mid_run_stop_it_without_a_skipped_round_and_it_resumes_exactly(tmp_path, uninterrupted):
+@UNINTERRUPTED
+def test_client_processes_killed_mid_run_stop_it_without_a_skipped_round_and_it_resumes_exactly(tmp_path, flower_runs):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(APP_DIR)}
     launcher = subprocess.Popen(_command(out), cwd=APP_DIR, start_new_session=True, stdout=subprocess.DEVNULL,
@@ -190,7 +193,7 @@ def test_client_processes_killed_mid_run_stop_it_without_a_skipped_round_and_it_
 
     resumed = subprocess.run(_command(out), cwd=APP_DIR, capture_output=True, text=True, timeout=300, env=env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    rows, final = uninterrupted
+    rows, final = _uninterrupted(flower_runs)
     results = pd.read_csv(out / "results.csv")
     assert results["round"].tolist() == list(range(1, SETTINGS["num-rounds"] + 1))
     pd.testing.assert_frame_equal(results.drop(columns=TIMING_COLUMNS), rows.drop(columns=TIMING_COLUMNS), check_exact=True)

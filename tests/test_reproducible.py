@@ -26,18 +26,18 @@ from experiments.runtime.reproducible import compare_runs
 from experiments.runtime.run_config import resolve_config
 from strategies.config import cohort_size
 
-pytestmark = pytest.mark.slow  # real runs compared bit for bit: the second tier (.ci/run)
-
 # The digits job, small: 8 clients, 4 a round, 3 rounds of 2 local epochs.
 CONFIG = {"num-clients": 8, "participation": 0.5, "num-rounds": 3, "local-epochs": 2, "device": "cpu"}
+# The reference: two client processes of one CPU each (this machine's 2 cores), on the Ray
+# cluster of the session's other reference runs (tests/conftest.py's flower_runs).
+FLOWER_RUNS = {"reproducible-reference": CONFIG}
+# Real runs compared bit for bit: the second tier (.ci/run).
+pytestmark = [pytest.mark.slow, pytest.mark.flower_runs("reproducible-reference")]
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
-    """Two client processes of one CPU each (this machine's 2 cores)."""
-    out = tmp_path_factory.mktemp("reference")
-    launch(resolve_config(CONFIG), out, ClientResources(1.0), progress=False)
-    return out
+def reference(flower_runs) -> Path:
+    return flower_runs["reproducible-reference"].completed()
 
 
 def _assert_same(reference: Path, other: Path) -> None:
