@@ -4,12 +4,10 @@ that cannot start says why, stops its runs and leaves nothing behind."""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from experiments import run, sweep
@@ -56,26 +54,6 @@ def test_a_job_of_runs_one_after_another_shares_one_ray_cluster(tmp_path, monkey
     assert addresses == [None, None, None]
 
 
-@pytest.mark.slow
-def test_runs_on_the_jobs_ray_cluster_equal_runs_with_their_own_ray(tmp_path):
-    """Bit for bit on CPU: a run of a job sharing one Ray cluster, and the same config
-    launched alone (its simulation starting its own Ray)."""
-    small = [f"{key}={value}" for key, value in SMALL.items()]
-    arguments = [arg for item in small for arg in ("--set", item)]
-    assert run.main([*arguments, "--compare", "averaging=none,ima", "--set", "window=2", "--out",
-                     str(tmp_path / "job")]) == 0
-    alone = resolve_config({**SMALL, "averaging": "none", "window": 2})
-    launch(alone, tmp_path / "alone", progress=False)
-    columns = ["round", "test-accuracy", "test-loss", "train-loss", "local-steps"]
-    shared_rows = pd.read_csv(tmp_path / "job" / "none" / "results.csv")[columns]
-    alone_rows = pd.read_csv(tmp_path / "alone" / "results.csv")[columns]
-    assert shared_rows.to_csv() == alone_rows.to_csv()
-    comparison = compare_runs(tmp_path / "job" / "none", tmp_path / "alone")  # every column, and the final model
-    assert comparison.identical and comparison.tensors > 0, comparison.report(tmp_path / "job" / "none", tmp_path / "alone")
-    stages = json.loads((tmp_path / "job" / "none" / "summary.json").read_text())["startup-stages"]
-    assert "training round 1" in stages
-
-
 def _kept_client_processes() -> set[int]:
     """PIDs of the client processes a job's cluster keeps between runs (clients/client_actor.py)."""
     from experiments.runtime.processes import process_table
@@ -84,23 +62,35 @@ def _kept_client_processes() -> set[int]:
 
 
 @pytest.mark.slow
-def test_a_jobs_runs_keep_their_client_processes_whose_sources_stay_until_the_job_ends(tmp_path):
-    """On the job's cluster the second run's clients run in the first run's processes (no
-    new process imports torch in its round 1). A second run with another partition (alpha)
-    and method (MOON) has them import what only it needs and read their own sources (the
-    partition cache's key), from the first run's app: its folder stays until the job ends
-    (it was removed with its run once, and a sweep's second run failed in CI), while the
-    second run's, which started no process, goes with its run. They give the bits of
-    the same run alone. A run with another process-wide setting gets processes of its own;
-    all end with the job's cluster, and the job's folder goes with them."""
+def test_a_jobs_cluster_is_named_before_it_is_up_its_runs_keep_their_client_processes_and_give_the_bits_of_a_run_alone(
+        tmp_path):
+    """The job's cluster enters as its address before Ray is up; a launch on it starts
+    `flwr run` and then waits for it, and the run joins it (a head without the dashboard's
+    API server). On the job's cluster the second run's clients run in the first run's
+    processes (no new process imports torch in its round 1). A second run with another
+    partition (alpha) and method (MOON) has them import what only it needs and read their
+    own sources (the partition cache's key), from the first run's app: its folder stays
+    until the job ends (it was removed with its run once, and a sweep's second run failed
+    in CI), while the second run's, which started no process, goes with its run. It gives
+    the bits of the same run alone, launched with its own Ray. A run with another
+    process-wide setting gets processes of its own; all end with the job's cluster, and
+    the job's folder goes with them."""
     second = {**SMALL, "strategy": "moon", "alpha": 0.7}
     cluster = LocalRayCluster(True, 2)
     with cluster as address:
-        launch(resolve_config(SMALL), tmp_path / "fedavg", progress=False, ray_address=address)
+        assert address.startswith("127.0.0.1:") and job_cluster(address) is cluster and not cluster.up
+        summary = launch(resolve_config(SMALL), tmp_path / "fedavg", progress=False, ray_address=address)
+        assert cluster.up and summary["status"] == "completed"
+        check_ray_address(address)
+        # Its head runs without the dashboard's API server (clients/flower_internals.init_ray).
+        ray_processes = _ray_processes_of(address)
+        assert any("raylet/raylet" in command for command in ray_processes)
+        assert not any("dashboard/dashboard.py" in command for command in ray_processes)
         first = _kept_client_processes()
         assert len(first) == 2  # one per core, alive after their run
         moon = launch(resolve_config(second), tmp_path / "moon", progress=False, ray_address=address)
         assert moon["client-failures"] == 0 and _kept_client_processes() == first
+        assert "training round 1" in moon["startup-stages"]
         launch(resolve_config({**SMALL, "cuda-deterministic": False}), tmp_path / "other", progress=False,
                ray_address=address)
         others = _kept_client_processes()
@@ -108,10 +98,13 @@ def test_a_jobs_runs_keep_their_client_processes_whose_sources_stay_until_the_jo
         # The runs that started kept processes keep their FLWR_HOME (and app) until the job ends,
         # as the fork server of its warm simulation processes keeps its app (simulation_forks.py).
         assert sorted(path.name for path in cluster.folder.iterdir()) == ["run-1", "run-3", "simulation-app"]
-    assert not _kept_client_processes() and not cluster.folder.exists()
+    assert job_cluster(address) is None and not _kept_client_processes() and not cluster.folder.exists()
+    with pytest.raises(RayClusterUnreachable):  # stopped with the job
+        check_ray_address(address, timeout=1.0)
     alone = launch(resolve_config(second), tmp_path / "alone", progress=False)
     # Its simulation ran in the warm process the launcher started (clients/warm_simulation.py).
     assert alone["warm-simulation-process"] is True
+    # Every column of results.csv but the timings, and every tensor of the final model.
     comparison = compare_runs(tmp_path / "moon", tmp_path / "alone")
     assert comparison.identical and comparison.tensors > 0, comparison.report(tmp_path / "moon", tmp_path / "alone")
 
@@ -193,25 +186,6 @@ def test_a_holder_that_cannot_be_started_leaves_no_folder(monkeypatch):
     with pytest.raises(OSError, match="no process today"):
         cluster.__enter__()
     assert cluster.folder is not None and not cluster.folder.exists() and not Path(cluster.log_path).exists()
-
-
-@pytest.mark.slow
-def test_a_job_cluster_is_named_before_it_is_up_and_a_run_launched_on_it_meanwhile_completes(tmp_path):
-    """The job's cluster enters as its address before Ray is up; a launch on it starts
-    `flwr run` and then waits for it, and the run joins it."""
-    with LocalRayCluster(True, 2) as address:
-        cluster = job_cluster(address)
-        assert address.startswith("127.0.0.1:") and not cluster.up
-        summary = launch(resolve_config(SMALL), tmp_path / "out", progress=False, ray_address=address)
-        assert cluster.up and summary["status"] == "completed"
-        check_ray_address(address)
-        # Its head runs without the dashboard's API server (clients/flower_internals.init_ray).
-        ray_processes = _ray_processes_of(address)
-        assert any("raylet/raylet" in command for command in ray_processes)
-        assert not any("dashboard/dashboard.py" in command for command in ray_processes)
-    assert job_cluster(address) is None
-    with pytest.raises(RayClusterUnreachable):  # stopped with the job
-        check_ray_address(address, timeout=1.0)
 
 
 @pytest.mark.slow
