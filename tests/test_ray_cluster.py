@@ -28,6 +28,8 @@ from experiments.runtime.run_endings import RunFailed
 
 RAY = Path(sys.executable).parent / "ray"
 SMALL = {"num-clients": 4, "participation": 0.5, "num-rounds": 2, "local-epochs": 1, "device": "cpu"}
+# The same config on this machine, with the session's other reference runs (tests/conftest.py).
+FLOWER_RUNS = {"ray-cluster-reference": SMALL}
 
 
 def _nobody_listens() -> str:
@@ -160,7 +162,8 @@ def _cluster_state(address: str) -> tuple[set[str], list[dict]]:
 
 
 @pytest.mark.slow
-def test_clients_run_on_every_node_of_a_ray_cluster(ray_cluster, tmp_path):
+@pytest.mark.flower_runs("ray-cluster-reference")
+def test_clients_run_on_every_node_of_a_ray_cluster(flower_runs, ray_cluster, tmp_path):
     summary = launch(resolve_config(SMALL), tmp_path, progress=False, ray_address=ray_cluster)
 
     assert summary["status"] == "completed" and summary["rounds"] == 2
@@ -172,10 +175,10 @@ def test_clients_run_on_every_node_of_a_ray_cluster(ray_cluster, tmp_path):
     # One client actor per CPU of the cluster, one on each node (the run's actors are
     # dead by now: the launcher stopped the simulation that owned them).
     assert len(clients) == 2 and {actor["node"] for actor in clients} == nodes
-    # The same bits as the same config on this machine alone (tests/test_reproducible.py).
-    launch(resolve_config(SMALL), tmp_path / "alone", progress=False)
-    comparison = compare_runs(tmp_path, tmp_path / "alone")
-    assert comparison.identical and comparison.tensors > 0, comparison.report(tmp_path, tmp_path / "alone")
+    # The same bits as the same config on this machine (tests/test_reproducible.py).
+    reference = flower_runs["ray-cluster-reference"].completed()
+    comparison = compare_runs(tmp_path, reference)
+    assert comparison.identical and comparison.tensors > 0, comparison.report(tmp_path, reference)
 
 
 def test_the_flower_environment_inlines_models_in_ray_calls_and_keeps_the_users_choice(monkeypatch, tmp_path):

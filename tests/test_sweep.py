@@ -18,7 +18,6 @@ from conftest import processes_in_scope
 
 from experiments import sweep as sweep_module
 from experiments.runtime import sweep_runs
-from experiments.runtime.launch import launch
 from experiments.runtime.run_endings import RunFailed
 from experiments.runtime.sweep_definition import SWEEP_FILES_DIR, SweepError, load_sweep
 from experiments.runtime.sweep_runs import collect, run_sweep
@@ -34,6 +33,13 @@ num-rounds = 2
 local-epochs = 1
 device = "cpu"
 """
+
+
+# The interrupted sweep's fourth run (below), launched with the session's other reference
+# runs (tests/conftest.py): a run of the resumed parallel pair must give its bits.
+FLOWER_RUNS = {"sweep-fourth-run": {"num-clients": 4, "participation": 0.5, "num-rounds": 4, "checkpoint-every": 1,
+                                    "local-epochs": 4, "batch-size": 4, "device": "cpu", "alpha": 1.0, "averaging": "ima",
+                                    "window": 2, "avg-start": 2, "seed": 0}}
 
 
 def write_sweep(tmp_path: Path, text: str) -> Path:
@@ -227,7 +233,8 @@ def _command_line(pid: int) -> str:
 
 
 @pytest.mark.slow
-def test_a_real_sweep_interrupted_and_resumed_loses_and_repeats_nothing(tmp_path, scoped_env):
+@pytest.mark.flower_runs("sweep-fourth-run")
+def test_a_real_sweep_interrupted_and_resumed_loses_and_repeats_nothing(flower_runs, tmp_path, scoped_env):
     """2 methods (FedAvg, FedAvg+IMA) × 2 α on digits, killed after the third run's first
     checkpoint, resumed: the finished runs are kept, the third continues from its checkpoint."""
     # Rounds of ~0.15 s (4 epochs of batches of 4): the signal lands before the third run ends.
@@ -286,14 +293,14 @@ seed = [0]
     assert len(curves) == 16 and not curves.duplicated(["run", "round"]).any()
     assert pd.read_csv(out / "results.csv")["run"].tolist() == table["run"].tolist()
 
-    # A run of the parallel pair gives, bit for bit, what it gives launched alone.
-    fourth = load_sweep(path).runs[3]
-    launch(fourth.config, tmp_path / "alone", progress=False)
+    # A run of the parallel pair gives, bit for bit, what it gives launched on its own.
+    fourth, alone = load_sweep(path).runs[3], flower_runs["sweep-fourth-run"]
+    assert fourth.config == alone.config
     columns = ["round", "lr", "test-accuracy", "test-loss", "averaged-accuracy", "train-loss", "clients-ok", "local-steps"]
     in_sweep = pd.read_csv(out / "runs" / fourth.run_id / "results.csv")[columns]
-    pd.testing.assert_frame_equal(in_sweep, pd.read_csv(tmp_path / "alone" / "results.csv")[columns], check_exact=True)
+    pd.testing.assert_frame_equal(in_sweep, alone.rows()[columns], check_exact=True)
     model_in_sweep = torch.load(out / "runs" / fourth.run_id / "final_model.pt", weights_only=True)
-    model_alone = torch.load(tmp_path / "alone" / "final_model.pt", weights_only=True)
+    model_alone = torch.load(alone.completed() / "final_model.pt", weights_only=True)
     assert all(torch.equal(model_in_sweep[key], model_alone[key]) for key in model_alone)
 
     report = out / "report"
