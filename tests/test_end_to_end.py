@@ -219,15 +219,18 @@ def test_a_run_that_trained_nothing_failed_and_the_command_exits_1(tmp_path):
     assert "NothingTrained" in summary["error"] and not (out / "final_model.pt").exists()
 
 
-def test_fashion_mnist_ima_preset_runs_a_few_rounds(tmp_path, fashion_mnist_dir):
-    config = resolve_config(load_preset("ima-fmnist-shards"), {"num-rounds": 2, "data-dir": str(fashion_mnist_dir), "device": "cpu"})
+def test_fashion_mnist_ima_preset_runs_a_round(tmp_path, fashion_mnist_dir):
+    """The paper's setup as shipped (100 shard clients, 5 local epochs of batches of 50), one
+    round of 2 clients (participation 0.02): 10 clients took 33 s for 2 rounds on 2 cores."""
+    config = resolve_config(load_preset("ima-fmnist-shards"), {"num-rounds": 1, "participation": 0.02,
+                                                                "data-dir": str(fashion_mnist_dir), "device": "cpu"})
     summary = launch(config, tmp_path, progress=False)
     rows = pd.read_csv(tmp_path / "results.csv")
     assert summary["status"] == "completed"
-    assert (rows["clients-ok"] == 10).all()
+    assert rows["clients-ok"].tolist() == [2]
     assert (rows["local-steps"] == 5 * 600 / 50).all()  # #C=2: 300·2 samples per client
-    # The authors' pipeline (pixels in [0, 1], not standardised) learns more slowly in its first
-    # rounds than standardised inputs: 0.192 after 2 rounds here; chance is 0.1.
+    # Two clients of two classes each: 0.208 after their round (0.114 after a second, whose
+    # clients hold other classes); chance is 0.1.
     assert rows["test-accuracy"].iloc[-1] > 0.15
 
 
