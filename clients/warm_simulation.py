@@ -31,6 +31,8 @@ import socket
 import struct
 import sys
 import threading
+from collections.abc import Callable
+from typing import NoReturn
 
 # The socket's name in the run's FLWR_HOME.
 SOCKET_NAME = "warm-simulation.sock"
@@ -41,9 +43,9 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUI
 STATUS = struct.Struct("!i")
 
 
-def socket_path(flwr_home: str) -> str | None:
-    """The run's socket, None where its path is too long for a Unix socket."""
-    path = os.path.join(flwr_home, SOCKET_NAME)
+def socket_path(flwr_home: str, name: str = SOCKET_NAME) -> str | None:
+    """The run's socket (``name`` in its FLWR_HOME), None where its path is too long for a Unix socket."""
+    path = os.path.join(flwr_home, name)
     return path if len(path.encode()) <= MAX_SOCKET_PATH else None
 
 
@@ -94,19 +96,20 @@ def serve(path: str, preload: list[str]) -> None:
     simulation command and engine, the ServerApp's work), then run the simulation
     (``clients.simulation_engine.run_flower_simulation``) for the first command that hands
     itself over (see the module docstring)."""
-    listener = _listen(path)  # a command that comes during the imports waits for them
-    set_by_imports = _import_all(preload)
+    listener = listen(path)  # a command that comes during the imports waits for them
+    set_by_imports = import_all(preload)
     _take_over(listener, path, set_by_imports)
 
 
-def _listen(path: str) -> socket.socket:
+def listen(path: str, backlog: int = 1) -> socket.socket:
+    """A Unix socket listening at ``path``, for ``backlog`` commands at once."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
-    listener.listen(1)
+    listener.listen(backlog)
     return listener
 
 
-def _import_all(modules: list[str]) -> dict[str, str]:
+def import_all(modules: list[str]) -> dict[str, str]:
     """Import ``modules``; return what the imports set in the environment (Flower's
     simulation module sets Ray's uv switch), kept under the command's environment."""
     environment_before = dict(os.environ)
@@ -121,6 +124,16 @@ def _take_over(listener: socket.socket, path: str, set_by_imports: dict[str, str
     connection, _ = listener.accept()
     listener.close()
     os.unlink(path)
+    from clients.simulation_engine import run_flower_simulation
+
+    run_handed_over(connection, set_by_imports, run_flower_simulation)
+
+
+def run_handed_over(connection: socket.socket, set_by_imports: dict[str, str], command: Callable[[], object]) -> NoReturn:
+    """Become the command that handed itself over on ``connection`` (its standard streams,
+    environment, folder and command line; ``set_by_imports`` kept under its environment),
+    run ``command`` (what the command would run), send the command the exit status, and
+    exit with it; where the command dies first, die at once (SIGKILL)."""
     request, fds = receive_request(connection, 3)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -144,11 +157,9 @@ def _take_over(listener: socket.socket, path: str, set_by_imports: dict[str, str
             os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=end_with_the_command, daemon=True).start()
-    from clients.simulation_engine import run_flower_simulation
-
     status = 1
     try:
-        status = _exit_status(run_flower_simulation)
+        status = _exit_status(command)
     finally:
         finished.set()
         sys.stdout.flush()
@@ -192,7 +203,7 @@ def fork_server(control_fd: int, preload: list[str]) -> None:
     this process's environment until a command hands itself over (then the command's,
     FLWR_HOME included): not found by FLWR_HOME, the launcher stops it by its PID."""
     control = socket.socket(fileno=control_fd)
-    set_by_imports = _import_all(preload)
+    set_by_imports = import_all(preload)
     children: set[int] = set()
 
     def reap(*_: object) -> None:

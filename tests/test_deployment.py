@@ -66,6 +66,11 @@ def test_deployment_and_simulation_give_identical_rounds_and_model(tmp_path):
     # Each process logged into the run's directory.
     assert {"superlink.log", "supernode-0.log", "supernode-2.log", "flwr.log"} <= {
         p.name for p in (tmp_path / "deployment").iterdir()}
+    # Every ClientApp process of a node was forked from its warm one (clients/warm_clientapp.py):
+    # one per message, a query for its partition before round 1 and each round it was sampled in.
+    forks = [(tmp_path / "deployment" / f"supernode-{k}.log").read_text().count("forked from the warm one")
+             for k in range(3)]
+    assert sum(forks) == 3 + 2 * 2 and min(forks) >= 1, forks
 
 
 @pytest.mark.slow
@@ -93,10 +98,11 @@ def test_over_tls_only_registered_nodes_join_and_a_dead_and_a_frozen_one_are_one
             os.kill(pid, signal.SIGSTOP)
 
     # A SuperNode starts a ClientApp process for each message (Flower's subprocess
-    # isolation), about 5 CPU-seconds of imports and data: round 1 of 5 nodes took 17 s on
-    # 2 cores, and with a round-timeout of 10 s it failed every round once; 3 nodes' round 1
-    # took 11 s. The nodes break once round 1's row is written, while round 2's
-    # ClientApps are still starting, so round 2 already waits round-timeout for them.
+    # isolation): round 1 of 3 nodes took 5.5 s on 2 cores with them forked from a warm
+    # process (clients/warm_clientapp.py), 11 s with each importing Flower and torch, when
+    # 5 nodes took 17 s and a round-timeout of 10 s failed every round once. The nodes break
+    # once round 1's row is written, while round 2's ClientApps are starting, so round 2
+    # already waits round-timeout for them.
     config = resolve_config({**SHORT, "num-clients": 3, "participation": 1.0, "min-replies": 1, "num-rounds": 2,
                              "round-timeout": 20.0})
     out = tmp_path / "run"

@@ -85,7 +85,11 @@ def test_importing_the_conftest_under_a_second_name_makes_no_second_cache_folder
     before = set(Path(tempfile.gettempdir()).glob("basin-test-hf-datasets-*"))
     spec = importlib.util.spec_from_file_location("second_conftest", REPO / "tests" / "conftest.py")
     second = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(second)
+    sys.modules["second_conftest"] = second  # as an import does, before it runs the module (its dataclass needs it)
+    try:
+        spec.loader.exec_module(second)
+    finally:
+        del sys.modules["second_conftest"]
     assert second._HF_DATASETS_CACHE == conftest._HF_DATASETS_CACHE
     assert set(Path(tempfile.gettempdir()).glob("basin-test-hf-datasets-*")) == before
 

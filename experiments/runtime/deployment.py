@@ -21,9 +21,11 @@ from typing import Any
 
 import tomli_w
 
+from clients import warm_clientapp
+from clients.flower_internals import speed_ups_off_because
 from experiments.certificates import KeyPair, TlsFiles, write_supernode_key_pair, write_tls_certificates
 from experiments.runtime.flower_log import follow_run, read_summary
-from experiments.runtime.launch import stage_app
+from experiments.runtime.launch import TASK_POLL_SECONDS, TASK_POLL_VARIABLE, stage_app
 from experiments.runtime.output_dir import OutputLock, create_output_dir, record_holder
 from experiments.runtime.processes import (
     Guardian,
@@ -104,6 +106,7 @@ class LocalFederation:
         self._processes: list[subprocess.Popen] = []
         self._temp: tempfile.TemporaryDirectory | None = None
         self._guardian: Guardian | None = None
+        self._clientapp_command: Path | None = None
 
     def __enter__(self) -> LocalFederation:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -113,6 +116,9 @@ class LocalFederation:
         # stops them all if this launcher dies (experiments/runtime/processes.py).
         self._guardian = Guardian(self.work_dir, self.log_dir)
         try:
+            # Basin's `flwr-clientapp` for the SuperNodes, None with the speed-ups off.
+            self._clientapp_command = None if speed_ups_off_because() else warm_clientapp.write_command(
+                self.work_dir / "bin", APP_DIR)
             if self.security.tls:
                 self.tls = write_tls_certificates(self.work_dir / "tls")
             self.superlink = self._start_superlink()
@@ -138,7 +144,10 @@ class LocalFederation:
     def _env(self, home: str) -> dict[str, str]:
         """The environment of a Flower process: its own FLWR_HOME and this venv's commands first."""
         path = f"{self._bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
-        return {**os.environ, "PATH": path, "FLWR_HOME": str(self._home(home))}
+        # A SuperExec (the SuperLink's, for the ServerApp; each SuperNode's, for every
+        # message's ClientApp) looks for its next task every 0.2 s instead of 1 s.
+        return {**os.environ, "PATH": path, "FLWR_HOME": str(self._home(home)),
+                TASK_POLL_VARIABLE: os.environ.get(TASK_POLL_VARIABLE, TASK_POLL_SECONDS)}
 
     def _supernode_env(self, home: str) -> dict[str, str]:
         """A SuperNode's environment: CPU threads per ClientApp as Ray gives a simulated client.
@@ -152,12 +161,14 @@ class LocalFederation:
         """
         return {"OMP_NUM_THREADS": str(max(1, math.floor(self.cpus_per_client))), **self._env(home)}
 
-    def _spawn(self, command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    def _spawn(self, command: list[str], env: dict[str, str], log: Path, cwd: Path | None = None,
+               mode: str = "w") -> subprocess.Popen:
         # Own session: a terminal's Ctrl-C reaches only this script, whose cleanup then
         # stops each process with everything it started (see processes.stop_process_tree).
-        with open(log, "w") as out:
+        with open(log, mode) as out:
             process = subprocess.Popen(
-                command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=self.work_dir, start_new_session=True,
+                command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=cwd or self.work_dir, start_new_session=True,
             )
         self._processes.append(process)
         return process
@@ -198,7 +209,16 @@ class LocalFederation:
         if key is not None:
             command += ["--auth-supernode-private-key", str(key.private_key)]
         log = self.log_dir / f"{name}.log"
-        node = SuperNode(partition_id, self._spawn(command, self._supernode_env(name), log), log, key)
+        log.write_text("")
+        env = self._supernode_env(name)
+        if self._clientapp_command is not None and (path := warm_clientapp.server_socket(env["FLWR_HOME"])) is not None:
+            # Its ClientApps are forked from a process that imported their runtime once
+            # (clients/warm_clientapp.py); that process writes to the node's log.
+            env = {**env, "PATH": f"{self._clientapp_command.parent}{os.pathsep}{env['PATH']}",
+                   warm_clientapp.SOCKET_VARIABLE: path}
+            self._spawn([sys.executable, "-m", "clients.warm_clientapp", path, *warm_clientapp.IMPORTS], env, log,
+                        cwd=APP_DIR, mode="a")
+        node = SuperNode(partition_id, self._spawn(command, env, log, mode="a"), log, key)
         self.supernodes.append(node)
         if wait:
             self._wait_joined(node)

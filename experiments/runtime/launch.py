@@ -246,6 +246,7 @@ def flwr_executable() -> str:
 
 INLINE_LIMIT_VARIABLE = "RAY_max_direct_call_object_size"
 TASK_POLL_VARIABLE = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+TASK_POLL_SECONDS = "0.2"
 
 
 def flower_environment(
@@ -266,7 +267,7 @@ def flower_environment(
         INLINE_LIMIT_VARIABLE: os.environ.get(INLINE_LIMIT_VARIABLE, str(8 * 2**20)),
         # The SuperExec looks for the run's task to start its simulation process every 1 s
         # by default (0.5 s of every launch on average); Flower's own setting.
-        TASK_POLL_VARIABLE: os.environ.get(TASK_POLL_VARIABLE, "0.2"),
+        TASK_POLL_VARIABLE: os.environ.get(TASK_POLL_VARIABLE, TASK_POLL_SECONDS),
     }
     if ray_address is not None:
         env["RAY_ADDRESS"] = ray_address
