@@ -22,10 +22,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
-from clients.warm_simulation import import_all, listen, run_handed_over, socket_path
+from clients.warm_simulation import exit_forked_child, import_all, listen, run_handed_over, socket_path
 
 # The variable that names a SuperNode's socket in the environment its SuperExec passes on.
 SOCKET_VARIABLE = "BASIN_WARM_CLIENTAPP"
@@ -79,26 +80,21 @@ def serve(path: str, preload: list[str]) -> None:
             connection.close()
             print(f"[basin] a ClientApp process ({pid}) forked from the warm one ({os.getpid()})", flush=True)
             continue
-        status = 1
-        try:
-            listener.close()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            for name in [name for name in sys.modules if name.partition(".")[0] in BASIN_PACKAGES]:
-                del sys.modules[name]
-            with contextlib.suppress(ValueError):
-                sys.path.remove(own_folder)
-            from flwr.supernode.cli.flwr_clientapp import flwr_clientapp
+        listener.close()
+        exit_forked_child(lambda: _run_clientapp(connection, set_by_imports, own_folder))
 
-            run_handed_over(connection, set_by_imports, flwr_clientapp)
-        except SystemExit as ending:
-            status = ending.code if isinstance(ending.code, int) else (0 if ending.code is None else 1)
-        finally:
-            import atexit
 
-            atexit._run_exitfuncs()  # what the ClientApp registered (a process's own exit would run them)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(status)
+def _run_clientapp(connection: socket.socket, set_by_imports: dict[str, str], own_folder: str) -> None:
+    """In a child of :func:`serve`: forget Basin's modules and folder, then run Flower's
+    ClientApp command as the command that handed itself over on ``connection``."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for name in [name for name in sys.modules if name.partition(".")[0] in BASIN_PACKAGES]:
+        del sys.modules[name]
+    with contextlib.suppress(ValueError):
+        sys.path.remove(own_folder)
+    from flwr.supernode.cli.flwr_clientapp import flwr_clientapp
+
+    run_handed_over(connection, set_by_imports, flwr_clientapp)
 
 
 if __name__ == "__main__":

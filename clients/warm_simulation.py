@@ -243,10 +243,10 @@ def fork_server(control_fd: int, preload: list[str]) -> None:
             os.waitpid(pid, 0)
 
 
-def _serve_forked(listener: socket.socket, path: str, cwd: str, set_by_imports: dict[str, str]) -> None:
+def _serve_forked(listener: socket.socket, path: str, cwd: str, set_by_imports: dict[str, str]) -> NoReturn:
     """A forked child of :func:`fork_server`: serve the run's socket; never return into the server's loop."""
-    status = 1
-    try:
+
+    def serve_run() -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the simulation waits for the processes it starts
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for target, mode in ((0, os.O_RDONLY), (1, os.O_WRONLY)):  # not the server's request and PID pipes
@@ -255,6 +255,17 @@ def _serve_forked(listener: socket.socket, path: str, cwd: str, set_by_imports: 
             os.close(null)
         os.chdir(cwd)
         _take_over(listener, path, set_by_imports)
+
+    exit_forked_child(serve_run)
+
+
+def exit_forked_child(body: Callable[[], object]) -> NoReturn:
+    """In a child forked from a server: run ``body``, then end the process at once with the
+    status it exited with (1 where it raised or returned), after the exit functions that a
+    process's own exit runs (what the command registered); never return into the server's loop."""
+    status = 1
+    try:
+        body()
     except SystemExit as ending:
         status = ending.code if isinstance(ending.code, int) else (0 if ending.code is None else 1)
     finally:
