@@ -118,15 +118,39 @@ def import_all(modules: list[str]) -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if environment_before.get(key) != value}
 
 
+def command_socket_path(flwr_home: str, command: str) -> str | None:
+    """The socket in the run's FLWR_HOME at which ``command`` (its name) hands itself over."""
+    return socket_path(flwr_home, SOCKET_NAME if command == "flwr-simulation" else f"warm-{command}.sock")
+
+
+def installed_command(name: str):
+    """The entry point of the installed console command ``name``: what its script runs."""
+    from importlib.metadata import entry_points
+
+    (found,) = entry_points(group="console_scripts", name=name)
+    return found
+
+
+def run_named_command() -> object:
+    """Run what the command named by ``sys.argv[0]`` runs: for ``flwr-simulation``, Flower's
+    simulation with Basin's engine replacements (``clients.simulation_engine``); for another
+    command (on a job's own Ray cluster, the run's SuperLink and SuperExec: each would import
+    Flower's server side in a process of its own), the installed command's entry point."""
+    name = os.path.basename(sys.argv[0])
+    if name == "flwr-simulation":
+        from clients.simulation_engine import run_flower_simulation
+
+        return run_flower_simulation()
+    return installed_command(name).load()()
+
+
 def _take_over(listener: socket.socket, path: str, set_by_imports: dict[str, str]) -> None:
-    """Take over the first command that hands itself over at ``listener``, run its
-    simulation, send it the exit status, and exit with it."""
+    """Take over the first command that hands itself over at ``listener``, run what it
+    would run (:func:`run_named_command`), send it the exit status, and exit with it."""
     connection, _ = listener.accept()
     listener.close()
     os.unlink(path)
-    from clients.simulation_engine import run_flower_simulation
-
-    run_handed_over(connection, set_by_imports, run_flower_simulation)
+    run_handed_over(connection, set_by_imports, run_named_command)
 
 
 def run_handed_over(connection: socket.socket, set_by_imports: dict[str, str], command: Callable[[], object]) -> NoReturn:

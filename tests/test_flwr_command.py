@@ -156,7 +156,7 @@ def test_the_runs_flwr_simulation_is_found_first_and_runs_basins_entry_point_fro
     """The SuperExec starts `flwr-simulation` by name: the run's PATH finds the launcher's,
     which runs clients.simulation_engine.run_flower_simulation from the staged app (the
     FAB's sources), passes Flower's arguments through, and exits with its status."""
-    from experiments.runtime.launch import write_simulation_command
+    from experiments.runtime.warm_processes import write_warm_command
 
     app = _fake_app(tmp_path, "import sys\n"
                               "def run_flower_simulation():\n"
@@ -164,7 +164,7 @@ def test_the_runs_flwr_simulation_is_found_first_and_runs_basins_entry_point_fro
                               "    return 3\n")
     home = tmp_path / "home"
     home.mkdir()
-    bin_dir = write_simulation_command(home, app)
+    bin_dir = write_warm_command(home, app)
     path = f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     assert shutil.which("flwr-simulation", path=path) == str(bin_dir / "flwr-simulation")
     result = subprocess.run(["flwr-simulation", "--runtime-api-address", "127.0.0.1:1"], env={**os.environ, "PATH": path},
@@ -200,10 +200,10 @@ def _wait_for_socket(home: Path) -> None:
 
 
 def _run_command(home: Path, app: Path, cwd: Path, **env: str) -> subprocess.Popen:
-    from experiments.runtime.launch import write_simulation_command
+    from experiments.runtime.warm_processes import write_warm_command
 
     if not (home / "bin").exists():
-        write_simulation_command(home, app)
+        write_warm_command(home, app)
     return subprocess.Popen([str(home / "bin" / "flwr-simulation"), "--token", "t"], cwd=cwd, env={**os.environ, **env},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -214,7 +214,7 @@ def test_the_runs_simulation_command_hands_itself_over_to_the_warm_process_with_
     simulation for the run's command: with the command's arguments, environment, working
     folder and standard output, and the command exits with its status. Without one, the
     command runs the simulation itself."""
-    from experiments.runtime.launch import start_warm_simulation
+    from experiments.runtime.warm_processes import start_warm_simulation
 
     app = _fake_app(tmp_path, REPORTING_SIMULATION)
     home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
@@ -240,7 +240,7 @@ def test_the_warm_process_gets_the_commands_signals_and_ends_with_it(tmp_path, s
     """Flower's SuperExec and Basin's clean-up stop the simulation by signalling its
     command: a signal it can catch reaches the warm process, and where the command is
     killed the warm process ends at once."""
-    from experiments.runtime.launch import start_warm_simulation
+    from experiments.runtime.warm_processes import start_warm_simulation
 
     app = _fake_app(tmp_path, REPORTING_SIMULATION)
     home = tmp_path / "home"
@@ -267,9 +267,9 @@ def test_a_jobs_warm_processes_are_forked_from_one_that_imported_once_and_end_wi
 
     import psutil
 
-    from experiments.runtime.launch import start_warm_simulation
     from experiments.runtime.processes import alive
     from experiments.runtime.simulation_forks import ForkedSimulation, SimulationForks
+    from experiments.runtime.warm_processes import start_warm_simulation
 
     app = _fake_app(tmp_path, REPORTING_SIMULATION)
     (tmp_path / "job").mkdir()
@@ -280,7 +280,7 @@ def test_a_jobs_warm_processes_are_forked_from_one_that_imported_once_and_end_wi
             home = tmp_path / f"home-{index}"
             home.mkdir()
             warm.append(start_warm_simulation(home, app, dict(os.environ), job,
-                                              imports=("preloaded",), stage=lambda to: shutil.copytree(app, to)))
+                                              imports=("preloaded",)))
         assert all(isinstance(process, ForkedSimulation) and process.forked.wait(60) for process in warm)
         # One server, which imported `preloaded` before forking them.
         servers = {psutil.Process(process.pid).ppid() for process in warm}
@@ -300,3 +300,48 @@ def test_a_jobs_warm_processes_are_forked_from_one_that_imported_once_and_end_wi
                 process.kill()
                 process.wait()
     assert not alive(warm[2].pid) and not alive(servers.pop())
+
+
+def test_on_a_job_whose_server_has_imported_the_runs_superlink_and_superexec_commands_hand_themselves_over(tmp_path):
+    """A job's later runs get their SuperLink and SuperExec forked from the job's fork server
+    (launch.start_warm_commands): Flower starts each by name, the run's own command (first
+    on its PATH) hands itself over to its child of the server, which runs Flower's command
+    (here `--help`) with the command's streams and exits with its status. Before the server
+    has made its imports (a job's first runs) none is forked; without one the command runs
+    Flower's own."""
+    from types import SimpleNamespace
+
+    from experiments.runtime.processes import alive
+    from experiments.runtime.simulation_forks import SimulationForks
+    from experiments.runtime.warm_processes import WARM_COMMAND_NAMES, start_warm_commands, start_warm_simulation
+
+    app = _fake_app(tmp_path, REPORTING_SIMULATION)
+    (tmp_path / "job").mkdir()
+    job = SimpleNamespace(simulations=SimulationForks(tmp_path / "job"))
+    first, later = tmp_path / "first", tmp_path / "later"
+    first.mkdir()
+    later.mkdir()
+    forked = {}
+    try:
+        assert start_warm_commands(first, app, dict(os.environ), job) == {}  # the server is not started yet
+        simulation = start_warm_simulation(first, app, dict(os.environ), job, imports=("preloaded",))
+        assert simulation.forked.wait(60) and job.simulations.ready
+        forked = start_warm_commands(later, app, dict(os.environ), job)
+        assert list(forked) == list(WARM_COMMAND_NAMES) and all(process.forked.wait(60) for process in forked.values())
+        # An option only that command's help names.
+        only_in_help = {"flower-superlink": "--control-api-address", "flower-superexec": "--parent-pid"}
+        for name, process in forked.items():
+            done = subprocess.run([str(later / "bin" / name), "--help"], capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0 and only_in_help[name] in done.stdout, done.stderr
+            assert not (later / f"warm-{name}.sock").exists()  # its child took the command over
+            deadline = time.monotonic() + 60
+            while alive(process.pid) and time.monotonic() < deadline:  # and ended with it
+                time.sleep(0.01)
+            assert not alive(process.pid)
+        alone = subprocess.run([str(later / "bin" / "flower-superexec"), "--help"], capture_output=True, text=True,
+                               timeout=120)  # no warm process any more: Flower's command runs
+        assert alone.returncode == 0 and only_in_help["flower-superexec"] in alone.stdout, alone.stderr
+    finally:
+        job.simulations.close()
+        for process in forked.values():
+            process.kill()

@@ -69,7 +69,8 @@ def test_a_jobs_cluster_is_named_before_it_is_up_its_runs_keep_their_client_proc
     API server). On the job's cluster the second run's clients run in the first run's
     processes (no new process imports torch in its round 1). A second run with another
     partition (alpha) and method (MOON) has them import what only it needs and read their
-    own sources (the partition cache's key), from the first run's app: its folder stays
+    own sources (the partition cache's key), from the first run's app, and its SuperLink and
+    SuperExec forked from the job's warm process: the first run's app folder stays
     until the job ends (it was removed with its run once, and a sweep's second run failed
     in CI), while the second run's, which started no process, goes with its run. It gives
     the bits of the same run alone, launched with its own Ray. A run with another
@@ -81,6 +82,9 @@ def test_a_jobs_cluster_is_named_before_it_is_up_its_runs_keep_their_client_proc
         assert address.startswith("127.0.0.1:") and job_cluster(address) is cluster and not cluster.up
         summary = launch(resolve_config(SMALL), tmp_path / "fedavg", progress=False, ray_address=address)
         assert cluster.up and summary["status"] == "completed"
+        # The job's first run starts its SuperLink and SuperExec as Flower does (the job's warm
+        # process is still importing); later runs get them forked from it (warm_processes.start_warm_commands).
+        assert summary["warm-commands"] == []
         check_ray_address(address)
         # Its head runs without the dashboard's API server (clients/flower_internals.init_ray).
         ray_processes = _ray_processes_of(address)
@@ -90,6 +94,7 @@ def test_a_jobs_cluster_is_named_before_it_is_up_its_runs_keep_their_client_proc
         assert len(first) == 2  # one per core, alive after their run
         moon = launch(resolve_config(second), tmp_path / "moon", progress=False, ray_address=address)
         assert moon["client-failures"] == 0 and _kept_client_processes() == first
+        assert moon["warm-commands"] == ["flower-superlink", "flower-superexec"]
         assert "training round 1" in moon["startup-stages"]
         launch(resolve_config({**SMALL, "cuda-deterministic": False}), tmp_path / "other", progress=False,
                ray_address=address)
@@ -103,7 +108,7 @@ def test_a_jobs_cluster_is_named_before_it_is_up_its_runs_keep_their_client_proc
         check_ray_address(address, timeout=1.0)
     alone = launch(resolve_config(second), tmp_path / "alone", progress=False)
     # Its simulation ran in the warm process the launcher started (clients/warm_simulation.py).
-    assert alone["warm-simulation-process"] is True
+    assert alone["warm-simulation-process"] is True and alone["warm-commands"] == []
     # Every column of results.csv but the timings, and every tensor of the final model.
     comparison = compare_runs(tmp_path / "moon", tmp_path / "alone")
     assert comparison.identical and comparison.tensors > 0, comparison.report(tmp_path / "moon", tmp_path / "alone")

@@ -13,6 +13,7 @@ from experiments.runtime import launch as launching
 from experiments.runtime.processes import processes_of_home
 from experiments.runtime.ray_cluster import RayClusterUnreachable
 from experiments.runtime.run_config import resolve_config
+from experiments.runtime.warm_processes import WARM_SIMULATION_SWITCH
 
 ENDINGS = {
     "ctrl-c": (KeyboardInterrupt(), "interrupted",
@@ -39,7 +40,7 @@ def test_every_way_a_launch_ends_is_recorded_and_the_error_goes_on(tmp_path, mon
 
     monkeypatch.setattr(launching, "FLWR_COMMAND", (sys.executable, "-c", "import time; time.sleep(60)"))
     monkeypatch.setattr(launching, "follow_run", follow_run)
-    monkeypatch.setenv(launching.WARM_SIMULATION_SWITCH, "off")
+    monkeypatch.setenv(WARM_SIMULATION_SWITCH, "off")
     config = resolve_config({"num-rounds": 5, "num-clients": 2, "participation": 1.0})
     with pytest.raises(type(error)):
         launching.launch(config, tmp_path / "run", progress=False)

@@ -18,17 +18,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 
 from clients import flower_internals
-from clients.flower_internals import ENGINE_MODULE
 from clients.kept_processes import KEEP_CLIENT_PROCESSES
 from clients.log import log
-from clients.warm_simulation import socket_path
+from clients.warm_simulation import command_socket_path, socket_path
 from experiments.runtime.cli import NO_SPACE, DiskFull, is_disk_full
 from experiments.runtime.flower_log import follow_run, read_summary
 from experiments.runtime.machine import ClientResources, gpu_memory_advice
@@ -46,6 +45,13 @@ from experiments.runtime.ray_cluster import LocalRayCluster, check_ray_address, 
 from experiments.runtime.run_config import APP_DIR
 from experiments.runtime.run_endings import check_folder_reuse, end_summary, interrupted_reason, run_failure
 from experiments.runtime.simulation_forks import ForkedSimulation
+from experiments.runtime.warm_processes import (
+    WARM_SIMULATION_IMPORTS,
+    start_warm_commands,
+    start_warm_simulation,
+    warm_job_imports,
+    write_warm_command,
+)
 from strategies.checkpoint import read_checkpoint
 from strategies.config import validate_run_config
 from strategies.methods import REGISTRY, write_pyproject
@@ -94,33 +100,6 @@ def new_flwr_home(cluster: LocalRayCluster | None) -> contextlib.AbstractContext
     return cluster.job_flwr_home()
 
 
-def write_simulation_command(flwr_home: Path, app: Path) -> Path | None:
-    """Write the run's ``flwr-simulation`` into ``flwr_home/bin`` and return that folder (it
-    goes first on the run's ``PATH``; the SuperExec starts the command by name): Flower's
-    command, with Basin's simulation-engine replacements installed before Flower's engine
-    starts (``clients.simulation_engine.run_flower_simulation``), loaded from the staged
-    app, the sources of the run's FAB. None where a script cannot name this Python on its
-    first line (a space in its path): Flower's own command runs, the replacements installed
-    as the ServerApp loads. The command hands itself over to the run's warm simulation
-    process where one answers (:func:`start_warm_simulation`)."""
-    if any(character.isspace() for character in sys.executable):
-        return None
-    bin_dir = flwr_home / "bin"
-    bin_dir.mkdir()
-    command = bin_dir / "flwr-simulation"
-    command.write_text(f"#!{sys.executable}\n"
-                       "import sys\n"
-                       f"sys.path.insert(0, {str(app)!r})\n"
-                       "from clients.warm_simulation import hand_over\n"
-                       f"status = hand_over({socket_path(str(flwr_home))!r})\n"
-                       "if status is None:\n"
-                       "    from clients.simulation_engine import run_flower_simulation\n"
-                       "    status = run_flower_simulation()\n"
-                       "sys.exit(status)\n")
-    command.chmod(0o755)
-    return bin_dir
-
-
 # Run-config keys a client process fixes once (cuBLAS reads its workspace setting when it
 # starts): runs that differ in them do not share client processes.
 PROCESS_WIDE_KEYS = ("cuda-deterministic",)
@@ -136,32 +115,6 @@ def kept_processes_key(app: Path, config: Mapping[str, Any]) -> str:
             digest.update(f"{path.relative_to(app)}\0{path.stat().st_size}\0".encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
-
-
-# What the warm simulation process imports before Flower asks for it: Flower's simulation
-# engine and command, Basin's replacements, and the ServerApp's work (torch, the server side).
-WARM_SIMULATION_IMPORTS = (ENGINE_MODULE, "flwr.simulation.app", "clients.simulation_engine", "strategies.server_work")
-WARM_SIMULATION_SWITCH = "BASIN_WARM_SIMULATION"
-
-
-def start_warm_simulation(flwr_home: Path, app: Path, env: Mapping[str, str], cluster: LocalRayCluster | None = None,
-                          imports: tuple[str, ...] = WARM_SIMULATION_IMPORTS,
-                          stage: Callable[[Path], Path] = stage_app) -> subprocess.Popen | ForkedSimulation | None:
-    """Start the run's warm simulation process (clients/warm_simulation.py), which makes the
-    simulation's ``imports`` while the SuperLink and the SuperExec start; None where the
-    run's ``flwr-simulation`` cannot reach one, or ``BASIN_WARM_SIMULATION=off``. It has
-    the run's environment (FLWR_HOME: stopped with the run's processes). On the job's own
-    cluster it is forked from the job's process that made the imports once
-    (experiments/runtime/simulation_forks.py; stopped by its PID), whose sources ``stage``
-    puts in the job's folder."""
-    path = socket_path(str(flwr_home))
-    if path is None or os.environ.get(WARM_SIMULATION_SWITCH, "on") == "off":
-        return None
-    if cluster is not None and (forked := cluster.simulations.fork(path, app, env, imports, stage)) is not None:
-        return forked
-    return subprocess.Popen([sys.executable, "-m", "clients.warm_simulation", path, *imports],
-                            cwd=app, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
 
 
 def launch(
@@ -302,12 +255,15 @@ def _launch_locked(
         if cluster is not None:
             env[KEEP_CLIENT_PROCESSES] = kept_processes_key(app, config)
         warm_simulation, flowers_own = None, flower_internals.speed_ups_off_because()
+        warm_commands: dict[str, ForkedSimulation] = {}
         if flowers_own and not flowers_own.startswith(flower_internals.SPEED_UPS_SWITCH):
             say_once(f"speed-ups off, Flower's own commands run: {flowers_own} "
                      f"(Basin's were checked against flwr {', '.join(flower_internals.FLOWER_RELEASES)})")
-        if not flowers_own and (simulation_bin := write_simulation_command(Path(flwr_home), app)) is not None:
+        if not flowers_own and (simulation_bin := write_warm_command(Path(flwr_home), app)) is not None:
             env["PATH"] = f"{simulation_bin}{os.pathsep}{env['PATH']}"
-            warm_simulation = start_warm_simulation(Path(flwr_home), app, env, cluster)
+            warm_simulation = start_warm_simulation(Path(flwr_home), app, env, cluster,
+                                                    WARM_SIMULATION_IMPORTS if cluster is None else warm_job_imports())
+            warm_commands = start_warm_commands(Path(flwr_home), app, env, cluster)
         command = [
             *(FLWR_COMMAND if not flowers_own else [flwr_executable()]), "run", str(app), "--stream",
             "--run-config", str(run_config_path),
@@ -318,10 +274,12 @@ def _launch_locked(
             with open(log_path, "w") as log:
                 process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=APP_DIR)
                 stages_seen = follow_run(process, out_dir, config["num-rounds"], progress, label, leave,
-                                         server_alive=lambda: simulation_running(http_port), stop=stop,
+                                         server_alive=lambda: simulation_running(flwr_home), stop=stop,
                                          check=cluster.raise_if_failed if cluster is not None else None)
                 # The warm process removes its socket when the run's simulation command hands over.
                 warm_ran = warm_simulation is not None and not os.path.exists(socket_path(flwr_home) or "")
+                warm_commands_ran = [name for name in warm_commands
+                                     if not os.path.exists(command_socket_path(flwr_home, name) or "")]
         except KeyboardInterrupt:
             ending = ("interrupted", "")  # the reason says the last round: read once the ServerApp is stopped
             raise
@@ -347,9 +305,10 @@ def _launch_locked(
                     status, reason = ending
                     with contextlib.suppress(OSError):  # (a full disk) the launch's own error goes on
                         end_summary(out_dir, config, status, reason or interrupted_reason(out_dir, config))
-                if warm_simulation is not None:  # stopped with the run's processes (or never handed the run)
-                    warm_simulation.kill()
-                    warm_simulation.wait()
+                # Stopped with the run's processes (their commands, which stop_home found), or never handed the run.
+                for warm in [*([warm_simulation] if warm_simulation is not None else []), *warm_commands.values()]:
+                    warm.kill()
+                    warm.wait()
                 remove_finished_ray_sessions(sessions_before)  # Ray's logs and sockets of this run
                 guardian.stop()
 
@@ -364,6 +323,7 @@ def _launch_locked(
         summary["startup-seconds"] = summary["training-started-at"] - launched_at
     summary["startup-stages"] = {stage: round(seen - launched_at, 2) for stage, seen in stages_seen.items()}
     summary["warm-simulation-process"] = warm_ran
+    summary["warm-commands"] = warm_commands_ran
     write_json_atomic(out_dir / "summary.json", summary)
     return summary
 

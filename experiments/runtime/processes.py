@@ -314,13 +314,12 @@ def free_port() -> int:
                 return port
 
 
-def simulation_running(port: int) -> bool:
-    """Whether the simulation process (it hosts the ServerApp) of the SuperLink on ``port`` runs."""
+def simulation_running(home: Path | str) -> bool:
+    """Whether the simulation process (it hosts the ServerApp) of the run whose FLWR_HOME is
+    ``home`` runs: its ``flwr-simulation`` command (Flower's, or Basin's that handed itself over
+    to a warm process and waits for it). Found by the run's FLWR_HOME, not below its SuperLink:
+    on a job's own cluster the SuperLink and its SuperExec may be forked from the job's warm
+    process (experiments/runtime/warm_processes.py), not children of the commands that started them."""
     table = process_table()
-    tree = process_tree(superlinks(port, table), table)
-    return any(SERVER_APP_COMMANDS[0] in table[pid][2] and alive(pid) for pid in tree)
+    return any(SERVER_APP_COMMANDS[0] in table.get(pid, (0, 0, ""))[2] for pid in processes_of_home(home))
 
-
-def superlinks(port: int, table: dict[int, tuple[int, int, str]]) -> list[int]:
-    """The SuperLink processes in ``table`` that ``flwr run`` started on ``port``."""
-    return [pid for pid, (_, _, cmd) in table.items() if "flower-superlink" in cmd and f"--port {port}" in cmd]

@@ -5,7 +5,8 @@ which imports Flower's simulation engine, Ray, torch and Basin's server side whi
 SuperLink starts: ~3 of its ~4 CPU-seconds on 2 cores, in every run. A job of several
 runs on its own Ray cluster (``LocalRayCluster``: ``--compare``, the main job, a sweep)
 instead starts one fork server (``clients.warm_simulation.fork_server``) at its first run,
-which makes those imports once, and each run's warm process is forked from it.
+which makes those imports once, and each run's warm process is forked from it; once it has
+made them, so are the run's SuperLink and SuperExec (``warm_processes.start_warm_commands``).
 
 The server's children do not carry their run's FLWR_HOME in their environment (that of
 the server, until the run's command hands itself over), so the launcher stops each by its
@@ -66,6 +67,7 @@ class SimulationForks:
         self._control: socket.socket | None = None
         self._pending: collections.deque[ForkedSimulation] = collections.deque()
         self._lock = threading.Lock()
+        self.ready = False  # the server has forked a child: its imports are done
 
     def fork(self, path: str, cwd: Path, env: Mapping[str, str], imports: tuple[str, ...],
              stage: Callable[[Path], Path]) -> ForkedSimulation | None:
@@ -124,6 +126,7 @@ class SimulationForks:
                 with self._lock:
                     forked = self._pending.popleft()
                 forked.pid = pid
+                self.ready = True
                 forked.forked.set()
         with self._lock:
             while self._pending:
@@ -133,6 +136,7 @@ class SimulationForks:
         """Stop the server: it kills the children still running, then exits."""
         with self._lock:
             server, control, self._server, self._control = self._server, self._control, None, None
+            self.ready = False
         if control is not None:
             control.shutdown(socket.SHUT_RDWR)
             control.close()

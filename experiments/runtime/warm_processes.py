@@ -1,0 +1,122 @@
+"""A run's warm processes: Flower's commands of the run, each taken over by a process that
+made its imports before Flower started the command.
+
+Flower starts a run's processes by command name, one after another, each importing
+Flower (and the simulation also Ray, torch and Basin's server side) before it does anything:
+``flwr run`` starts the SuperLink, the SuperLink its SuperExec, the SuperExec the simulation
+process. The launcher writes the run's own commands first on its ``PATH``
+(:func:`write_warm_command`); each hands itself over to a process waiting on a Unix socket
+in the run's ``FLWR_HOME`` (clients/warm_simulation.py), or where none answers runs
+Flower's command itself.
+
+- The simulation (:func:`start_warm_simulation`): every run's, a process of its own that
+  imports while the SuperLink and the SuperExec start; on a job's own Ray cluster a child
+  of the job's fork server, which imported once (experiments/runtime/simulation_forks.py).
+- The SuperLink and the SuperExec (:func:`start_warm_commands`): on a job's own cluster,
+  once that server has made its imports, children of it too.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from clients.flower_internals import ENGINE_MODULE
+from clients.warm_simulation import command_socket_path, installed_command, socket_path
+from experiments.runtime.simulation_forks import ForkedSimulation
+
+if TYPE_CHECKING:
+    from experiments.runtime.ray_cluster import LocalRayCluster
+
+# What the warm simulation process imports before Flower asks for it: Flower's simulation
+# engine and command, Basin's replacements, and the ServerApp's work (torch, the server side).
+WARM_SIMULATION_IMPORTS = (ENGINE_MODULE, "flwr.simulation.app", "clients.simulation_engine", "strategies.server_work")
+WARM_SIMULATION_SWITCH = "BASIN_WARM_SIMULATION"
+# Flower's commands of a run that a job's fork server also has warm: the SuperLink that
+# `flwr run` starts and the SuperExec that the SuperLink starts. Each imports Flower's server
+# side first, ~1.3 CPU-seconds (2 cores), in every run; the server imports it once.
+WARM_COMMAND_NAMES = ("flower-superlink", "flower-superexec")
+
+
+@functools.cache
+def warm_job_imports() -> tuple[str, ...]:
+    """What a job's fork server imports: the simulation's imports and the modules of the
+    installed commands WARM_COMMAND_NAMES."""
+    return (*WARM_SIMULATION_IMPORTS, *(installed_command(name).module for name in WARM_COMMAND_NAMES))
+
+
+def write_warm_command(flwr_home: Path, app: Path, command: str = "flwr-simulation") -> Path | None:
+    """Write the run's ``command`` (``flwr-simulation`` or one of WARM_COMMAND_NAMES) into
+    ``flwr_home/bin`` and return that folder (it goes first on the run's ``PATH``; Flower
+    starts the command by name): it hands itself over to the run's warm process for it where
+    one answers, else runs what it names itself (``clients.warm_simulation.run_named_command``),
+    with the staged app (the sources of the run's FAB) first on its path: for
+    ``flwr-simulation``, Flower's command with Basin's simulation-engine replacements
+    installed before Flower's engine starts; for the others, Flower's. None where a script
+    cannot name this Python on its first line (a space in its path): Flower's own command
+    runs, the replacements installed as the ServerApp loads."""
+    if any(character.isspace() for character in sys.executable):
+        return None
+    bin_dir = flwr_home / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / command
+    script.write_text(f"#!{sys.executable}\n"
+                      "import sys\n"
+                      f"sys.path.insert(0, {str(app)!r})\n"
+                      "from clients.warm_simulation import hand_over, run_named_command\n"
+                      f"status = hand_over({command_socket_path(str(flwr_home), command)!r})\n"
+                      "if status is None:\n"
+                      "    status = run_named_command()\n"
+                      "sys.exit(status)\n")
+    script.chmod(0o755)
+    return bin_dir
+
+
+def copy_of(app: Path) -> Callable[[Path], Path]:
+    """What puts the staged ``app`` into a folder: for the job's fork server, which imports from there."""
+    return lambda destination: Path(shutil.copytree(app, destination, ignore=shutil.ignore_patterns("__pycache__")))
+
+
+def start_warm_simulation(flwr_home: Path, app: Path, env: Mapping[str, str], cluster: LocalRayCluster | None = None,
+                          imports: tuple[str, ...] = WARM_SIMULATION_IMPORTS) -> subprocess.Popen | ForkedSimulation | None:
+    """Start the run's warm simulation process (clients/warm_simulation.py), which makes the
+    simulation's ``imports`` while the SuperLink and the SuperExec start; None where the
+    run's ``flwr-simulation`` cannot reach one, or ``BASIN_WARM_SIMULATION=off``. It has
+    the run's environment (FLWR_HOME: stopped with the run's processes). On the job's own
+    cluster it is forked from the job's process that made the imports once
+    (experiments/runtime/simulation_forks.py; stopped by its PID), which imports from a copy
+    of the staged ``app`` in the job's folder."""
+    path = socket_path(str(flwr_home))
+    if path is None or os.environ.get(WARM_SIMULATION_SWITCH, "on") == "off":
+        return None
+    if cluster is not None and (forked := cluster.simulations.fork(path, app, env, imports, copy_of(app))) is not None:
+        return forked
+    return subprocess.Popen([sys.executable, "-m", "clients.warm_simulation", path, *imports],
+                            cwd=app, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def start_warm_commands(flwr_home: Path, app: Path, env: Mapping[str, str],
+                        cluster: LocalRayCluster | None) -> dict[str, ForkedSimulation]:
+    """On the job's own cluster, once its fork server has made its imports (a job's first
+    runs, started while it imports, start Flower's commands as Flower does): the run's
+    SuperLink and SuperExec (WARM_COMMAND_NAMES), each a process forked from that server
+    that waits for its command (the run's own, first on its PATH: :func:`write_warm_command`)
+    to hand itself over; stopped by their PIDs. By command name; empty elsewhere."""
+    forked: dict[str, ForkedSimulation] = {}
+    if cluster is None or not cluster.simulations.ready or os.environ.get(WARM_SIMULATION_SWITCH, "on") == "off":
+        return forked
+    for command in WARM_COMMAND_NAMES:
+        path = command_socket_path(str(flwr_home), command)
+        if path is None or write_warm_command(flwr_home, app, command) is None:
+            break
+        if (process := cluster.simulations.fork(path, app, env, warm_job_imports(), copy_of(app))) is None:
+            break  # the command finds no warm process at its socket: it runs Flower's
+        forked[command] = process
+    return forked
