@@ -32,7 +32,10 @@ import struct
 import sys
 import threading
 from collections.abc import Callable
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 # The socket's name in the run's FLWR_HOME.
 SOCKET_NAME = "warm-simulation.sock"
@@ -123,7 +126,7 @@ def command_socket_path(flwr_home: str, command: str) -> str | None:
     return socket_path(flwr_home, SOCKET_NAME if command == "flwr-simulation" else f"warm-{command}.sock")
 
 
-def installed_command(name: str):
+def installed_command(name: str) -> EntryPoint:
     """The entry point of the installed console command ``name``: what its script runs."""
     from importlib.metadata import entry_points
 
