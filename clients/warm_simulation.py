@@ -15,7 +15,9 @@ folder and standard streams, and this process runs Flower's simulation command w
 sends back its exit status, which the command exits with. The command forwards the
 signals it gets; where it dies this process ends at once (SIGKILL, as the command's
 death would end the simulation it replaces). Where no warm process answers, the command
-runs the simulation itself, as before.
+runs the simulation itself, as before. On a job's own Ray cluster the run's SuperLink and
+SuperExec commands hand themselves over the same way (:func:`run_named_command` runs what
+the command names; experiments/runtime/warm_processes.py).
 
 This module imports only the standard library at its top: the command loads it first.
 """

@@ -320,6 +320,11 @@ def simulation_running(home: Path | str) -> bool:
     to a warm process and waits for it). Found by the run's FLWR_HOME, not below its SuperLink:
     on a job's own cluster the SuperLink and its SuperExec may be forked from the job's warm
     process (experiments/runtime/warm_processes.py), not children of the commands that started them."""
-    table = process_table()
-    return any(SERVER_APP_COMMANDS[0] in table.get(pid, (0, 0, ""))[2] for pid in processes_of_home(home))
+    for pid in processes_of_home(home):
+        try:
+            if SERVER_APP_COMMANDS[0] in " ".join(psutil.Process(pid).cmdline()):
+                return True
+        except psutil.Error:  # gone since the listing
+            continue
+    return False
 
