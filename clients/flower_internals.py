@@ -10,7 +10,7 @@ else (``tests/test_flower_internals.py`` fails on a private name used in another
   client actor the backend builds), the in-place FedAvg mean and its reply checks
   (strategies/weighted_mean.py), the local SuperLink started ahead of ``flwr run``
   (experiments/runtime/flwr_command.py) and Ray's head without the dashboard's API server
-  (:func:`init_ray`);
+  and the autoscaler's monitor (:func:`init_ray`);
 - required: the attributes in which FedAvgM and FedOpt keep their state
   (:data:`STRATEGY_STATE_ATTRIBUTES`, checkpoints), ``SType.NUMPY`` (array encoding) and
   ``TaskIdentity`` (messages built outside a ServerApp, experiments/costs.py).
@@ -84,6 +84,7 @@ SOURCE_SHA256 = {
         "14531e883e46e80bc7e1c41aed42dd426b15ac9744432bcb07a6b899d701bda2",
     f"{RAY_NODE_MODULE}:Node.start_head_processes": "c8877a0a14ceb041604d45b880740d5b77f19944b4effa206950d00c1e6236f9",
     f"{RAY_NODE_MODULE}:Node.start_api_server": "5b26a5c3f88fd286d0b3b04e1f937d5d33bdb7c2cf617b7d5b9be866aac62c0f",
+    f"{RAY_NODE_MODULE}:Node.start_monitor": "c2a5a730735d410c42df3ea1499c231c37a1a8232f6046ed2465f848880715f0",
 }
 # The functions each speed-up relies on.
 SPEED_UPS = {
@@ -103,7 +104,7 @@ PRIVATE_NAMES = (
     "_register_node_info_stores", "DeprecatedRunInfoStore", "RunInfo",
     "run_info_store", "in_memory_linkstate", "_check_and_log_replies", "SType", "TaskIdentity", "flwr.common",
     "flwr.supercore", "flwr.compat", "flwr.server.", "VirtualClientEngineActor", "flwr.simulation.ray_transport",
-    "flwr.cli.local_superlink", "ray._private", "start_api_server", "_add_noise_to_aggregated_arrays",
+    "flwr.cli.local_superlink", "ray._private", "start_api_server", "start_monitor", "_add_noise_to_aggregated_arrays",
 )
 
 
@@ -321,9 +322,14 @@ def replace_client_actor(actor_class: Any) -> bool:
 def init_ray(**init_args: Any) -> None:
     """``ray.init(**init_args)``. Where that starts a Ray head here with
     ``include_dashboard=False`` (no address, no ``RAY_ADDRESS``) on Ray 2.55.1, the head
-    starts without the dashboard's API server: ``Node.start_api_server`` leaves the empty
-    dashboard URL that ``include_dashboard=False`` gives, and starts and waits for nothing
-    (~1–2 s of each Ray start on 2 cores; the module docstring says why nothing misses it)."""
+    starts without two of its processes, which nothing Flower or Basin runs reads:
+    - the dashboard's API server: ``Node.start_api_server`` leaves the empty dashboard URL
+      that ``include_dashboard=False`` gives, and starts and waits for nothing (~1–2 s of
+      each Ray start on 2 cores);
+    - the autoscaler's monitor (``Node.start_monitor``, what ``ray start --no-monitor``
+      leaves out): it would scale a cluster of nodes Ray launches, and a head started here
+      is one machine's; ~0.5 CPU-seconds of each Ray start, 0.4 s of a small run's wall
+      time on 2 cores."""
     import os
 
     import ray
@@ -332,18 +338,27 @@ def init_ray(**init_args: Any) -> None:
     if not starts_head or init_args.get("include_dashboard") is not False or not speed_up_available("Ray head"):
         ray.init(**init_args)
         return
-    name = f"{RAY_NODE_MODULE}:Node.start_api_server"
     node_class = importlib.import_module(RAY_NODE_MODULE).Node
-    replaced[name] = node_class.start_api_server
-    node_class.start_api_server = _no_api_server
+    for method, replacement in HEAD_WITHOUT.items():
+        replaced[f"{RAY_NODE_MODULE}:Node.{method}"] = getattr(node_class, method)
+        setattr(node_class, method, replacement)
     try:
         ray.init(**init_args)
     finally:
-        node_class.start_api_server = replaced.pop(name)
+        for method in HEAD_WITHOUT:
+            setattr(node_class, method, replaced.pop(f"{RAY_NODE_MODULE}:Node.{method}"))
 
 
 def _no_api_server(node: Any, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
     node._webui_url = ""
+
+
+def _no_monitor(node: Any) -> None:
+    pass
+
+
+# What init_ray's Ray head starts without: Node's method → what runs instead.
+HEAD_WITHOUT = {"start_api_server": _no_api_server, "start_monitor": _no_monitor}
 
 
 def undelivered_destinations(state: Any) -> set[int]:

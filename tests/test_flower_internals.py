@@ -139,26 +139,31 @@ def test_the_local_superlink_basin_starts_is_the_one_flwr_run_starts(tmp_path, m
     assert defaults[defaults.index("--port") + 1] == "39091" and "127.0.0.1:39093" in defaults
 
 
-def test_a_ray_head_started_without_the_dashboard_starts_no_api_server_and_ray_keeps_its_own_otherwise(monkeypatch):
+def test_a_ray_head_started_without_the_dashboard_starts_no_api_server_nor_monitor_and_ray_keeps_its_own_otherwise(
+        monkeypatch):
     """flower_internals.init_ray: Ray 2.55.1's head starts the dashboard's API server, and
-    waits for it, even with include_dashboard=False. While Basin's ray.init starts a head
-    without the dashboard, Node.start_api_server starts nothing; any other ray.init
-    (a dashboard asked for, a cluster joined) runs Ray's own, and Ray's is back after."""
+    waits for it, even with include_dashboard=False, and the autoscaler's monitor. While
+    Basin's ray.init starts a head without the dashboard, Node.start_api_server and
+    Node.start_monitor start nothing; any other ray.init (a dashboard asked for, a cluster
+    joined) runs Ray's own, and Ray's are back after."""
     import ray
     from ray._private import node
 
-    ray_own = node.Node.start_api_server
+    ray_own = (node.Node.start_api_server, node.Node.start_monitor)
     seen = []
-    monkeypatch.setattr(ray, "init", lambda **init_args: seen.append((init_args, node.Node.start_api_server)))
+    monkeypatch.setattr(ray, "init", lambda **init_args: seen.append(
+        (init_args, (node.Node.start_api_server, node.Node.start_monitor))))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
     flower_internals.init_ray(num_cpus=2, include_dashboard=False)
-    init_args, start_api_server = seen[-1]
-    assert init_args == {"num_cpus": 2, "include_dashboard": False} and start_api_server is not ray_own
-    started = type("Head", (), {"_webui_url": None})()
+    init_args, (start_api_server, start_monitor) = seen[-1]
+    assert init_args == {"num_cpus": 2, "include_dashboard": False}
+    assert start_api_server is not ray_own[0] and start_monitor is not ray_own[1]
+    started = type("Head", (), {"_webui_url": None, "all_processes": {}})()
     assert start_api_server(started, include_dashboard=False, raise_on_failure=False) is None
     assert started._webui_url == ""  # what include_dashboard=False leaves: no dashboard URL
-    assert node.Node.start_api_server is ray_own
+    assert start_monitor(started) is None and started.all_processes == {}
+    assert (node.Node.start_api_server, node.Node.start_monitor) == ray_own
 
     flower_internals.init_ray(include_dashboard=True)
     flower_internals.init_ray(address="127.0.0.1:6379", include_dashboard=False)

@@ -86,10 +86,12 @@ def test_a_jobs_cluster_is_named_before_it_is_up_its_runs_keep_their_client_proc
         # process is still importing); later runs get them forked from it (warm_processes.start_warm_commands).
         assert summary["warm-commands"] == []
         check_ray_address(address)
-        # Its head runs without the dashboard's API server (clients/flower_internals.init_ray).
+        # Its head runs without the dashboard's API server and the autoscaler's monitor
+        # (clients/flower_internals.init_ray).
         ray_processes = _ray_processes_of(address)
         assert any("raylet/raylet" in command for command in ray_processes)
-        assert not any("dashboard/dashboard.py" in command for command in ray_processes)
+        assert not any(part in command for command in ray_processes
+                       for part in ("dashboard/dashboard.py", "autoscaler/_private/monitor.py"))
         first = _kept_client_processes()
         assert len(first) == 2  # one per core, alive after their run
         moon = launch(resolve_config(second), tmp_path / "moon", progress=False, ray_address=address)
