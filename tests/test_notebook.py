@@ -93,11 +93,14 @@ def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path, scoped_env):
     print(f"notebook ran in {seconds:.0f} s")
 
 
-INTERRUPTED = """
+# 24 rounds of ~0.25 s (4 epochs of batches of 4; 2 cores): interrupted after its third, the
+# run has ~5 s left, 50 times the interrupt's 0.1 s poll (60 rounds cost ~20 s more: three runs).
+ROUNDS = 24
+INTERRUPTED = f"""
 from experiments.api import run
 from pathlib import Path
-settings = dict(set={"num-clients": 4, "participation": 0.5, "num-rounds": 60, "local-epochs": 4, "batch-size": 4,
-                     "checkpoint-every": 1}, progress=False)
+settings = dict(set={{"num-clients": 4, "participation": 0.5, "num-rounds": {ROUNDS}, "local-epochs": 4, "batch-size": 4,
+                     "checkpoint-every": 1}}, progress=False)
 """
 RUN = 'job = run(out="runs/interrupted", **settings)'
 AFTER = """
@@ -133,6 +136,6 @@ def test_an_interrupted_cell_stops_its_run_and_the_same_call_resumes_it(tmp_path
     assert alive.outputs and "pid" in alive.outputs[0]["text"]  # the kernel survived the interrupt
     assert checkpoint.is_file()
     result = [o for o in after.outputs if o.output_type == "stream" and o.get("name") == "stdout"][-1]["text"]
-    assert '"identical": true' in result and '"rounds": 60' in result, after.outputs
+    assert '"identical": true' in result and f'"rounds": {ROUNDS}' in result, after.outputs
     assert not wait_for_no_processes(scope)
     shutil.rmtree(tmp_path / "runs", ignore_errors=True)
