@@ -105,11 +105,16 @@ def new_flwr_home(cluster: LocalRayCluster | None) -> contextlib.AbstractContext
 PROCESS_WIDE_KEYS = ("cuda-deterministic",)
 
 
+def process_wide_settings(config: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The run's values of :data:`PROCESS_WIDE_KEYS`: runs that differ in them do not share client processes."""
+    return tuple(config.get(key) for key in PROCESS_WIDE_KEYS)
+
+
 def kept_processes_key(app: Path, config: Mapping[str, Any]) -> str:
     """The key under which the runs of a job on its own Ray cluster keep their client
     processes (clients/client_actor.py): a digest of the staged app's files and of the
     settings a process fixes once, so a process serves only runs of the same sources."""
-    digest = hashlib.sha256(repr([config.get(key) for key in PROCESS_WIDE_KEYS]).encode())
+    digest = hashlib.sha256(repr(process_wide_settings(config)).encode())
     for path in sorted(app.rglob("*")):
         if path.is_file():
             digest.update(f"{path.relative_to(app)}\0{path.stat().st_size}\0".encode())

@@ -22,9 +22,10 @@ import pandas as pd
 from clients.atomic_files import write_atomically
 from clients.log import log
 from experiments.runtime.cli import DiskFull
-from experiments.runtime.launch import launch
+from experiments.runtime.launch import launch, process_wide_settings
 from experiments.runtime.machine import (
     CLIENT_PROCESS_GPU_BYTES,
+    ClientResources,
     DataUnavailable,
     check_machine,
     check_trackers,
@@ -86,9 +87,10 @@ def run_sweep(
 ) -> pd.DataFrame:
     """Run every unfinished run of the sweep, rebuilding the tables after each; return the results table.
 
-    ``parallel``: how many runs go at once, each its own Flower run (SuperLink, Ray, client
-    processes) in a thread of this process; a run's numbers do not depend on it. With more
-    than one, only the sweep's bar is drawn. Ctrl-C (KeyboardInterrupt) stops every
+    ``parallel``: how many runs go at once, each its own Flower run (SuperLink, simulation;
+    Ray and client processes unless ``ray_address`` is the job's) in a thread of this
+    process; a run's numbers do not depend on it. With more than one, only the sweep's bar
+    is drawn. Ctrl-C (KeyboardInterrupt) stops every
     running run, then propagates. ``ray_address``: run the clients on that existing Ray
     cluster (``experiments.runtime.ray_cluster``).
     """
@@ -233,6 +235,19 @@ def auto_parallel(sweep: Sweep) -> int:
     return parallel
 
 
+def shares_one_ray_cluster(resources: ClientResources, runs: list[SweepRun], parallel: int) -> bool:
+    """Whether the job's runs share one Ray cluster that it starts (started inside MPS, if
+    asked), and with it their client processes, instead of each run starting its own Ray:
+    runs one after another always; runs at once only on CPUs, and only where they fix the
+    same process-wide settings. On a GPU each run's client processes take the GPU share that
+    :func:`client_resources` sized for ``parallel`` runs at once, and shared they would be
+    one run's count for all of them; runs that differ in a process-wide setting
+    (``cuda-deterministic``) would end each other's kept client processes mid-round."""
+    if parallel == 1:
+        return True
+    return resources.num_gpus == 0 and len({process_wide_settings(run.config) for run in runs}) == 1
+
+
 def execute_sweep(
     sweep: Sweep, out_dir: Path, *, retry_failed: bool = False, progress: bool = True, ray_address: str | None = None,
     parallel: int | None = 1, mps: bool = False,
@@ -255,9 +270,9 @@ def execute_sweep(
     check_trackers(run.config for run in sweep.runs)
     check_mps(mps)
 
-    # Runs one after another share one Ray cluster (started inside MPS, if asked); a sweep
-    # with nothing left to run starts none.
-    shared_ray = ray_address is None and parallel == 1 and bool(pending_runs(sweep, out_dir, retry_failed))
+    # A sweep with nothing left to run starts no Ray cluster.
+    todo = pending_runs(sweep, out_dir, retry_failed)
+    shared_ray = ray_address is None and bool(todo) and shares_one_ray_cluster(sweep.resources, todo, parallel)
     with OutputLock(create_output_dir(out_dir)), MpsDaemon(mps) as mps_daemon, \
             LocalRayCluster(shared_ray, machine_cpus(), log_path=out_dir / "ray-cluster.log") as job_ray:
         if mps_daemon.message:
