@@ -173,9 +173,12 @@ def check_benchmarks(base: dict[str, Any], rounds: int, out: Path, dry: bool) ->
 
 
 def check_determinism(base: dict[str, Any], processes: tuple[int, int], out: Path, dry: bool) -> dict[str, Any]:
-    """The same short run with two numbers of client processes, compared bit for bit."""
+    """The same short run with two numbers of client processes, compared bit for bit, one
+    after the other on one Ray cluster, as a job's runs go (the second run's own resources
+    end the first run's client processes: it starts its own count)."""
     from experiments.runtime.launch import launch
-    from experiments.runtime.machine import ClientResources
+    from experiments.runtime.machine import ClientResources, machine_cpus
+    from experiments.runtime.ray_cluster import LocalRayCluster
     from experiments.runtime.reproducible import compare_runs
     from experiments.runtime.run_config import resolve_config
     from experiments.runtime.run_endings import RunFailed
@@ -185,16 +188,18 @@ def check_determinism(base: dict[str, Any], processes: tuple[int, int], out: Pat
     config = resolve_config(base, {"num-rounds": 3, "cuda-deterministic": True, "num-clients": num_clients,
                                    "participation": cohort / num_clients})
     folders = []
-    for count in processes:
-        # On the CPU, n processes: 2/n CPUs each of this machine's 2 (1 → 2 CPUs); on CUDA a GPU share of 1/n.
-        resources = ClientResources(max(1.0, 2.0 / count), 0.0) if dry else ClientResources(1.0, 1.0 / count)
-        folder = out / f"{count}-processes"
-        try:
-            launch(config, folder, resources, progress=False, overwrite=True)
-        except RunFailed as error:
-            return {"check": f"same bits, {processes[0]} vs {processes[1]} processes", "ok": False,
-                    "result": str(error).splitlines()[0]}
-        folders.append(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    with LocalRayCluster(True, machine_cpus(), log_path=out / "ray-cluster.log") as job_ray:
+        for count in processes:
+            # On the CPU, n processes: 2/n CPUs each of this machine's 2 (1 → 2 CPUs); on CUDA a GPU share of 1/n.
+            resources = ClientResources(max(1.0, 2.0 / count), 0.0) if dry else ClientResources(1.0, 1.0 / count)
+            folder = out / f"{count}-processes"
+            try:
+                launch(config, folder, resources, progress=False, overwrite=True, ray_address=job_ray)
+            except RunFailed as error:
+                return {"check": f"same bits, {processes[0]} vs {processes[1]} processes", "ok": False,
+                        "result": str(error).splitlines()[0]}
+            folders.append(folder)
     comparison = compare_runs(*folders)
     result = "identical" if comparison.identical else "; ".join(comparison.differences)
     return {"check": f"same bits, {processes[0]} vs {processes[1]} client processes", "ok": comparison.identical,

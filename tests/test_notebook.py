@@ -94,31 +94,37 @@ def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path, scoped_env):
 
 
 # 24 rounds of ~0.25 s (4 epochs of batches of 4; 2 cores): interrupted after its third, the
-# run has ~5 s left, 50 times the interrupt's 0.1 s poll (60 rounds cost ~20 s more: three runs).
+# run has ~5 s left, 50 times the interrupt's 0.1 s poll (60 rounds cost ~20 s more: two runs
+# here and the whole one).
 ROUNDS = 24
+SETTINGS = {"num-clients": 4, "participation": 0.5, "num-rounds": ROUNDS, "local-epochs": 4, "batch-size": 4,
+            "checkpoint-every": 1}
+# The whole run that the resumed one is compared with, launched with the session's other
+# reference runs (tests/conftest.py) instead of in the kernel with its own Ray.
+FLOWER_RUNS = {"notebook-whole": SETTINGS}
 INTERRUPTED = f"""
 from experiments.api import run
 from pathlib import Path
-settings = dict(set={{"num-clients": 4, "participation": 0.5, "num-rounds": {ROUNDS}, "local-epochs": 4, "batch-size": 4,
-                     "checkpoint-every": 1}}, progress=False)
+settings = dict(set={SETTINGS!r}, progress=False)
 """
 RUN = 'job = run(out="runs/interrupted", **settings)'
 AFTER = """
 import json
 from experiments.runtime.reproducible import compare_runs
 resumed = run(out="runs/interrupted", **settings)
-whole = run(out="runs/whole", **settings)
-comparison = compare_runs(Path("runs/interrupted"), Path("runs/whole"))
-print(json.dumps({"identical": comparison.identical, "rounds": len(resumed.rounds)}))
+comparison = compare_runs(Path("runs/interrupted"), Path({whole!r}))
+print(json.dumps({{"identical": comparison.identical, "rounds": len(resumed.rounds)}}))
 """
 
 
-def test_an_interrupted_cell_stops_its_run_and_the_same_call_resumes_it(tmp_path, scoped_env):
+@pytest.mark.flower_runs("notebook-whole")
+def test_an_interrupted_cell_stops_its_run_and_the_same_call_resumes_it(flower_runs, tmp_path, scoped_env):
     _, scope = scoped_env
     from nbformat.v4 import new_code_cell, new_notebook
 
+    whole = str(flower_runs["notebook-whole"].completed())
     notebook = new_notebook(cells=[new_code_cell(INTERRUPTED), new_code_cell(RUN), new_code_cell(
-        "import os, json\nprint(json.dumps({'pid': os.getpid()}))"), new_code_cell(AFTER)])
+        "import os, json\nprint(json.dumps({'pid': os.getpid()}))"), new_code_cell(AFTER.format(whole=whole))])
 
     checkpoint = tmp_path / "runs" / "interrupted" / "results.csv"
 
