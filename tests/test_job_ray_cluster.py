@@ -1,5 +1,5 @@
 """A job's own Ray cluster (experiments/runtime/ray_cluster.py's LocalRayCluster): several
-runs one after another share it and its client processes, with the bits of runs alone; one
+runs one after another (and a sweep's runs at once on CPUs) share it and its client processes, with the bits of runs alone; one
 that cannot start says why, stops its runs and leaves nothing behind."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from experiments import run, sweep
@@ -18,6 +19,7 @@ from experiments.runtime.ray_cluster import LocalRayCluster, RayClusterUnreachab
 from experiments.runtime.reproducible import compare_runs
 from experiments.runtime.run_config import resolve_config
 from experiments.runtime.run_endings import RunFailed
+from experiments.runtime.sweep_definition import load_sweep
 
 SMALL = {"num-clients": 4, "participation": 0.5, "num-rounds": 2, "local-epochs": 1, "device": "cpu"}
 
@@ -52,6 +54,27 @@ def test_a_job_of_runs_one_after_another_shares_one_ray_cluster(tmp_path, monkey
     assert run.main(["--set", "num-rounds=1", "--out", str(tmp_path / "r1")]) == 1
     assert sweep.main([str(two_seeds), "--out", str(tmp_path / "s3"), "--no-progress", "--parallel", "2"]) == 1
     assert addresses[0] is None and addresses[1] == addresses[2] and addresses[1] not in (None, *shared)
+
+
+@pytest.mark.parametrize("extra, parallel, shared", [
+    ("seed = [0, 1]\n", 1, True),
+    ("seed = [0, 1]\n", 2, True),  # at once on CPUs: one cluster, its client processes shared
+    ("seed = [0, 1]\n[resources]\nnum-gpus = 0.5\n", 2, False),  # at once on a GPU: a Ray each
+    ("seed = [0, 1]\n[resources]\nnum-gpus = 0.5\n", 1, True),
+    ("cuda-deterministic = [true, false]\n", 2, False),  # they would end each other's client processes
+], ids=["one-after-another", "at-once", "at-once-on-a-gpu", "one-after-another-on-a-gpu",
+        "at-once-differing-in-cuda-deterministic"])
+def test_a_sweeps_runs_share_one_ray_cluster_one_after_another_and_at_once_on_cpus(tmp_path, monkeypatch, extra,
+                                                                                    parallel, shared):
+    started = []
+    monkeypatch.setattr(sweep_runs.LocalRayCluster, "__enter__", lambda self: started.append(self.enabled) or None)
+    monkeypatch.setattr(sweep_runs.LocalRayCluster, "__exit__", lambda self, *exc: None)
+    monkeypatch.setattr(sweep_runs, "check_machine", lambda *args: None)  # no GPU here
+    monkeypatch.setattr(sweep_runs, "run_sweep", lambda *args: pd.DataFrame({"status": ["completed"]}))
+    spec = tmp_path / "sweep.toml"
+    spec.write_text("[set]\nnum-rounds = 1\n[grid]\n" + extra)
+    sweep_runs.execute_sweep(load_sweep(spec), tmp_path / "out", parallel=parallel)
+    assert started == [shared]
 
 
 def _kept_client_processes() -> set[int]:

@@ -346,25 +346,6 @@ def test_a_finished_sweep_run_again_has_nothing_pending_and_starts_no_ray(tmp_pa
     assert started == [False]  # nothing to run: no Ray cluster for the job
 
 
-@pytest.mark.parametrize("extra, parallel, shared", [
-    ("[grid]\nseed = [0, 1]\n", 1, True),
-    ("[grid]\nseed = [0, 1]\n", 2, True),  # at once on CPUs: one cluster, its client processes shared
-    ("[resources]\nnum-gpus = 0.5\n[grid]\nseed = [0, 1]\n", 2, False),  # at once on a GPU: a Ray each
-    ("[resources]\nnum-gpus = 0.5\n[grid]\nseed = [0, 1]\n", 1, True),
-    ("[grid]\ncuda-deterministic = [true, false]\n", 2, False),  # they would end each other's client processes
-], ids=["one-after-another", "at-once", "at-once-on-a-gpu", "one-after-another-on-a-gpu",
-        "at-once-differing-in-cuda-deterministic"])
-def test_a_sweeps_runs_share_one_ray_cluster_one_after_another_and_at_once_on_cpus(tmp_path, monkeypatch, extra,
-                                                                                    parallel, shared):
-    started = []
-    monkeypatch.setattr(sweep_runs.LocalRayCluster, "__enter__", lambda self: started.append(self.enabled) or None)
-    monkeypatch.setattr(sweep_runs.LocalRayCluster, "__exit__", lambda self, *exc: None)
-    monkeypatch.setattr(sweep_runs, "check_machine", lambda *args: None)  # no GPU here
-    monkeypatch.setattr(sweep_runs, "run_sweep", lambda *args: pd.DataFrame({"status": ["completed"]}))
-    sweep_runs.execute_sweep(load_sweep(write_sweep(tmp_path, SMALL + extra)), tmp_path / "out", parallel=parallel)
-    assert started == [shared]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_parallel_sweep_stopped_by_its_scheduler_leaves_nothing_and_the_same_command_completes_it(tmp_path, scoped_env,
