@@ -18,6 +18,7 @@ from conftest import processes_in_scope
 
 from experiments import sweep as sweep_module
 from experiments.runtime import sweep_runs
+from experiments.runtime.processes import ray_sessions
 from experiments.runtime.run_endings import RunFailed
 from experiments.runtime.sweep_definition import SWEEP_FILES_DIR, SweepError, load_sweep
 from experiments.runtime.sweep_runs import collect, run_sweep
@@ -351,7 +352,8 @@ def test_a_finished_sweep_run_again_has_nothing_pending_and_starts_no_ray(tmp_pa
 def test_a_parallel_sweep_stopped_by_its_scheduler_leaves_nothing_and_the_same_command_completes_it(tmp_path, scoped_env,
                                                                                                    signum):
     """A batch scheduler's stop (SIGTERM) or SIGKILL of `--parallel 2`: both runs' processes
-    gone within 8 s; after SIGKILL the same command completes the sweep, each round once."""
+    gone within 8 s, and their Ray's session folder (the job's cluster's, on CPUs); after
+    SIGKILL the same command completes the sweep, each round once."""
     rounds = 40  # rounds of ~0.1 s: both runs are mid-way when the signal comes
     small = SMALL.replace("num-rounds = 2", f"num-rounds = {rounds}\ncheckpoint-every = 2")
     path = write_sweep(tmp_path, small.replace("local-epochs = 1", "local-epochs = 4\nbatch-size = 4") + """
@@ -361,6 +363,7 @@ averaging = ["none", {averaging = "ima", window = 2, avg-start = 2}]
     out = tmp_path / "out"
     command = [sys.executable, "-m", "experiments.sweep", str(path), "--out", str(out), "--no-progress", "--parallel", "2"]
     env, scope = scoped_env
+    sessions = ray_sessions()
     sweep = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     runs = [out / "runs" / run.run_id for run in load_sweep(path).runs]
     try:
@@ -374,6 +377,7 @@ averaging = ["none", {averaging = "ima", window = 2, avg-start = 2}]
         while processes_in_scope(scope) and time.monotonic() - signalled < 8:
             time.sleep(0.1)
         assert processes_in_scope(scope) == set(), f"left {time.monotonic() - signalled:.1f} s after the signal"
+        assert ray_sessions() == sessions
     finally:
         if sweep.poll() is None:
             sweep.kill()

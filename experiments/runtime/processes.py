@@ -180,16 +180,27 @@ def ray_sessions() -> set[Path]:
     return {path for path in root.glob("session_2*") if path.is_dir()} if root.is_dir() else set()
 
 
+def session_owner(session: Path) -> int | None:
+    """The PID that a Ray session folder's name ends with: the process that started its Ray
+    (a run's simulation process or a job's cluster holder); None for another name."""
+    try:
+        return int(session.name.rsplit("_", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
 def remove_finished_ray_sessions(before: set[Path]) -> None:
-    """Remove the Ray session folders made since ``before`` whose Ray has ended: a session's
-    name ends with the PID of the process that started its Ray (the run's simulation
-    process or the job's cluster holder), so one still running, another job's, is kept."""
+    """Remove the Ray session folders made since ``before`` whose Ray has ended (their
+    owner, :func:`session_owner`, is gone), so one still running, another job's, is kept."""
     for session in ray_sessions() - before:
-        try:
-            owner = int(session.name.rsplit("_", 1)[1])
-        except (IndexError, ValueError):
-            continue
-        if not alive(owner):
+        if (owner := session_owner(session)) is not None and not alive(owner):
+            shutil.rmtree(session, ignore_errors=True)
+
+
+def remove_own_ray_sessions() -> None:
+    """Remove the session folders of the Ray that this process started and has shut down."""
+    for session in ray_sessions():
+        if session_owner(session) == os.getpid():
             shutil.rmtree(session, ignore_errors=True)
 
 

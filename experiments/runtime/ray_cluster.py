@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from clients.kept_processes import KEPT_PROCESSES_STARTED
-from experiments.runtime.processes import free_port, ray_sessions, remove_finished_ray_sessions
+from experiments.runtime.processes import free_port, ray_sessions, remove_finished_ray_sessions, remove_own_ray_sessions
 from experiments.runtime.simulation_forks import SimulationForks
 
 
@@ -246,7 +246,8 @@ def job_cluster(address: str | None) -> LocalRayCluster | None:
 def hold_cluster(num_cpus: int, folder: Path, address_fd: int) -> None:
     """Start a Ray cluster, write its address on ``address_fd`` and close it, and keep the
     cluster until stdin closes (the launcher closed it, or died); then stop it and remove
-    the job's ``folder``."""
+    its Ray session folder and the job's ``folder``: a launcher killed (SIGKILL) removes
+    nothing after it."""
     import logging
 
     import ray
@@ -259,8 +260,9 @@ def hold_cluster(num_cpus: int, folder: Path, address_fd: int) -> None:
         with os.fdopen(address_fd, "w") as address_pipe:
             address_pipe.write(f"{ray.get_runtime_context().gcs_address}\n")
         sys.stdin.read()
-        ray.shutdown()
     finally:
+        ray.shutdown()
+        remove_own_ray_sessions()
         shutil.rmtree(folder, ignore_errors=True)
         default_log_path(folder).unlink(missing_ok=True)
 
