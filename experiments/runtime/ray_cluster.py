@@ -9,8 +9,9 @@ on its own machine: launch from a node of the cluster (e.g. the head).
 
 :class:`LocalRayCluster` is the same on this machine without ``ray start``: a job of several
 runs (``experiments.run`` with ``--compare``, the main job, a sweep; with ``--parallel``
-on CPUs only: experiments.runtime.sweep_runs.shares_one_ray_cluster) starts one Ray cluster beside its first run and runs every run on it,
-instead of each run starting and stopping Ray (what that saves: docs/speed.md). A child
+on CPUs only, ``sweep_runs.shares_one_ray_cluster``) starts one Ray cluster beside its
+first run and runs every run on it, instead of each run starting and stopping Ray (what
+that saves: docs/speed.md). A child
 process holds it (``.venv/bin/python -m experiments.runtime.ray_cluster``) until the launcher closes
 its stdin or dies; it hands its address over on a pipe of its own, and its output goes to
 the job's ``ray-cluster.log``. The GCS port is chosen first, so the address is known at

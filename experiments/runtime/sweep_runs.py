@@ -90,9 +90,9 @@ def run_sweep(
     ``parallel``: how many runs go at once, each its own Flower run (SuperLink, simulation;
     Ray and client processes unless ``ray_address`` is the job's) in a thread of this
     process; a run's numbers do not depend on it. With more than one, only the sweep's bar
-    is drawn. Ctrl-C (KeyboardInterrupt) stops every
-    running run, then propagates. ``ray_address``: run the clients on that existing Ray
-    cluster (``experiments.runtime.ray_cluster``).
+    is drawn. Ctrl-C (KeyboardInterrupt) stops every running run, then propagates.
+    ``ray_address``: run the clients on that existing Ray cluster
+    (``experiments.runtime.ray_cluster``).
     """
     from experiments.runtime.progress import progress_bar
 
