@@ -83,6 +83,8 @@ def test_run_writes_results_config_model_and_summary(flower_runs, data_cache):
     assert (summary["last-k"], summary["last-k-requested"]) == (3, 10)  # 3 rounds, k = 10 asked
     log = (out / "flwr.log").read_text()
     assert startup_stage(log) == "training round 1"
+    # Every round's line and the ServerApp's last reached flwr.log before the run's processes were stopped.
+    assert all(f"[basin] round {number}/3 accuracy" in log for number in (1, 2, 3)) and "[basin] completed:" in log
     assert log.index("[basin] discovering clients") < log.index("[basin] training round 1")
     # The engine hands messages out when stored (clients/simulation_engine.py), in this Flower.
     assert "[basin] simulation engine: messages reach the client processes when stored" in log

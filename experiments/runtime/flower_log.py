@@ -72,6 +72,26 @@ def startup_stage(log_text: str) -> str:
 
 
 FAILED_RUN_LOG_GRACE_S = 3.0
+# The ServerApp's last line of a completed run (strategies/server_work.py). Flower streams
+# the ServerApp's lines into flwr.log a moment after they are written, and the launcher
+# stops a completed run's processes at once: it waits for this line first (0.1-0.5 s on 2
+# cores; Flower's own end comes ~3 s later), or the log lost its last rounds, and a quick
+# run the start-up stages after its data (a job's later runs take ~2 s).
+COMPLETED_LINE = "[basin] completed:"
+COMPLETED_RUN_LOG_GRACE_S = 3.0
+
+
+def _note_stages(log_path: Path, seen: dict[str, float]) -> str:
+    """Read flwr.log; note in ``seen`` when each start-up stage it shows was first seen (now,
+    for those new); return its text ('' while it cannot be read)."""
+    try:
+        log_text = log_path.read_text(errors="replace")
+    except OSError:
+        log_text = ""
+    now = time.time()
+    for stage in startup_stages(log_text):
+        seen.setdefault(stage, now)
+    return log_text
 
 
 def follow_run(
@@ -108,13 +128,7 @@ def follow_run(
                 check()
             bar.update(count_rounds(out_dir) - bar.n)
             if last_stage not in seen:
-                try:
-                    log_text = log_path.read_text(errors="replace")
-                except OSError:
-                    log_text = ""
-                now = time.time()
-                for stage in startup_stages(log_text):
-                    seen.setdefault(stage, now)
+                log_text = _note_stages(log_path, seen)
                 if progress and bar.n == 0 and startup_stage(log_text) != shown_stage:
                     shown_stage = startup_stage(log_text)  # a line of its own when written to a file
                     bar.set_postfix_str(shown_stage, refresh=True)
@@ -122,6 +136,10 @@ def follow_run(
                 bar.set_postfix_str("", refresh=False)
             summary = read_summary(out_dir)
             if summary is not None and summary.get("status") == "completed":
+                deadline = time.monotonic() + COMPLETED_RUN_LOG_GRACE_S
+                while COMPLETED_LINE not in _note_stages(log_path, seen) and process.poll() is None \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.02)
                 break
             if summary is not None and summary.get("status") == "failed":
                 try:
