@@ -1,6 +1,7 @@
 """A job's own Ray cluster (experiments/runtime/ray_cluster.py's LocalRayCluster): several
-runs one after another (and a sweep's runs at once on CPUs) share it and its client processes, with the bits of runs alone; one
-that cannot start says why, stops its runs and leaves nothing behind."""
+runs one after another (and a sweep's runs at once on CPUs) share it and its client
+processes, with the bits of runs alone; one that cannot start says why, stops its runs and
+leaves nothing behind."""
 
 from __future__ import annotations
 
