@@ -75,6 +75,26 @@ def test_timings_positive_and_memory_not_made_up_on_cpu(table):
     assert "n/a" in method_costs.format_table(table)
 
 
+def test_an_untimed_measurement_counts_the_same_flops_and_parameters_in_its_counted_steps_only(table, monkeypatch):
+    """What `reproduce` measures for its MFLOPs and parameter cells (no time cell reads a
+    step's seconds): the warm-up and timed steps are left out, the numbers are the same."""
+    config = method_costs.method_config("fedprox", MODEL, SHAPE, BATCH, "cpu", {})
+    steps_run = []
+    train = LocalRound.train
+
+    def counted(self, *args, **kwargs):
+        steps_run.append(self.round_config[method_costs.protocol.LOCAL_STEPS])
+        return train(self, *args, **kwargs)
+
+    monkeypatch.setattr(LocalRound, "train", counted)
+    cost = method_costs.measure("fedprox", config, MODEL, SHAPE, CLASSES, BATCH, STEPS, torch.device("cpu"), timed=False)
+    assert steps_run == [STEPS]  # only the counted local round
+    assert cost.seconds_per_step == 0.0
+    assert cost.forward_flops / 1e9 == table.loc["fedprox", "fwd GFLOPs/sample"]
+    assert cost.train_flops / 1e9 == table.loc["fedprox", "train GFLOPs/sample"]
+    assert cost.held_elements / 1e6 == table.loc["fedprox", "params held (M)"]
+
+
 def test_held_elements_counts_closures_and_shared_storage_once():
     model = build_model(MODEL, SHAPE, CLASSES)
     anchors = [p.detach().clone() for p in model.parameters()]

@@ -222,9 +222,11 @@ def _synchronize(device: torch.device) -> None:
 
 
 def measure(method: str, config: Mapping[str, Any], model_name: str, input_shape: tuple[int, ...], num_classes: int,
-            batch_size: int, steps: int, device: torch.device, count_flops: bool = True) -> MethodCost:
+            batch_size: int, steps: int, device: torch.device, count_flops: bool = True, timed: bool = True) -> MethodCost:
     """Cost of ``steps`` local steps of ``method`` on the real client path (without
-    ``count_flops``, the FLOP columns are 0: only the time and parameters are measured)."""
+    ``count_flops``, the FLOP columns are 0: only the time and parameters are measured;
+    without ``timed``, ``seconds_per_step`` is 0: the warm-up step and the ``steps`` timed
+    ones are left out, and the FLOPs are counted on the local round's first steps)."""
     hand_over_client_halves()
     gc.collect()
     if device.type == "cuda":
@@ -248,15 +250,17 @@ def measure(method: str, config: Mapping[str, Any], model_name: str, input_shape
     model_elements, held = held_elements(model, local_round)
 
     round_config = local_round.round_config  # the message's config record: set how many steps to run
-    round_config[protocol.LOCAL_STEPS] = 1
-    local_round.train(model, x, y, generator)  # warm-up
-    durations = []
-    for _ in range(steps):
-        _synchronize(device)
-        started = time.perf_counter()
-        local_round.train(model, x, y, generator)  # ends by reading the loss: synchronised
-        _synchronize(device)
-        durations.append(time.perf_counter() - started)
+    durations = [0.0]
+    if timed:
+        round_config[protocol.LOCAL_STEPS] = 1
+        local_round.train(model, x, y, generator)  # warm-up
+        durations = []
+        for _ in range(steps):
+            _synchronize(device)
+            started = time.perf_counter()
+            local_round.train(model, x, y, generator)  # ends by reading the loss: synchronised
+            _synchronize(device)
+            durations.append(time.perf_counter() - started)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
     if not count_flops:
