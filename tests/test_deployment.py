@@ -107,10 +107,11 @@ def test_over_tls_only_registered_nodes_join_and_a_dead_and_a_frozen_one_are_one
                              "round-timeout": 20.0})
     out = tmp_path / "run"
     with LocalFederation(out, Security(tls=True, auth=True)) as federation, ThreadPoolExecutor(max_workers=1) as pool:
-        nodes = federation.start_supernodes(3)
+        # The impostor tries while the registered nodes start and the run goes on (its
+        # retries until it gives up took 7 s of the test's wall time when waited for first).
         impostor_key = write_supernode_key_pair(tmp_path / "keys", "impostor")
         impostor = federation.start_supernode(0, 3, impostor_key, wait=False, name="impostor")
-        impostor.process.wait(timeout=60)  # the SuperLink refuses it, and it gives up
+        nodes = federation.start_supernodes(3)
         running = pool.submit(federation.run, config, out, False)
         deadline = time.monotonic() + 300
         while not (out / "results.csv").is_file() or len((out / "results.csv").read_text().splitlines()) <= 1:
@@ -120,6 +121,7 @@ def test_over_tls_only_registered_nodes_join_and_a_dead_and_a_frozen_one_are_one
         freeze(nodes[2].process)
         broken_after = len((out / "results.csv").read_text().splitlines()) - 1
         summary = running.result(timeout=600)
+        impostor.process.wait(timeout=60)  # the SuperLink refused it, and it gave up
         listed = {int(node["node-id"]) for node in federation.list_supernodes()}
         cli_config = tomllib.loads((federation.work_dir / "homes" / "cli" / "config.toml").read_text())
 
