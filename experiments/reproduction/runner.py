@@ -199,7 +199,8 @@ def list_tables(overrides: Mapping[str, Any] | None = None) -> pd.DataFrame:
     data this machine lacks, are cost cells (computed here), unsupported or not reported."""
     rows = []
     for name in table_names():
-        table = load_table(name, overrides)
+        # Read, not run: building every cell's partition took 5 of the listing's 6.7 s (2 cores).
+        table = load_table(name, overrides, build_partitions=False)
         counts = table_counts(table)
         reasons = sorted({c.reason for c in table.cells if c.reason and not c.paper.missing})
         rows.append({"table": name, "paper": table.title, "cells": counts["cells"],

@@ -146,9 +146,10 @@ def _part(path: Path, where: str, spec: Any, shorthand: bool) -> dict[str, Any]:
     return spec
 
 
-def load_table(name_or_path: str, overrides: Mapping[str, Any] | None = None) -> PaperTable:
+def load_table(name_or_path: str, overrides: Mapping[str, Any] | None = None, build_partitions: bool = True) -> PaperTable:
     """Read a paper table and resolve every runnable cell's run config (raises TableError or
-    ConfigError naming the file and the cell)."""
+    ConfigError naming the file and the cell); ``build_partitions`` False leaves out the
+    check that each cell's partition can be built (resolve_config's ``build_partition``)."""
     path = table_path(name_or_path)
     spec = read_toml(path, "paper table")
     unknown = sorted(set(spec) - TABLE_KEYS)
@@ -204,7 +205,7 @@ def load_table(name_or_path: str, overrides: Mapping[str, Any] | None = None) ->
                 recipe = " ".join([f"preset {preset}" if preset else "defaults",
                                    *(f"{k}={v}" for k, v in keys.items())])
                 try:
-                    config = resolve_config(*layers)
+                    config = resolve_config(*layers, build_partition=build_partitions)
                 except ConfigError as error:
                     raise ConfigError(f"paper table {path}, cell {row} | {column} {variant}: {error}") from None
             note = " ".join(str(p["note"]).strip() for p in parts if p.get("note"))

@@ -86,15 +86,18 @@ def tracked_in(config: Mapping[str, Any], directory: Path, group: str) -> dict[s
     return {**config, "track-dir": config["track-dir"] or str(directory), "track-group": config["track-group"] or group}
 
 
-def resolve_config(*layers: Mapping[str, Any]) -> dict[str, Any]:
+def resolve_config(*layers: Mapping[str, Any], build_partition: bool = True) -> dict[str, Any]:
     """Defaults, then each layer of overrides, validated, and its partition built once on
-    the data set's labels (raises ConfigError: before Flower starts, not in every client)."""
+    the data set's labels (raises ConfigError: before Flower starts, not in every client);
+    ``build_partition`` False leaves the partition out, for what only reads the settings."""
     config = default_run_config()
     for layer in layers:
         config.update(layer)
     config = validate_run_config(config)
     if local_label_directory(config) is not None:  # the partition below reads its labels: a damaged file is named first
         check_data([config])
+    if not build_partition:
+        return config
     try:
         check_partition(config)
     except ValueError as error:
