@@ -31,6 +31,7 @@ import hashlib
 import importlib
 import inspect
 import os
+import time
 from collections.abc import Iterator, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -52,6 +53,7 @@ RAY_ACTOR_MODULE = "flwr.simulation.ray_transport.ray_actor"
 LOCAL_SUPERLINK_MODULE = "flwr.cli.local_superlink"
 RAY_VERSION = "2.55.1"  # the release flwr 1.41.0 and 1.42.0 pin
 RAY_NODE_MODULE = "ray._private.node"
+SUPERNODE_MODULE = "flwr.supernode.start_client_internal"
 
 # SHA-256 of ``inspect.getsource`` of each private function Basin replaces or relies on,
 # in flwr 1.41.0 and 1.42.0 (the same), by "module:qualified name".
@@ -85,13 +87,17 @@ SOURCE_SHA256 = {
     f"{RAY_NODE_MODULE}:Node.start_head_processes": "c8877a0a14ceb041604d45b880740d5b77f19944b4effa206950d00c1e6236f9",
     f"{RAY_NODE_MODULE}:Node.start_api_server": "5b26a5c3f88fd286d0b3b04e1f937d5d33bdb7c2cf617b7d5b9be866aac62c0f",
     f"{RAY_NODE_MODULE}:Node.start_monitor": "c2a5a730735d410c42df3ea1499c231c37a1a8232f6046ed2465f848880715f0",
+    f"{SUPERNODE_MODULE}:start_client_internal": "9e89a6eb68fbec6821e817cd2c09f7894fc7b0f5725c2365b19a7122307f11f3",
+    f"{SUPERNODE_MODULE}:_push_messages": "00bb86faffdec114db87e7f716af2acd901d12284e44f51f5c2a84704db05f64",
 }
 # The functions each speed-up relies on.
 SPEED_UPS = {
-    "engine": [name for name in SOURCE_SHA256 if not name.startswith(("flwr.serverapp", LOCAL_SUPERLINK_MODULE, "ray."))],
+    "engine": [name for name in SOURCE_SHA256
+               if not name.startswith(("flwr.serverapp", LOCAL_SUPERLINK_MODULE, "ray.", SUPERNODE_MODULE))],
     "in-place mean": [name for name in SOURCE_SHA256 if name.startswith("flwr.serverapp")],
     "local SuperLink": [name for name in SOURCE_SHA256 if name.startswith(LOCAL_SUPERLINK_MODULE)],
     "Ray head": [name for name in SOURCE_SHA256 if name.startswith("ray.")],
+    "SuperNode polling": [name for name in SOURCE_SHA256 if name.startswith(SUPERNODE_MODULE)],
 }
 # Attributes in which Flower's strategies keep server state across rounds (FedOpt's
 # current model and moments, FedAvgM's momentum).
@@ -105,6 +111,7 @@ PRIVATE_NAMES = (
     "run_info_store", "in_memory_linkstate", "_check_and_log_replies", "SType", "TaskIdentity", "flwr.common",
     "flwr.supercore", "flwr.compat", "flwr.server.", "VirtualClientEngineActor", "flwr.simulation.ray_transport",
     "flwr.cli.local_superlink", "ray._private", "start_api_server", "start_monitor", "_add_noise_to_aggregated_arrays",
+    "start_client_internal",
 )
 
 
@@ -316,6 +323,35 @@ def replace_client_actor(actor_class: Any) -> bool:
     if backend.ClientAppActor is not actor_class:
         replaced.setdefault(f"{RAY_BACKEND_MODULE}:ClientAppActor", backend.ClientAppActor)
         backend.ClientAppActor = actor_class
+    return True
+
+
+class _CappedSleeps:
+    """The ``time`` module as Flower's SuperNode loop sees it, each ``sleep`` at most ``seconds``."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(min(seconds, self.seconds))
+
+
+def cap_supernode_waits(seconds: float) -> bool:
+    """In a process about to run Flower's ``flower-supernode``: make each of the SuperNode's
+    waits at most ``seconds``; True where the speed-up is in place. flwr 1.41.0 and 1.42.0's
+    ``start_client_internal`` sleeps 3 s whenever it asked the SuperLink for a message and
+    none was there, and ``_push_messages`` 0.5 s at a time until the ClientApp's reply is
+    there, so each round of a federation on one machine waited seconds for its nodes to
+    notice it (their module's only use of ``time``)."""
+    if not speed_up_available("SuperNode polling"):
+        return False
+    module = importlib.import_module(SUPERNODE_MODULE)
+    if not isinstance(module.time, _CappedSleeps):
+        replaced.setdefault(f"{SUPERNODE_MODULE}:time", module.time)
+    module.time = _CappedSleeps(seconds)
     return True
 
 

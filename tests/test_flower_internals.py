@@ -170,3 +170,33 @@ def test_a_ray_head_started_without_the_dashboard_starts_no_api_server_nor_monit
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     flower_internals.init_ray(include_dashboard=False)
     assert [start for _, start in seen[1:]] == [ray_own] * 3
+
+
+def test_a_supernodes_waits_are_capped_and_flowers_own_on_another_flower(monkeypatch):
+    """Basin's local federation starts its SuperNodes with their waits for a message (3 s)
+    and for a reply (0.5 s) each at most 0.2 s (experiments/runtime/supernode_command.py);
+    on a Flower release not checked, Flower's own waits stay."""
+    import importlib
+    import time
+
+    from experiments.runtime.supernode_command import POLL_SECONDS
+
+    module = importlib.import_module(flower_internals.SUPERNODE_MODULE)
+    monkeypatch.setattr(module, "time", time)  # restored after the test
+    slept = []
+    clock = type("Clock", (), {"sleep": staticmethod(slept.append), "monotonic": staticmethod(lambda: 7.0)})
+    monkeypatch.setattr(flower_internals, "time", clock)
+    try:
+        with monkeypatch.context() as another:
+            another.setattr(flower_internals, "installed_flower", lambda: "9.9.9")
+            flower_internals.speed_up_available.cache_clear()
+            assert not flower_internals.cap_supernode_waits(POLL_SECONDS)
+            assert module.time is time
+        flower_internals.speed_up_available.cache_clear()
+        assert flower_internals.cap_supernode_waits(POLL_SECONDS)
+    finally:
+        flower_internals.speed_up_available.cache_clear()
+    module.time.sleep(3)  # no message from the SuperLink
+    module.time.sleep(0.5)  # no reply from the ClientApp yet
+    module.time.sleep(0.1)
+    assert slept == [0.2, 0.2, 0.1] and module.time.monotonic() == 7.0  # the rest of `time` is time's

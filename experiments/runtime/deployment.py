@@ -201,8 +201,11 @@ class LocalFederation:
         names its log and FLWR_HOME (default ``supernode-<partition_id>``).
         """
         name = name or f"supernode-{partition_id}"
+        # Basin's, polling every 0.2 s (experiments/runtime/supernode_command.py), or Flower's own with the speed-ups off.
+        supernode = ([str(self._bin_dir / "flower-supernode")] if speed_ups_off_because()
+                     else [sys.executable, "-m", "experiments.runtime.supernode_command"])
         command = [
-            str(self._bin_dir / "flower-supernode"), "--superlink", f"{HOST}:{self.port}", "--port", str(free_port()),
+            *supernode, "--superlink", f"{HOST}:{self.port}", "--port", str(free_port()),
             "--isolation", "subprocess", "--node-config", f"partition-id={partition_id} num-partitions={num_partitions}",
         ]
         command += ["--root-certificates", str(self.tls.ca_certificate)] if self.tls else ["--insecure"]
