@@ -13,7 +13,8 @@ import sys
 from clients import flower_internals
 
 # A SuperNode asks its SuperLink for a message this often while it has none: 5 requests a
-# second per node, for the few nodes one machine holds.
+# second per node, for the few nodes one machine holds (8 nodes on 2 cores: their SuperLink
+# and SuperNodes took 31 CPU-seconds in a 51-s run instead of 27, the rounds no faster).
 POLL_SECONDS = 0.2
 
 if __name__ == "__main__":
