@@ -153,9 +153,9 @@ RUNNABLE_PAGES = [page for page in PAGES if any(
     marker and MARKER.fullmatch(marker).group(1) == "run" for _, marker, _ in _bash_blocks(page))]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("page", RUNNABLE_PAGES, ids=lambda p: p.name)
-def test_every_runnable_command_block_runs(page, tmp_path):
+def _run_page(page: Path, folder: Path) -> str:
+    """Run the Basin commands of a page's runnable blocks in order, in ``folder``: '' when
+    each exited 0, else what the first that did not printed."""
     import os
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
@@ -166,11 +166,40 @@ def test_every_runnable_command_block_runs(page, tmp_path):
             continue
         for command_line in lines:
             for command in _basin_commands(command_line, extra):
-                result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-                shown = " ".join(command[1:])
-                assert result.returncode == 0, f"{page.name}:{line}: {shown}\n{result.stdout[-1500:]}\n{result.stderr[-3000:]}"
+                result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=900)
+                if result.returncode != 0:
+                    shown = " ".join(command[1:])
+                    return f"{page.name}:{line}: {shown}\n{result.stdout[-1500:]}\n{result.stderr[-3000:]}"
                 ran += 1
-    assert ran
+    return "" if ran else f"{page.name}: no command ran"
+
+
+# Pages whose blocks run at once: one page's commands leave a core idle much of the time
+# (each command a process that loads alone, a hung client's round-timeout), and the pages
+# are independent (each in its folder). Two at once: 150 s for the six pages instead of 162 s
+# one at a time (2 cores, 2026-11-29; three or more were not tried).
+PAGES_AT_ONCE = 2
+
+
+@pytest.fixture(scope="session")
+def page_runs(request, tmp_path_factory) -> dict[Path, str]:
+    """The runnable pages of this session's selected tests, each run by :func:`_run_page`,
+    PAGES_AT_ONCE at a time, when the first of those tests starts (the longest pages, the
+    README and analysis.md, first)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    selected = [item.callspec.params["page"] for item in request.session.items
+                if item.originalname == "test_every_runnable_command_block_runs"]
+    with ThreadPoolExecutor(max_workers=PAGES_AT_ONCE) as pool:
+        futures = {page: pool.submit(_run_page, page, tmp_path_factory.mktemp(page.stem)) for page in selected}
+    return {page: future.result() for page, future in futures.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", RUNNABLE_PAGES, ids=lambda p: p.name)
+def test_every_runnable_command_block_runs(page, page_runs):
+    failure = page_runs[page]
+    assert not failure, failure
 
 
 def test_every_python_snippet_of_the_docs_names_only_what_it_defines_or_imports():
