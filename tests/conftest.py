@@ -59,15 +59,27 @@ if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
     signal.signal(signal.SIGTERM, _stop_as_on_ctrl_c)
 
 
-def _leftovers(before: tuple[set[Path], set[Path]]) -> list[str]:
-    """Ray session folders whose Ray has ended and /tmp/basin-* folders made since ``before``."""
+def _latest_ray_session_link() -> tuple[Path, str]:
+    """Ray's ``session_latest`` link and the session it names ('' where there is none)."""
+    latest = Path(os.environ.get("RAY_TMPDIR", "/tmp")) / "ray" / "session_latest"
+    try:
+        return latest, os.readlink(latest)
+    except OSError:
+        return latest, ""
+
+
+def _leftovers(before: tuple[set[Path], set[Path], str]) -> list[str]:
+    """Ray session folders whose Ray has ended, Ray's ``session_latest`` link left naming a
+    removed one, and /tmp/basin-* folders made since ``before``."""
     from experiments.runtime.processes import alive, ray_sessions
 
-    sessions, temporary = before
+    sessions, temporary, latest_before = before
     ended = [s for s in ray_sessions() - sessions if s.name.rsplit("_", 1)[-1].isdigit()
              and not alive(int(s.name.rsplit("_", 1)[-1]))]
+    latest, target = _latest_ray_session_link()
+    dangling = [f"{latest} (names the removed {target})"] if target and target != latest_before and not latest.exists() else []
     basin = set(Path(tempfile.gettempdir()).glob("basin-*")) - temporary - {Path(_HF_DATASETS_CACHE)}
-    return sorted(map(str, [*ended, *basin]))
+    return sorted(map(str, [*ended, *basin])) + dangling
 
 
 def _is_xdist_worker(config) -> bool:
@@ -94,14 +106,15 @@ def pytest_sessionstart(session):
     # exit status, and it would wait on folders that other workers' tests still use.
     if _is_xdist_worker(session.config):
         return
-    session.config.basin_before = (ray_sessions(), set(Path(tempfile.gettempdir()).glob("basin-*")))
+    session.config.basin_before = (ray_sessions(), set(Path(tempfile.gettempdir()).glob("basin-*")),
+                                   _latest_ray_session_link()[1])
     session.config.basin_started = time.monotonic()
 
 
 def pytest_sessionfinish(session, exitstatus):
     """CI's checks of a whole test run (.ci/run sets both): with BASIN_TEST_BUDGET_S, a run longer than that many seconds
-    fails, saying so; with BASIN_CHECK_LEFTOVERS=1, a run that leaves a Ray session folder or
-    a /tmp/basin-* folder behind fails, naming them (a run's clean-up, which may end a moment
+    fails, saying so; with BASIN_CHECK_LEFTOVERS=1, a run that leaves a Ray session folder (or
+    Ray's session_latest link to a removed one) or a /tmp/basin-* folder behind fails, naming them (a run's clean-up, which may end a moment
     after its test, gets 30 s)."""
     if not hasattr(session.config, "basin_before"):
         return

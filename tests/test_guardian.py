@@ -102,3 +102,25 @@ def test_a_sigkilled_launcher_is_noticed_within_seconds(run_folders):
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         run_process.wait()
+
+
+def test_a_finished_rays_session_folder_is_removed_with_the_latest_link_that_names_it(tmp_path, monkeypatch):
+    """Ray links ``session_latest`` to the newest session; removing that session's folder
+    removes the link too (it was left dangling in /tmp/ray after every run), and a link to
+    a session that is kept stays."""
+    from experiments.runtime.processes import ray_sessions, remove_finished_ray_sessions
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    root = tmp_path / "ray"
+    finished, running = root / f"session_2026-11-29_15-13-22_1_{ended.pid}", root / f"session_2026-11-29_15-13-23_1_{os.getpid()}"
+    for session in (finished, running):
+        (session / "logs").mkdir(parents=True)
+    latest = root / "session_latest"
+    latest.symlink_to(finished)
+    remove_finished_ray_sessions(set())
+    assert ray_sessions() == {running} and not latest.is_symlink()
+    latest.symlink_to(running)
+    remove_finished_ray_sessions(set())
+    assert latest.resolve() == running

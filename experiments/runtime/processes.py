@@ -24,6 +24,7 @@ a new one within ``GUARDIAN_CHECK_S``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -189,19 +190,29 @@ def session_owner(session: Path) -> int | None:
         return None
 
 
+def remove_ray_session(session: Path) -> None:
+    """Remove a Ray session folder, and Ray's ``session_latest`` link beside it where the
+    link names that folder (Ray points it at the newest session; it would dangle)."""
+    shutil.rmtree(session, ignore_errors=True)
+    latest = session.parent / "session_latest"
+    with contextlib.suppress(OSError):
+        if latest.is_symlink() and Path(os.readlink(latest)).name == session.name:
+            latest.unlink()
+
+
 def remove_finished_ray_sessions(before: set[Path]) -> None:
     """Remove the Ray session folders made since ``before`` whose Ray has ended (their
     owner, :func:`session_owner`, is gone), so one still running, another job's, is kept."""
     for session in ray_sessions() - before:
         if (owner := session_owner(session)) is not None and not alive(owner):
-            shutil.rmtree(session, ignore_errors=True)
+            remove_ray_session(session)
 
 
 def remove_own_ray_sessions() -> None:
     """Remove the session folders of the Ray that this process started and has shut down."""
     for session in ray_sessions():
         if session_owner(session) == os.getpid():
-            shutil.rmtree(session, ignore_errors=True)
+            remove_ray_session(session)
 
 
 # How often the launcher checks that its guardian still runs.
