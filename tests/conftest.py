@@ -71,13 +71,12 @@ def _latest_ray_session_link() -> tuple[Path, str]:
 def _leftovers(before: tuple[set[Path], set[Path], str]) -> list[str]:
     """Ray session folders whose Ray has ended, Ray's ``session_latest`` link left naming a
     removed one, and /tmp/basin-* folders made since ``before``."""
-    from experiments.runtime.processes import alive, ray_sessions
+    from experiments.runtime.processes import alive, ray_sessions, session_owner
 
     sessions, temporary, latest_before = before
-    ended = [s for s in ray_sessions() - sessions if s.name.rsplit("_", 1)[-1].isdigit()
-             and not alive(int(s.name.rsplit("_", 1)[-1]))]
+    ended = [s for s in ray_sessions() - sessions if (owner := session_owner(s)) is not None and not alive(owner)]
     latest, target = _latest_ray_session_link()
-    dangling = [f"{latest} (names the removed {target})"] if target and target != latest_before and not latest.exists() else []
+    dangling = [f"{latest} (names the removed {target})"] if target not in ("", latest_before) and not latest.exists() else []
     basin = set(Path(tempfile.gettempdir()).glob("basin-*")) - temporary - {Path(_HF_DATASETS_CACHE)}
     return sorted(map(str, [*ended, *basin])) + dangling
 
@@ -114,8 +113,8 @@ def pytest_sessionstart(session):
 def pytest_sessionfinish(session, exitstatus):
     """CI's checks of a whole test run (.ci/run sets both): with BASIN_TEST_BUDGET_S, a run longer than that many seconds
     fails, saying so; with BASIN_CHECK_LEFTOVERS=1, a run that leaves a Ray session folder (or
-    Ray's session_latest link to a removed one) or a /tmp/basin-* folder behind fails, naming them (a run's clean-up, which may end a moment
-    after its test, gets 30 s)."""
+    Ray's session_latest link to a removed one) or a /tmp/basin-* folder behind fails, naming
+    them (a run's clean-up, which may end a moment after its test, gets 30 s)."""
     if not hasattr(session.config, "basin_before"):
         return
     budget = os.environ.get("BASIN_TEST_BUDGET_S")

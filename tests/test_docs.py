@@ -166,9 +166,12 @@ def _run_page(page: Path, folder: Path) -> str:
             continue
         for command_line in lines:
             for command in _basin_commands(command_line, extra):
-                result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=900)
+                shown = " ".join(command[1:])
+                try:
+                    result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=900)
+                except subprocess.TimeoutExpired:  # this page's test fails, the other pages' go on
+                    return f"{page.name}:{line}: {shown}: still running after 900 s"
                 if result.returncode != 0:
-                    shown = " ".join(command[1:])
                     return f"{page.name}:{line}: {shown}\n{result.stdout[-1500:]}\n{result.stderr[-3000:]}"
                 ran += 1
     return "" if ran else f"{page.name}: no command ran"
