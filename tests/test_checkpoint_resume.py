@@ -77,25 +77,32 @@ RESUMED_METHODS = {
 }
 RESUMED_SETTINGS = {"num-clients": 4, "participation": 0.5, "num-rounds": 10, "local-epochs": 1, "device": "cpu",
                     "averaging": "ima", "window": 2, "avg-start": 3, "checkpoint-every": 2, "save-models-every": 2}
-# Each method's uninterrupted run, which the resumed one must equal (tests/conftest.py's flower_runs).
-FLOWER_RUNS = {f"{method}-uninterrupted": {**RESUMED_SETTINGS, **settings} for method, settings in RESUMED_METHODS.items()}
+
+
+# On the CPU, a client raising torch's CUDA out-of-memory error (fault-injection 'oom'), as
+# one of a cohort too large for its GPU does (tests/conftest.py's flower_runs).
+OUT_OF_GPU_MEMORY = {"num-clients": 2, "participation": 1.0, "num-rounds": 3, "local-epochs": 1, "device": "cpu",
+                     "checkpoint-every": 1, "fault-injection": "oom:1@2"}
+# Each method's uninterrupted run, which the resumed one must equal, and the run whose client
+# runs out of GPU memory (tests/conftest.py's flower_runs).
+FLOWER_RUNS = {**{f"{method}-uninterrupted": {**RESUMED_SETTINGS, **settings} for method, settings in RESUMED_METHODS.items()},
+               "client-out-of-gpu-memory": OUT_OF_GPU_MEMORY}
 
 
 @pytest.mark.slow
-def test_a_client_out_of_gpu_memory_stops_the_run_with_its_checkpoint_saying_what_to_lower(tmp_path):
-    """On the CPU, a client raising torch's CUDA out-of-memory error (fault-injection
-    'oom'), as one of a cohort too large for its GPU does: the run stops after the last
-    complete round, with its checkpoint, naming the error and the option to change."""
-    config = resolve_config({"num-clients": 2, "participation": 1.0, "num-rounds": 3, "local-epochs": 1,
-                             "device": "cpu", "checkpoint-every": 1, "fault-injection": "oom:1@2"})
+@pytest.mark.flower_runs("client-out-of-gpu-memory")
+def test_a_client_out_of_gpu_memory_stops_the_run_with_its_checkpoint_saying_what_to_lower(flower_runs):
+    """The run stops after the last complete round, with its checkpoint, naming the error and
+    the option to change."""
+    run = flower_runs["client-out-of-gpu-memory"]
     with pytest.raises(RunFailed) as failed:
-        launch(config, tmp_path, progress=False)
+        run.completed()
     message = str(failed.value)
     assert "round 2: a client process ran out of GPU memory (partition 1" in message
     assert "CUDA out of memory. Tried to allocate" in message and "--gpus-per-client" in message
-    assert pd.read_csv(tmp_path / "results.csv")["round"].tolist() == [1]
-    assert torch.load(tmp_path / CHECKPOINT_FILE, weights_only=False)["round"] == 1
-    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
+    assert pd.read_csv(run.out / "results.csv")["round"].tolist() == [1]
+    assert torch.load(run.out / CHECKPOINT_FILE, weights_only=False)["round"] == 1
+    assert json.loads((run.out / "summary.json").read_text())["status"] == "failed"
 
 
 def test_the_launcher_says_how_many_processes_shared_the_gpu_and_what_to_try():

@@ -1,12 +1,13 @@
 """The same config and seed give the same bits however the machine is shared.
 
 A reference run (two client processes of one CPU each) against the same config with one
-process of two CPUs, with as many processes as the cohort (a local Ray cluster of one
-node with that many CPUs), and as one run of a sweep running two at once. Compared by
+process of two CPUs and with as many processes as the cohort (a local Ray cluster of one
+node with that many CPUs). Compared by
 ``experiments.runtime.reproducible.compare_runs``: every round of results.csv (timing columns
-aside) and every tensor of final_model.pt. Elsewhere, the same promise: a two-node Ray
-cluster (tests/test_ray_cluster.py), the Deployment Engine (tests/test_deployment.py),
-a resume after SIGKILL (tests/test_launcher_death.py).
+aside) and every tensor of final_model.pt. Elsewhere, the same promise: a run of a sweep
+running two at once (tests/test_sweep.py, its real sweep), a two-node Ray cluster
+(tests/test_ray_cluster.py), the Deployment Engine (tests/test_deployment.py), a resume
+after SIGKILL (tests/test_launcher_death.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments import run, sweep
+from experiments import run
 from experiments.runtime.launch import launch
 from experiments.runtime.machine import ClientResources, machine_cpus
 from experiments.runtime.ray_cluster import LocalRayCluster
@@ -63,17 +64,6 @@ def test_as_many_client_processes_as_the_cohort_give_the_same_bits(reference, tm
     with LocalRayCluster(True, cohort) as address:
         launch(resolve_config(CONFIG), tmp_path, ClientResources(1.0), progress=False, ray_address=address)
     _assert_same(reference, tmp_path)
-
-
-def test_a_run_of_a_sweep_running_two_at_once_gives_the_same_bits(reference, tmp_path):
-    spec = tmp_path / "two.toml"
-    spec.write_text("[set]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in CONFIG.items())
-                    + "[grid]\nseed = [0, 1]\n")
-    assert sweep.main([str(spec), "--out", str(tmp_path / "sweep"), "--parallel", "2", "--no-progress"]) == 0
-    runs = [path.parent for path in (tmp_path / "sweep").rglob("config.json")]  # each run's folder
-    seed_0 = [path for path in runs if json.loads((path / "config.json").read_text())["seed"] == 0]
-    assert len(runs) == 2 and len(seed_0) == 1
-    _assert_same(reference, seed_0[0])
 
 
 def test_check_reproducible_says_the_first_round_and_tensor_that_differ(reference, tmp_path, capsys):
