@@ -8,6 +8,7 @@ import gzip
 import os
 import shutil
 import signal
+import string
 import struct
 import tempfile
 import time
@@ -277,7 +278,8 @@ def flower_runs(request, tmp_path_factory) -> dict[str, Launched]:
     launched together when the first of those tests starts, RUNS_AT_ONCE at a time on one Ray
     cluster, as a sweep's job runs them. A test module declares the settings of the names its
     tests use in ``FLOWER_RUNS`` (name → settings over Basin's defaults; a data set
-    ``hf:{name}`` is the miniature hub set of that name, tests/miniature.py). A name is one
+    ``hf:{name}`` is the miniature hub set of that name, tests/miniature.py, and
+    ``{fashion_mnist}`` the folder of Fashion-MNIST's IDX files). A name is one
     config in the whole session: a reference run that several tests or modules compare with
     (an uninterrupted run, a run to repeat bit for bit) is launched once, beside the others,
     instead of on its own with its own Ray and Flower start-up."""
@@ -295,10 +297,10 @@ def flower_runs(request, tmp_path_factory) -> dict[str, Launched]:
                                         "does not declare it")
             if settings.setdefault(name, declared[name]) != declared[name]:
                 raise pytest.UsageError(f"flower_runs({name!r}) is declared with other settings in {item.module.__name__}")
-    on_hub = [name for name, values in settings.items() if "{" in str(values.get("dataset", ""))]
-    hub = request.getfixturevalue("miniature_hub") if on_hub else {}
-    configs = {name: resolve_config({**values, **({"dataset": values["dataset"].format(**hub)} if name in on_hub else {})})
-               for name, values in settings.items()}
+    folders, missing = _data_folders(request, {field for values in settings.values() for field in _placeholders(values)})
+    configs = {name: resolve_config({key: value.format(**folders) if isinstance(value, str) else value
+                                     for key, value in values.items()})
+               for name, values in settings.items() if not _placeholders(values) & set(missing)}
     outs = {name: tmp_path_factory.mktemp(name.replace("+", "-")) for name in configs}
     # One Ray cluster for all of them, as a sweep's job has: each run's own Ray start and
     # client processes cost as much again (6 small runs, 2 at a time: 46.2 s in all with a Ray
@@ -306,7 +308,35 @@ def flower_runs(request, tmp_path_factory) -> dict[str, Launched]:
     with LocalRayCluster(bool(configs), machine_cpus()) as job_ray, ThreadPoolExecutor(max_workers=RUNS_AT_ONCE) as pool:
         futures = {name: pool.submit(launch, configs[name], outs[name], progress=False, ray_address=job_ray)
                    for name in configs}
-    return {
+    launched = {
         name: Launched(configs[name], outs[name], None if future.exception() else future.result(), future.exception())
         for name, future in futures.items()
     }
+    # A run whose data this machine lacks: its tests are skipped, saying why.
+    for name, values in settings.items():
+        if name not in launched:
+            field = sorted(_placeholders(values) & set(missing))[0]
+            launched[name] = Launched(values, Path(), None, missing[field])
+    return launched
+
+
+def _placeholders(values: dict[str, Any]) -> set[str]:
+    """The ``{name}`` fields in a run's settings (see :func:`_data_folders`)."""
+    return {field for value in values.values() if isinstance(value, str)
+            for _, field, _, _ in string.Formatter().parse(value) if field}
+
+
+def _data_folders(request, fields: set[str]) -> tuple[dict[str, Path], dict[str, BaseException]]:
+    """The folders that ``flower_runs``' settings name in braces: ``{fashion_mnist}``, the
+    Fashion-MNIST IDX files (fixture ``fashion_mnist_dir``), any other name a miniature hub set
+    (tests/miniature.py); and, per name this machine lacks, the skip that says so."""
+    folders: dict[str, Path] = {}
+    missing: dict[str, BaseException] = {}
+    if fields - {"fashion_mnist"}:
+        folders.update(request.getfixturevalue("miniature_hub"))
+    if "fashion_mnist" in fields:
+        try:
+            folders["fashion_mnist"] = request.getfixturevalue("fashion_mnist_dir")
+        except pytest.skip.Exception as skipped:
+            missing["fashion_mnist"] = skipped
+    return folders, missing

@@ -16,7 +16,7 @@ from conftest import Launched
 
 from experiments.runtime.flower_log import startup_stage
 from experiments.runtime.launch import launch
-from experiments.runtime.run_config import load_preset, resolve_config
+from experiments.runtime.run_config import load_preset
 from strategies.methods import end_to_end_runs
 
 pytestmark = pytest.mark.slow  # real `flwr run` jobs: the second tier (.ci/run)
@@ -53,8 +53,11 @@ RUNS = {
     "fedavg+ima-saved": {"participation": 1.0, "num-rounds": 6, "averaging": "ima", "window": 2, "avg-start": 4,
                          "save-models-every": 2, "save-models-last": 3, "round-indicators": True},
 }
-# What `flower_runs` launches (tests/conftest.py) for this module's tests.
-FLOWER_RUNS = {name: {**SMALL, **settings} for name, settings in RUNS.items()}
+# What `flower_runs` launches (tests/conftest.py) for this module's tests, and the IMA paper's
+# Fashion-MNIST #C=2 setup as shipped, one round.
+FLOWER_RUNS = {**{name: {**SMALL, **settings} for name, settings in RUNS.items()},
+               "ima-fmnist-shards": {**load_preset("ima-fmnist-shards"), "num-rounds": 1, "participation": 0.02,
+                                     "data-dir": "{fashion_mnist}", "device": "cpu"}}
 
 
 @pytest.mark.flower_runs("fedavg")
@@ -221,14 +224,13 @@ def test_a_run_that_trained_nothing_failed_and_the_command_exits_1(tmp_path):
     assert "NothingTrained" in summary["error"] and not (out / "final_model.pt").exists()
 
 
-def test_fashion_mnist_ima_preset_runs_a_round(tmp_path, fashion_mnist_dir):
+@pytest.mark.flower_runs("ima-fmnist-shards")
+def test_fashion_mnist_ima_preset_runs_a_round(flower_runs):
     """The paper's setup as shipped (100 shard clients, 5 local epochs of batches of 50), one
     round of 2 clients (participation 0.02): 10 clients took 33 s for 2 rounds on 2 cores."""
-    config = resolve_config(load_preset("ima-fmnist-shards"), {"num-rounds": 1, "participation": 0.02,
-                                                                "data-dir": str(fashion_mnist_dir), "device": "cpu"})
-    summary = launch(config, tmp_path, progress=False)
-    rows = pd.read_csv(tmp_path / "results.csv")
-    assert summary["status"] == "completed"
+    run = flower_runs["ima-fmnist-shards"]
+    rows = run.rows()
+    assert run.summary["status"] == "completed"
     assert rows["clients-ok"].tolist() == [2]
     assert (rows["local-steps"] == 5 * 600 / 50).all()  # #C=2: 300·2 samples per client
     # Two clients of two classes each: 0.208 after their round (0.114 after a second, whose
