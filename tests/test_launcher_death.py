@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -17,7 +19,7 @@ import torch
 from conftest import processes_in_scope
 
 from experiments.runtime.output_dir import LOCK_FILE
-from experiments.runtime.processes import process_table, processes_of_home, ray_sessions
+from experiments.runtime.processes import process_table, processes_of_home, ray_sessions, session_owner
 from experiments.runtime.run_config import APP_DIR
 
 pytestmark = pytest.mark.slow  # real launchers killed: the second tier (.ci/run)
@@ -42,13 +44,15 @@ def _command(out: Path, settings: dict = SETTINGS) -> list[str]:
     return [sys.executable, "-m", "experiments.run", *sets, "--out", str(out)]
 
 
-def _as_from_a_terminal() -> None:
-    """In the launcher's process, before it starts: Ctrl-C and SIGHUP do what they do for
-    a command typed in a terminal. A suite started in the background (``&``, ``nohup``)
-    passes SIGINT and SIGHUP on ignored, and the launcher would then not die of them (its
-    run completed: that was "clean-up takes 5–8 s late in a full suite run")."""
-    for signum in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
+# Run before the launcher's own Python starts (it replaces this process): Ctrl-C and SIGHUP do
+# what they do for a command typed in a terminal. A suite started in the background (``&``,
+# ``nohup``) passes SIGINT and SIGHUP on ignored, and the launcher would then not die of them
+# (its run completed: that was "clean-up takes 5–8 s late in a full suite run"). Not
+# Popen's preexec_fn: the launchers start from threads (``deaths``), where it is unsafe.
+AS_FROM_A_TERMINAL = ("import os, signal, sys\n"
+                      "for signum in (signal.SIGINT, signal.SIGHUP):\n"
+                      "    signal.signal(signum, signal.SIG_DFL)\n"
+                      "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n")
 
 
 def _guardian_of(home: str) -> int | None:
@@ -95,20 +99,38 @@ def _uninterrupted(flower_runs) -> tuple[pd.DataFrame, dict[str, torch.Tensor]]:
     return run.rows(), torch.load(run.completed() / "final_model.pt", weights_only=True)
 
 
-@pytest.mark.parametrize("way", [pytest.param(way, marks=UNINTERRUPTED) if way in RESUMED_AFTER else way for way in WAYS])
-def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(tmp_path, flower_runs, way):
-    out = tmp_path / "run"
+@dataclass
+class Death:
+    """One way's launcher killed after round 3 (``_die``): what it left, then its resume."""
+
+    out: Path
+    home: str
+    stopped_within: float  # seconds from the death until no process of the run was left
+    left: list[int]  # the run's processes still there 10 s after the death
+    sessions_left: list[Path]  # Ray session folders that the run's processes started, still there
+    stderr: str
+    summary: dict  # summary.json once the run's processes had gone (a resume rewrites it)
+    rows_after_death: int
+    rows_a_second_later: int
+    resumed: subprocess.CompletedProcess | None
+
+
+def _die(way: str, folder: Path) -> Death:
+    """Launch the run in ``folder``, kill its launcher ``way`` after round 3, wait for its
+    processes to go; then, for the ways in RESUMED_AFTER, run the same command again."""
+    out = folder / "run"
     sessions = ray_sessions()
-    launcher = subprocess.Popen(_command(out), cwd=APP_DIR, start_new_session=True, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(APP_DIR)},
-                                preexec_fn=_as_from_a_terminal)
+    launcher = subprocess.Popen([sys.executable, "-c", AS_FROM_A_TERMINAL, *_command(out)[1:]], cwd=APP_DIR,
+                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                env={**os.environ, "PYTHONPATH": str(APP_DIR)})
     try:
         deadline = time.monotonic() + 180
         while _rows(out / "results.csv") < 3:
-            assert time.monotonic() < deadline and launcher.poll() is None, "the run never reached round 3"
+            assert time.monotonic() < deadline and launcher.poll() is None, f"{way}: the run never reached round 3"
             time.sleep(0.05)
         home = (out / LOCK_FILE).read_text().splitlines()[1]  # the run's FLWR_HOME, as the lock records it
-        assert processes_of_home(home), "the run's processes are found by their FLWR_HOME"
+        run = processes_of_home(home)
+        assert run, f"{way}: the run's processes are found by their FLWR_HOME"
         if way == "guardian-then-sigkill":  # the OOM killer or a user's kill takes the guardian first
             guardian = _guardian_of(home)
             os.kill(guardian, signal.SIGKILL)
@@ -132,15 +154,58 @@ def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(tm
         while Path(home).exists() and time.monotonic() - died < 10:  # the guardian's last step: its clean-up is done
             time.sleep(0.05)
         left = processes_of_home(home)
-        assert not left, f"left running {stopped_within:.1f} s after the launcher's death: {left}"
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait()
+    # Other ways' runs go on beside this one: its own Ray session is the one a process of the run started.
+    sessions_left = sorted(session for session in ray_sessions() - sessions if session_owner(session) in run)
+    rows_after_death = _rows(out / "results.csv")
+    time.sleep(1.0)
+    death = Death(out, home, stopped_within, left, sessions_left, launcher.stderr.read().decode(),
+                  json.loads((out / "summary.json").read_text()), rows_after_death, _rows(out / "results.csv"), None)
+    if way in RESUMED_AFTER and not left:
+        death.resumed = subprocess.run(_command(out), cwd=APP_DIR, capture_output=True, text=True, timeout=300,
+                                       env={**os.environ, "PYTHONPATH": str(APP_DIR)})
+    return death
+
+
+# The ways die two at once, the two that resume first: one run alone leaves part of the 2
+# cores idle (its start-up, its clean-up's waits). Each way's processes, FLWR_HOME and Ray
+# session are its own; the suite's end checks that none is left.
+WAYS_AT_ONCE = 2
+
+
+@dataclass
+class Deaths:
+    """``deaths``: each way's outcome, and the Ray session folders left once all had ended."""
+
+    of: dict[str, Future]
+    sessions_left: list[Path]
+
+
+@pytest.fixture(scope="module")
+def deaths(request, tmp_path_factory) -> Deaths:
+    """``_die`` for each way that this session's selected tests name, WAYS_AT_ONCE at a time."""
+    selected = [item.callspec.params["way"] for item in request.session.items
+                if item.originalname == "test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly"]
+    ordered = sorted(selected, key=lambda way: way not in RESUMED_AFTER)
+    sessions = ray_sessions()
+    with ThreadPoolExecutor(max_workers=WAYS_AT_ONCE) as pool:
+        futures = {way: pool.submit(_die, way, tmp_path_factory.mktemp(way)) for way in ordered}
+    # Every launcher has ended, the resumed ones too (each removes its run's session as it ends).
+    return Deaths(futures, sorted(ray_sessions() - sessions))
+
+
+@pytest.mark.parametrize("way", [pytest.param(way, marks=UNINTERRUPTED) if way in RESUMED_AFTER else way for way in WAYS])
+def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(deaths, flower_runs, way):
+    death = deaths.of[way].result()
+    out, home = death.out, death.home
+    assert not death.left, f"left running {death.stopped_within:.1f} s after the launcher's death: {death.left}"
     # 1.1 s (SIGHUP) and 1.7 s (Ctrl-C twice) on 2 cores, also with the cores kept busy.
     # The bound is for "stopped promptly", not a benchmark.
-    assert stopped_within < 8
-    summary = json.loads((out / "summary.json").read_text())
+    assert death.stopped_within < 8
+    summary = death.summary
     if way == "sighup-group" and summary["status"] == "failed":
         # SIGHUP reaches the whole group, Ray's client processes too: the ServerApp may see
         # them die and record that (ClientProcessesDied) before the guardian stops it.
@@ -148,19 +213,16 @@ def test_a_dying_launcher_leaves_nothing_and_the_same_command_resumes_exactly(tm
     else:
         assert summary["status"] == ("interrupted" if way == "ctrl-c-twice" else "killed"), summary
     if way == "guardian-then-sigkill":
-        assert "the run's guardian" in launcher.stderr.read().decode(), "the launcher says it started a new guardian"
-    rows_after_death = _rows(out / "results.csv")
-    time.sleep(1.0)
-    assert _rows(out / "results.csv") == rows_after_death  # nothing writes into the folder any more
+        assert "the run's guardian" in death.stderr, "the launcher says it started a new guardian"
+    assert death.rows_a_second_later == death.rows_after_death  # nothing writes into the folder any more
     assert not Path(home).exists()
-    assert ray_sessions() <= sessions  # nor the killed run's Ray session folder
+    assert not death.sessions_left  # nor the killed run's Ray session folder
     if way not in RESUMED_AFTER:
         return
 
-    resumed = subprocess.run(_command(out), cwd=APP_DIR, capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "PYTHONPATH": str(APP_DIR)})
+    resumed = death.resumed
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert ray_sessions() <= sessions  # the run's Ray session folder (logs, sockets) is removed
+    assert not deaths.sessions_left  # the resumed runs' Ray session folders (logs, sockets) are removed too
     rows, final = _uninterrupted(flower_runs)
     results = pd.read_csv(out / "results.csv")
     assert results["round"].tolist() == list(range(1, SETTINGS["num-rounds"] + 1))  # each round once
