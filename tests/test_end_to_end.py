@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ from conftest import Launched
 from experiments.runtime.flower_log import startup_stage
 from experiments.runtime.launch import launch
 from experiments.runtime.run_config import load_preset
+from experiments.runtime.run_endings import RunFailed
 from strategies.methods import end_to_end_runs
 
 pytestmark = pytest.mark.slow  # real `flwr run` jobs: the second tier (.ci/run)
@@ -49,6 +48,9 @@ RUNS = {
                       "dp-noise-multiplier": 0.5},
     "ima+dp-outside": {"averaging": "ima", "window": 2, "avg-start": 2, "num-rounds": 2, "dp-clipping-norm": 1.0,
                        "dp-noise-multiplier": 0.5, "dp-order": "outside"},
+    # A valid but absurd step size: every client reply is NaN, every round is skipped, and the
+    # ServerApp raises inside Flower rather than report the untrained model.
+    "nothing-trained": {"lr": 1e30, "num-rounds": 2, "participation": 1.0},
     # What the analysis tools read: every 2 rounds and the last 3, all 4 clients each round.
     "fedavg+ima-saved": {"participation": 1.0, "num-rounds": 6, "averaging": "ima", "window": 2, "avg-start": 4,
                          "save-models-every": 2, "save-models-last": 3, "round-indicators": True},
@@ -205,23 +207,20 @@ def test_server_side_dp_runs_in_either_order_around_ima_and_without_noise_change
     assert not all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
 
 
-def test_a_run_that_trained_nothing_failed_and_the_command_exits_1(tmp_path):
-    # A valid but absurd step size: every client reply is NaN, every round is skipped, and
-    # the ServerApp raises inside Flower rather than report the untrained model.
-    out = tmp_path / "out"
-    result = subprocess.run(
-        [sys.executable, "-m", "experiments.run", "--set", "lr=1e30", "--set", "num-rounds=2", "--set", "num-clients=4",
-         "--set", "participation=1.0", "--set", "local-epochs=1", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    headline = next(line for line in result.stderr.splitlines() if line.startswith("error: run in"))
+@pytest.mark.flower_runs("nothing-trained")
+def test_a_run_that_trained_nothing_failed_saying_why(flower_runs):
+    """What the command then prints after "error: " and exits 1 with (tests/test_command_line_errors.py)."""
+    run = flower_runs["nothing-trained"]
+    with pytest.raises(RunFailed) as failed:
+        run.completed()
+    headline = str(failed.value).splitlines()[0]
+    assert headline.startswith(f"run in {run.out} failed: ")
     assert "NothingTrained: no round trained the model: all client replies were non-finite in every round from " \
            "round 1 on (round 1: partition 0 (node " in headline
     assert headline.endswith("is lr = 1e+30 too large?")
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((run.out / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["rounds"] == 2 and summary["rounds-skipped"] == 2
-    assert "NothingTrained" in summary["error"] and not (out / "final_model.pt").exists()
+    assert "NothingTrained" in summary["error"] and not (run.out / "final_model.pt").exists()
 
 
 @pytest.mark.flower_runs("ima-fmnist-shards")
