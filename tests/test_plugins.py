@@ -117,7 +117,8 @@ def test_an_installed_broken_plugin_is_listed_and_refused_in_one_line_and_other_
 def test_the_example_plugin_installed_with_pip_runs_end_to_end_with_and_without_averaging(tmp_path):
     """examples/feddecorr installed as a user would (pip, into a folder of its own), found by
     its entry point: listed with its key, and run by `experiments.run --compare` through
-    Flower and Ray, composed with IMA, with nothing in Basin edited."""
+    Flower and Ray, alone and composed with IMA and with WIMA (one job: one Ray cluster, the
+    same client processes), with nothing in Basin edited."""
     target, package = tmp_path / "site", tmp_path / "feddecorr"
     shutil.copytree(EXAMPLE, package, ignore=shutil.ignore_patterns("__pycache__"))  # its build files stay out of the repo
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
@@ -130,11 +131,11 @@ def test_the_example_plugin_installed_with_pip_runs_end_to_end_with_and_without_
     result = subprocess.run(
         [sys.executable, "-m", "experiments.run", "--set", "strategy=feddecorr", "--set", "feddecorr-beta=0.2",
          "--set", "num-rounds=2", "--set", "num-clients=4", "--set", "window=2", "--set", "avg-start=2",
-         "--compare", "averaging=none,ima", "--out", str(out), "--quiet"],
+         "--compare", "averaging=none,ima,wima", "--out", str(out), "--quiet"],
         env=env, capture_output=True, text=True, timeout=600, cwd=APP_DIR)
     assert result.returncode == 0, result.stderr[-3000:]
     folders = sorted(path.parent for path in out.glob("*/summary.json"))
-    assert len(folders) == 2
+    assert len(folders) == 3
     for folder in folders:
         summary = json.loads((folder / "summary.json").read_text())
         config = json.loads((folder / "config.json").read_text())
@@ -142,13 +143,17 @@ def test_the_example_plugin_installed_with_pip_runs_end_to_end_with_and_without_
         assert (config["strategy"], config["feddecorr-beta"]) == ("feddecorr", 0.2)
         # Every sampled client built the plug-in's objective (an unknown objective fails the client).
         assert "client failures" not in result.stderr and summary["client-failures"] == 0
-    assert {json.loads((f / "config.json").read_text())["averaging"] for f in folders} == {"none", "ima"}
-    # A sweep runs it too (its file validated against the plug-in's keys), under WIMA.
+    assert {json.loads((f / "config.json").read_text())["averaging"] for f in folders} == {"none", "ima", "wima"}
+    # A sweep file takes the plug-in's keys (validated as the sweep loads; it runs its runs
+    # as the job above did).
     sweep = tmp_path / "plug-in.toml"
     sweep.write_text('name = "plug-in"\n[set]\nstrategy = "feddecorr"\nnum-rounds = 2\nnum-clients = 4\nwindow = 2\n'
-                     '[grid]\naveraging = ["wima"]\nfeddecorr-beta = [0.05]\n')
-    swept = subprocess.run([sys.executable, "-m", "experiments.sweep", str(sweep), "--out", str(tmp_path / "sweep"),
-                            "--quiet"], env=env, capture_output=True, text=True, timeout=600, cwd=APP_DIR)
-    assert swept.returncode == 0, swept.stderr[-3000:]
-    (summary,) = [json.loads(path.read_text()) for path in (tmp_path / "sweep").rglob("summary.json")]
-    assert summary["status"] == "completed" and summary["rounds"] == 2
+                     '[grid]\naveraging = ["wima"]\nfeddecorr-beta = [0.05, 0.1]\n')
+    listed = subprocess.run([sys.executable, "-m", "experiments.sweep", str(sweep), "--out", str(tmp_path / "sweep"),
+                             "--list"], env=env, capture_output=True, text=True, timeout=120, cwd=APP_DIR)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    assert "sweep plug-in: 2 runs" in listed.stdout and listed.stdout.count(" pending ") == 2
+    sweep.write_text(sweep.read_text().replace("feddecorr-beta = [0.05, 0.1]", "feddecorr-beta = [-1.0]"))
+    refused = subprocess.run([sys.executable, "-m", "experiments.sweep", str(sweep), "--out", str(tmp_path / "sweep"),
+                              "--list"], env=env, capture_output=True, text=True, timeout=120, cwd=APP_DIR)
+    assert refused.returncode == 2 and "feddecorr-beta" in refused.stderr, refused.stderr[-3000:]
