@@ -171,8 +171,9 @@ def _die(way: str, folder: Path) -> Death:
 
 
 # The ways die two at once, the two that resume first: one run alone leaves part of the 2
-# cores idle (its start-up, its clean-up's waits). Each way's processes, FLWR_HOME and Ray
-# session are its own; the suite's end checks that none is left.
+# cores idle (its start-up, its clean-up's waits). The four took 95 s instead of 107 s one
+# after another (2 cores, 2026-11-29). Each way's processes, FLWR_HOME and Ray session are
+# its own; ``deaths`` also checks that no session is left once all have ended.
 WAYS_AT_ONCE = 2
 
 
