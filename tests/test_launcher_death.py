@@ -158,8 +158,14 @@ def _die(way: str, folder: Path) -> Death:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait()
-    # Other ways' runs go on beside this one: its own Ray session is the one a process of the run started.
-    sessions_left = sorted(session for session in ray_sessions() - sessions if session_owner(session) in run)
+    # Other ways' runs go on beside this one: its own Ray session is the one a process of the run
+    # started. Waited for as the home is (its folder went after the home in a CI run of 2026-11-29).
+    def own_sessions() -> list[Path]:
+        return sorted(session for session in ray_sessions() - sessions if session_owner(session) in run)
+
+    while own_sessions() and time.monotonic() - died < 10:
+        time.sleep(0.05)
+    sessions_left = own_sessions()
     rows_after_death = _rows(out / "results.csv")
     time.sleep(1.0)
     death = Death(out, home, stopped_within, left, sessions_left, launcher.stderr.read().decode(),
