@@ -209,7 +209,7 @@ def test_server_side_dp_runs_in_either_order_around_ima_and_without_noise_change
 
 @pytest.mark.flower_runs("nothing-trained")
 def test_a_run_that_trained_nothing_failed_saying_why(flower_runs):
-    """What the command then prints after "error: " and exits 1 with (tests/test_command_line_errors.py)."""
+    """What the command then prints after "error: " and exits 1 with (tests/test_run_command_endings.py)."""
     run = flower_runs["nothing-trained"]
     with pytest.raises(RunFailed) as failed:
         run.completed()

@@ -14,6 +14,7 @@ from conftest import write_idx
 from experiments import gpu_check
 from experiments.runtime.run_config import APP_DIR
 from partitions.datasets import IDX_STEMS, read_idx
+from partitions.datasets import _fashion_mnist_files as fashion_mnist_files
 
 
 def test_help_documents_the_one_command():
@@ -28,8 +29,7 @@ def _with_a_smaller_test_set(source: Path, folder: Path, count: int) -> Path:
     """Fashion-MNIST's training files as they are (the setup's 100 shard clients need all
     60,000 images) and the first ``count`` of its test images and labels."""
     folder.mkdir()
-    for stem in IDX_STEMS:
-        path = next(path for path in (source / stem, source / f"{stem}.gz") if path.is_file())
+    for stem, path in zip(IDX_STEMS, fashion_mnist_files(str(source))):
         if stem.startswith("train"):
             (folder / path.name).symlink_to(path)
         else:
