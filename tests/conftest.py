@@ -230,6 +230,24 @@ def processes_in_scope(scope: str) -> set[int]:
     return found
 
 
+def flower_logs_of_unfinished(runs: list[Path]) -> str:
+    """The last lines of Flower's log of each run folder that did not complete, for a failed
+    assertion's message: a sweep prints one line per failed run, and a test's folder is gone
+    once later test sessions rotate it out (a resumed sweep's run failed once in a fresh
+    clone's CI, its ServerApp's process gone after round 2, with nothing left to say why)."""
+    import json
+
+    tails = []
+    for run in runs:
+        summary = run / "summary.json"
+        if summary.is_file() and json.loads(summary.read_text()).get("status") == "completed":
+            continue
+        log = run / "flwr.log"
+        lines = log.read_text(errors="replace").splitlines()[-60:] if log.is_file() else ["(no flwr.log)"]
+        tails.append(f"\n--- {log} ---\n" + "\n".join(lines))
+    return "".join(tails)
+
+
 @pytest.fixture
 def scoped_env() -> tuple[dict[str, str], str]:
     """(environment, scope) for subprocesses whose leftovers a test checks with processes_in_scope."""

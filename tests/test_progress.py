@@ -1,4 +1,5 @@
-"""Progress written to a file (experiments/runtime/progress.py): whole lines, no redraws."""
+"""Progress written to a file (experiments/runtime/progress.py): whole lines, no redraws (a
+real run's, launched from the command line with its output in a file: tests/test_tracking.py)."""
 
 from __future__ import annotations
 
@@ -43,22 +44,6 @@ def test_a_terminal_still_gets_tqdms_bar():
     bar = progress.progress_bar(total=2, file=Terminal())
     assert type(bar).__name__ == "tqdm"
     bar.close()
-
-
-def test_a_run_with_its_output_in_a_file_writes_a_few_whole_lines(tmp_path):
-    log = tmp_path / "run.log"
-    with open(log, "w") as stderr:
-        done = subprocess.run(
-            [sys.executable, "-m", "experiments.run", "--set", "num-rounds=3", "--set", "num-clients=4",
-             "--set", "participation=0.5", "--set", "local-epochs=1", "--out", str(tmp_path / "run")],
-            cwd=APP_DIR, stdout=subprocess.DEVNULL, stderr=stderr, timeout=300)
-    text = log.read_text()
-    assert done.returncode == 0, text[-2000:]
-    assert "\r" not in text
-    lines = [line for line in text.splitlines() if " 0/3 " in line or "/3 [" in line]
-    # the first line, one per start-up stage (7 at most), the rounds (at most one per round) and the end
-    assert 2 <= len(lines) <= 12, text
-    assert lines[-1].split(":")[1].strip().startswith("100% 3/3")
 
 
 def test_a_python_without_the_dependencies_is_told_to_use_the_environment_in_one_line(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import processes_in_scope
+from conftest import flower_logs_of_unfinished, processes_in_scope
 
 from experiments import sweep as sweep_module
 from experiments.runtime import sweep_runs
@@ -389,25 +389,9 @@ averaging = ["none", {averaging = "ima", window = 2, avg-start = 2}]
         return  # resuming after either is the same: the harsher one is resumed below
 
     resumed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
-    assert resumed.returncode == 0, resumed.stderr[-3000:] + _flower_logs_of_unfinished(runs)
+    assert resumed.returncode == 0, resumed.stderr[-3000:] + flower_logs_of_unfinished(runs)
     table = pd.read_parquet(out / "results.parquet")
     assert table["status"].eq("completed").all() and table["rounds"].eq(rounds).all()
     for run in runs:
         assert pd.read_csv(run / "results.csv")["round"].tolist() == list(range(1, rounds + 1))
     assert processes_in_scope(scope) == set()
-
-
-def _flower_logs_of_unfinished(runs: list[Path]) -> str:
-    """The last lines of Flower's log of each run that did not complete: a sweep prints one
-    line per failed run, and the test's folder is gone once later test sessions rotate it
-    out (a resumed run here failed once in a fresh clone's CI, its ServerApp's process gone
-    after round 2, with nothing left to say why)."""
-    tails = []
-    for run in runs:
-        summary = run / "summary.json"
-        if summary.is_file() and json.loads(summary.read_text()).get("status") == "completed":
-            continue
-        log = run / "flwr.log"
-        lines = log.read_text(errors="replace").splitlines()[-60:] if log.is_file() else ["(no flwr.log)"]
-        tails.append(f"\n--- {log} ---\n" + "\n".join(lines))
-    return "".join(tails)

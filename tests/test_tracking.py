@@ -1,6 +1,7 @@
 """Experiment trackers (strategies/tracking.py): a real run logged to TensorBoard, MLflow
 and W&B (offline), read back with each tool's own reader and compared with results.csv;
-a tracker that fails is one warning, never a failed run."""
+a tracker that fails is one warning, never a failed run. The same run, launched from the
+command line with its output in a file, shows the progress written there."""
 
 from __future__ import annotations
 
@@ -46,6 +47,18 @@ def _temporary_entries() -> set[str]:
 
 def _results(out: Path) -> pd.DataFrame:
     return pd.read_csv(out / "results.csv")
+
+
+@pytest.mark.slow
+def test_a_run_with_its_output_in_a_file_writes_a_few_whole_lines(tracked_run):
+    """Progress (experiments/runtime/progress.py) in a real run launched from the command
+    line with its output in a file: no redraws, and a few whole lines."""
+    text = (tracked_run.parent / "stderr.log").read_text()
+    assert "\r" not in text
+    lines = [line for line in text.splitlines() if f" 0/{ROUNDS} " in line or f"/{ROUNDS} [" in line]
+    # the first line, one per start-up stage (7 at most), the rounds (at most one per round) and the end
+    assert 2 <= len(lines) <= 12, text
+    assert lines[-1].split(":")[1].strip().startswith(f"100% {ROUNDS}/{ROUNDS}")
 
 
 @pytest.mark.slow
