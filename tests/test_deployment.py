@@ -20,7 +20,6 @@ import torch
 
 from experiments.certificates import write_supernode_key_pair
 from experiments.runtime.deployment import LocalFederation, Security, deploy
-from experiments.runtime.launch import launch
 from experiments.runtime.processes import alive, flwr_homes
 from experiments.runtime.run_config import resolve_config
 
@@ -28,6 +27,9 @@ SHORT = {"num-rounds": 2, "local-epochs": 1, "device": "cpu"}
 # 3 clients, 2 sampled per round (cohort_size: round(0.67 · 3) = 2); IMA averages the
 # window of rounds 1–2 and sends the average from round 2 on.
 FEDAVG_IMA = {**SHORT, "num-clients": 3, "participation": 0.67, "averaging": "ima", "window": 2, "avg-start": 2}
+# The same config in simulation, launched with the session's other reference runs
+# (tests/conftest.py's flower_runs) instead of with a Ray of its own.
+FLOWER_RUNS = {"deployment-simulated": FEDAVG_IMA}
 
 
 def _rounds(out_dir: Path) -> pd.DataFrame:
@@ -47,20 +49,21 @@ def no_process_left_behind():
 
 
 @pytest.mark.slow
-def test_deployment_and_simulation_give_identical_rounds_and_model(tmp_path):
-    config = resolve_config(FEDAVG_IMA)
+@pytest.mark.flower_runs("deployment-simulated")
+def test_deployment_and_simulation_give_identical_rounds_and_model(flower_runs, tmp_path):
+    simulated = flower_runs["deployment-simulated"].completed()
     # SuperNodes of 2 CPUs (OMP_NUM_THREADS = 2) against simulated clients of 1: torch-threads
     # keeps both at one thread, so the bits agree however each is given CPUs.
-    deployed = deploy(config, tmp_path / "deployment", cpus_per_client=2.0, progress=False)
-    simulated = launch(config, tmp_path / "simulation", progress=False)
+    deployed = deploy(flower_runs["deployment-simulated"].config, tmp_path / "deployment", cpus_per_client=2.0,
+                      progress=False)
 
-    assert deployed["status"] == simulated["status"] == "completed"
-    a, b = _rounds(tmp_path / "deployment"), _rounds(tmp_path / "simulation")
+    assert deployed["status"] == "completed"
+    a, b = _rounds(tmp_path / "deployment"), _rounds(simulated)
     assert list(a.columns) == list(b.columns)
     assert (a["clients-ok"] == 2).all() and a["sent-model"].tolist() == ["base", "averaged"]
     assert a.to_csv() == b.to_csv()  # every metric, to the last bit of its decimal form
     model_a = torch.load(tmp_path / "deployment" / "final_model.pt", weights_only=True)
-    model_b = torch.load(tmp_path / "simulation" / "final_model.pt", weights_only=True)
+    model_b = torch.load(simulated / "final_model.pt", weights_only=True)
     assert model_a.keys() == model_b.keys()
     assert all(torch.equal(model_a[k], model_b[k]) for k in model_a)
     # Each process logged into the run's directory.
