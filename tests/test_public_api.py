@@ -6,6 +6,7 @@ Engine; a method that needs Basin's ClientApp says so when it is wrapped."""
 from __future__ import annotations
 
 import textwrap
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -143,20 +144,38 @@ def _check_ima_arithmetic(log_dir: Path) -> None:
     assert not torch.equal(rounds[ROUNDS]["base"]["fc.weight"], rounds[ROUNDS - 1]["base"]["fc.weight"])
 
 
-@pytest.mark.slow
-def test_ima_around_flowers_fedavg_in_a_simulation(quickstart, tmp_path):
-    log = run_app(quickstart, tmp_path / "flwr.log", num_supernodes=NODES, run_config=f"log-dir='{tmp_path}'")
-    assert (tmp_path / f"round-{ROUNDS}.pt").exists(), log[-3000:]
-    _check_ima_arithmetic(tmp_path)
+def _in_a_simulation(app: Path, folder: Path) -> str:
+    return run_app(app, folder / "flwr.log", num_supernodes=NODES, run_config=f"log-dir='{folder}'")
 
 
-@pytest.mark.slow
-def test_ima_around_flowers_fedavg_on_the_deployment_engine(quickstart, tmp_path):
-    with LocalFederation(tmp_path / "logs") as federation:
+def _on_the_deployment_engine(app: Path, folder: Path) -> str:
+    with LocalFederation(folder / "logs") as federation:
         federation.start_supernodes(NODES)
-        log = federation.run_app(quickstart, tmp_path / "flwr.log", run_config=f"log-dir='{tmp_path}'")
-    assert (tmp_path / f"round-{ROUNDS}.pt").exists(), log[-3000:]
-    _check_ima_arithmetic(tmp_path)
+        return federation.run_app(app, folder / "flwr.log", run_config=f"log-dir='{folder}'")
+
+
+ENGINES = {"in-a-simulation": _in_a_simulation, "on-the-deployment-engine": _on_the_deployment_engine}
+
+
+@pytest.fixture(scope="module")
+def quickstart_runs(request, quickstart, tmp_path_factory) -> dict[str, tuple[Path, Future]]:
+    """The quickstart app on each engine that this session's selected tests name, both at
+    once: {engine: (the folder it logs its rounds to, its run's log)}. Each run alone left
+    the 2 cores about half idle (Flower's and its SuperNodes' polling, each ClientApp's start)."""
+    selected = [item.callspec.params["engine"] for item in request.session.items
+                if item.originalname == "test_ima_around_flowers_fedavg"]
+    with ThreadPoolExecutor(max_workers=len(ENGINES)) as pool:
+        runs = {engine: (folder := tmp_path_factory.mktemp(engine), pool.submit(ENGINES[engine], quickstart, folder))
+                for engine in selected}
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ENGINES)
+def test_ima_around_flowers_fedavg(quickstart_runs, engine):
+    folder, log = quickstart_runs[engine]
+    assert (folder / f"round-{ROUNDS}.pt").exists(), log.result()[-3000:]
+    _check_ima_arithmetic(folder)
 
 
 def test_a_method_that_needs_basins_clients_says_so_when_wrapped():
