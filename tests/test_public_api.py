@@ -160,8 +160,9 @@ ENGINES = {"in-a-simulation": _in_a_simulation, "on-the-deployment-engine": _on_
 @pytest.fixture(scope="module")
 def quickstart_runs(request, quickstart, tmp_path_factory) -> dict[str, tuple[Path, Future]]:
     """The quickstart app on each engine that this session's selected tests name, both at
-    once: {engine: (the folder it logs its rounds to, its run's log)}. Each run alone left
-    the 2 cores about half idle (Flower's and its SuperNodes' polling, each ClientApp's start)."""
+    once: {engine: (the folder it logs its rounds to, the future of its run's log)}. One after
+    the other they took 60 s, at once 38 s (2 cores, 2026-11-29): each alone leaves a core idle
+    much of the time (Flower's and its SuperNodes' polling, each ClientApp's start)."""
     selected = [item.callspec.params["engine"] for item in request.session.items
                 if item.originalname == "test_ima_around_flowers_fedavg"]
     with ThreadPoolExecutor(max_workers=len(ENGINES)) as pool:
