@@ -235,12 +235,11 @@ def flower_logs_of_unfinished(runs: list[Path]) -> str:
     assertion's message: a sweep prints one line per failed run, and a test's folder is gone
     once later test sessions rotate it out (a resumed sweep's run failed once in a fresh
     clone's CI, its ServerApp's process gone after round 2, with nothing left to say why)."""
-    import json
+    from experiments.runtime.flower_log import read_summary
 
     tails = []
     for run in runs:
-        summary = run / "summary.json"
-        if summary.is_file() and json.loads(summary.read_text()).get("status") == "completed":
+        if (read_summary(run) or {}).get("status") == "completed":
             continue
         log = run / "flwr.log"
         lines = log.read_text(errors="replace").splitlines()[-60:] if log.is_file() else ["(no flwr.log)"]

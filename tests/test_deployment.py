@@ -51,11 +51,11 @@ def no_process_left_behind():
 @pytest.mark.slow
 @pytest.mark.flower_runs("deployment-simulated")
 def test_deployment_and_simulation_give_identical_rounds_and_model(flower_runs, tmp_path):
-    simulated = flower_runs["deployment-simulated"].completed()
+    reference = flower_runs["deployment-simulated"]
+    simulated = reference.completed()
     # SuperNodes of 2 CPUs (OMP_NUM_THREADS = 2) against simulated clients of 1: torch-threads
     # keeps both at one thread, so the bits agree however each is given CPUs.
-    deployed = deploy(flower_runs["deployment-simulated"].config, tmp_path / "deployment", cpus_per_client=2.0,
-                      progress=False)
+    deployed = deploy(reference.config, tmp_path / "deployment", cpus_per_client=2.0, progress=False)
 
     assert deployed["status"] == "completed"
     a, b = _rounds(tmp_path / "deployment"), _rounds(simulated)
