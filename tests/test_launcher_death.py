@@ -61,13 +61,18 @@ def _guardian_of(home: str) -> int | None:
                  if "experiments.runtime.guardian" in command and f" {home} " in command), None)
 
 
-def _client_processes_after(out: Path, launcher: subprocess.Popen, rounds: int) -> list[int]:
-    """The ClientApp processes of the run in ``out`` once it has recorded ``rounds`` rounds."""
+def _home_of(out: Path, launcher: subprocess.Popen) -> str:
+    """The FLWR_HOME of the run in ``out``, once its lock records it."""
     deadline = time.monotonic() + 180
-    while _rows(out / "results.csv") < rounds:
-        assert time.monotonic() < deadline and launcher.poll() is None, f"the run never reached round {rounds}"
+    while len(lock := _lines(out / LOCK_FILE)) < 2:
+        assert time.monotonic() < deadline and launcher.poll() is None, "the run never recorded its FLWR_HOME"
         time.sleep(0.05)
-    home = (out / LOCK_FILE).read_text().splitlines()[1]  # the run's FLWR_HOME, as the lock records it
+    return lock[1]
+
+
+def _client_processes(home: str, launcher: subprocess.Popen) -> list[int]:
+    """The ClientApp processes of the run whose FLWR_HOME is ``home``, once there are any."""
+    deadline = time.monotonic() + 180
     # Waited for, not read once: in one CI run of 2026-11-28 none was found just after round 3.
     while True:
         table = process_table()
@@ -81,11 +86,22 @@ def _client_processes_after(out: Path, launcher: subprocess.Popen, rounds: int) 
         time.sleep(0.1)
 
 
-def _rows(path: Path) -> int:
+def _wait_for_rounds(out: Path, launcher: subprocess.Popen, rounds: int) -> None:
+    deadline = time.monotonic() + 180
+    while _rows(out / "results.csv") < rounds:
+        assert time.monotonic() < deadline and launcher.poll() is None, f"the run never reached round {rounds}"
+        time.sleep(0.05)
+
+
+def _lines(path: Path) -> list[str]:
     try:
-        return max(len(path.read_text().splitlines()) - 1, 0)
+        return path.read_text().splitlines()
     except OSError:
-        return 0
+        return []
+
+
+def _rows(path: Path) -> int:
+    return max(len(_lines(path)) - 1, 0)
 
 
 # The uninterrupted run that a resumed one must equal: launched with the session's other
@@ -246,7 +262,8 @@ def test_client_processes_killed_mid_run_stop_it_without_a_skipped_round_and_it_
     launcher = subprocess.Popen(_command(out), cwd=APP_DIR, start_new_session=True, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, env=env)
     try:
-        for pid in _client_processes_after(out, launcher, 3):  # the client processes die, not the launcher
+        _wait_for_rounds(out, launcher, 3)  # every client process has served by then
+        for pid in _client_processes(_home_of(out, launcher), launcher):  # they die, not the launcher
             os.kill(pid, signal.SIGKILL)
         _, err = launcher.communicate(timeout=120)
     finally:
@@ -364,7 +381,11 @@ def test_a_frozen_client_process_fails_its_round_after_round_timeout_and_the_run
     launcher = subprocess.Popen(_command(out, settings), cwd=APP_DIR, start_new_session=True, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, env={**env, "PYTHONPATH": str(APP_DIR)})
     try:
-        os.kill(_client_processes_after(out, launcher, 2)[0], signal.SIGSTOP)
+        # Found before round 2 ends, not after: in a CI run of 2026-11-29, looked for once
+        # round 2 was recorded, they were not found before the run's 8th and last round ended.
+        client = _client_processes(_home_of(out, launcher), launcher)[0]
+        _wait_for_rounds(out, launcher, 2)
+        os.kill(client, signal.SIGSTOP)
         _, err = launcher.communicate(timeout=240)
     finally:
         if launcher.poll() is None:
