@@ -345,3 +345,32 @@ def test_on_a_job_whose_server_has_imported_the_runs_superlink_and_superexec_com
         job.simulations.close()
         for process in forked.values():
             process.kill()
+
+
+# Two children of a process that imported the job's fork server's modules: each prints the
+# first Ray object ID it draws, as a run's Ray driver does when it starts (its plasma warm-up).
+FORKED_RAY_IDS = """
+import os, sys
+from clients.warm_simulation import import_all
+from experiments.runtime.warm_processes import warm_job_imports
+import_all(list(warm_job_imports()))
+import ray
+for _ in range(2):
+    if os.fork() == 0:
+        print(ray.ObjectID.from_random().hex(), flush=True)
+        os._exit(0)
+os.wait()
+os.wait()
+"""
+
+
+def test_runs_forked_from_a_jobs_fork_server_draw_different_ray_ids():
+    """The fork server's imports leave Ray's ID generator unseeded, so each forked run seeds
+    its own. Seeded before the fork (Flower's Ray backend, imported there, makes its actor
+    class with a random ID), two runs' Ray drivers drew the same IDs: the second to start
+    died of a plasma object that already existed (`--parallel 2` sweeps, 2 in 3 here)."""
+    result = subprocess.run([sys.executable, "-c", FORKED_RAY_IDS], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr[-2000:]
+    ids = result.stdout.split()
+    assert len(ids) == 2 and ids[0] != ids[1], ids

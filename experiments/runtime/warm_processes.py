@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clients.flower_internals import ENGINE_MODULE, RAY_BACKEND_MODULE
+from clients.flower_internals import ENGINE_MODULE
 from clients.warm_simulation import command_socket_path, installed_command, socket_path
 from experiments.runtime.simulation_forks import ForkedSimulation
 
@@ -45,12 +45,14 @@ WARM_COMMAND_NAMES = ("flower-superlink", "flower-superexec")
 
 
 # What each run's forked processes went on importing after the fork, which a job's fork
-# server imports once instead: Ray (the simulation's Ray driver, and the SuperLink's check of
-# Flower's Ray backend), pandas and matplotlib (the partition's table and figure). A job of
-# four small runs, 2 cores: its later runs 2.1-2.4 s each instead of 3.3-3.8 s, 28.6 CPU-s
-# in all instead of 34.4. A run alone gained nothing from them in its warm process (it needs
-# them about when its imports would be done), so there they stay where they are.
-JOB_SERVER_IMPORTS = ("ray", RAY_BACKEND_MODULE, "pandas", "matplotlib.pyplot")
+# server imports once instead: Ray (the simulation's Ray driver), pandas and matplotlib (the
+# partition's table and figure). A job of four small runs, 2 cores: its later runs 2.1-2.4 s
+# each instead of 3.3-3.8 s, 28.6 CPU-s in all instead of 34.4. A run alone gained nothing
+# from them in its warm process (it needs them about when its imports would be done), so
+# there they stay where they are. Never Flower's Ray backend (2 ms more in each run): it
+# makes its actor class with a random ID, which seeds Ray's ID generator, and the runs
+# forked after it drew the same IDs (tests/test_flwr_command.py).
+JOB_SERVER_IMPORTS = ("ray", "pandas", "matplotlib.pyplot")
 
 
 @functools.cache
