@@ -256,10 +256,12 @@ def scoped_env() -> tuple[dict[str, str], str]:
 
 # ---- Flower runs that several tests read --------------------------------------------
 
-# One run alone leaves part of CI's 2 cores idle (Flower's polling and process start-up),
-# two at once keep both busy: 4 runs took 32.5 s instead of 38.2 s one at a time (2 cores,
-# 2026-11-27); three at once were slower again than two when last measured.
-RUNS_AT_ONCE = 2
+# One run alone leaves part of CI's 2 cores idle (Flower's polling and process start-up):
+# 4 runs took 32.5 s two at once instead of 38.2 s one at a time (2 cores, 2026-11-27). The
+# second tier's whole batch (~30 runs; `pytest -m "slow and flower_runs" --setup-only`),
+# 2 cores, 2026-11-30: two at once 175 s and 173 s (88 % busy), three 164 s twice (91 %),
+# four 177 s.
+RUNS_AT_ONCE = 3
 
 
 @dataclass
