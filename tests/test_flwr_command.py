@@ -347,17 +347,18 @@ def test_on_a_job_whose_server_has_imported_the_runs_superlink_and_superexec_com
             process.kill()
 
 
-# Two children of a process that imported the job's fork server's modules: each prints the
-# first Ray object ID it draws, as a run's Ray driver does when it starts (its plasma warm-up).
+# Two children of a process that imported the job's fork server's modules: each writes the
+# first Ray object ID it draws, as a run's Ray driver does when it starts (its plasma warm-up),
+# in one write (print's two, unbuffered as CI runs Python, interleaved the children's lines).
 FORKED_RAY_IDS = """
-import os, sys
+import os
 from clients.warm_simulation import import_all
 from experiments.runtime.warm_processes import warm_job_imports
 import_all(list(warm_job_imports()))
 import ray
 for _ in range(2):
     if os.fork() == 0:
-        print(ray.ObjectID.from_random().hex(), flush=True)
+        os.write(1, (ray.ObjectID.from_random().hex() + "\\n").encode())
         os._exit(0)
 os.wait()
 os.wait()
