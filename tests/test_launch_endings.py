@@ -72,3 +72,23 @@ def test_a_run_that_ended_without_a_word_is_killed_with_the_reason_from_flowers_
     assert "ended after round 2 without recording why" in str(run_failure(tmp_path, config, log)).splitlines()[0]
     recorder.fail(ValueError("bad"))  # the ServerApp's own error wins
     assert str(run_failure(tmp_path, config, log)).splitlines()[0].endswith("failed: ValueError: bad")
+
+
+def test_a_serverapp_that_started_then_died_is_noticed_though_flowers_log_lags(tmp_path):
+    """Under load `flwr run --stream` had delivered none of the ServerApp's lines after its
+    third round (a fresh clone's CI, 2026-11-30), and the launcher only watched the
+    ServerApp's process once its start-up line was in the log: the dead ServerApp went
+    unnoticed until `flwr run` gave up. The summary it writes as it starts says so too."""
+    import subprocess
+
+    from experiments.runtime.flower_log import follow_run
+
+    (tmp_path / "flwr.log").write_text("Starting local SuperLink\n")  # nothing of the ServerApp's yet
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "running"}))  # as the ServerApp writes it
+    flwr_run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        follow_run(flwr_run, tmp_path, 5, progress=False, label="", leave=False, server_alive=lambda: False)
+        assert flwr_run.poll() is None  # it returned on the ServerApp's death, not when `flwr run` ended
+    finally:
+        flwr_run.kill()
+        flwr_run.wait()

@@ -108,10 +108,11 @@ def follow_run(
     last, after the final model), or a few seconds after it marked it failed (time for
     Flower to log the error's traceback): the tens of seconds Flower then spends shutting
     down Ray and the log stream would only delay the next run; the caller stops those
-    processes. With ``server_alive``, also returns once the ServerApp has started and its
-    process is gone twice in a row (checked every second) without a recorded end: killed
-    from outside, where ``flwr run`` itself would wait about a minute. ``check`` is called
-    at each poll: what it raises (e.g. a job's Ray cluster that cannot start) ends the wait.
+    processes. With ``server_alive``, also returns once the ServerApp has started (its line
+    in the log, or its summary.json) and its process is gone twice in a row (checked every
+    second) without a recorded end: killed from outside, where ``flwr run`` itself would
+    wait about a minute. ``check`` is called at each poll: what it raises (e.g. a job's Ray
+    cluster that cannot start) ends the wait.
     """
     from experiments.runtime.progress import progress_bar
 
@@ -147,7 +148,10 @@ def follow_run(
                 except subprocess.TimeoutExpired:
                     pass
                 break
-            if server_alive is not None and SERVER_APP_STARTED in seen and time.monotonic() - server_checked >= 1.0:
+            # Started: its start-up line in Flower's log, or the summary it writes as it starts (the
+            # launcher removed the last one): the streamed log lagged tens of seconds behind under load.
+            started = SERVER_APP_STARTED in seen or summary is not None
+            if server_alive is not None and started and time.monotonic() - server_checked >= 1.0:
                 server_checked = time.monotonic()
                 server_missing = 0 if server_alive() else server_missing + 1
                 if server_missing == 2:
