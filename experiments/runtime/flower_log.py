@@ -76,9 +76,11 @@ FAILED_RUN_LOG_GRACE_S = 3.0
 # the ServerApp's lines into flwr.log a moment after they are written, and the launcher
 # stops a completed run's processes at once: it waits for this line first (0.1-0.5 s on 2
 # cores; Flower's own end comes ~3 s later), or the log lost its last rounds, and a quick
-# run the start-up stages after its data (a job's later runs take ~2 s).
+# run the start-up stages after its data (a job's later runs take ~2 s). At most 15 s: on a
+# heavily loaded machine a run with Flower's own commands got none of its lines in 3 s (a
+# fresh clone's CI, 2026-11-30); the main job with them took 45 s either way unloaded.
 COMPLETED_LINE = "[basin] completed:"
-COMPLETED_RUN_LOG_GRACE_S = 3.0
+COMPLETED_RUN_LOG_GRACE_S = 15.0
 
 
 def _note_stages(log_path: Path, seen: dict[str, float]) -> str:
