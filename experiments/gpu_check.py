@@ -65,7 +65,9 @@ def _process_counts(args) -> tuple[int, int]:
 
 def check(args) -> int:
     """Run the steps (see the module docstring); 0 when every step that ran passed."""
+    from experiments.runtime.machine import machine_cpus
     from experiments.runtime.output_dir import OutputLock, create_output_dir, unique_output_dir
+    from experiments.runtime.ray_cluster import LocalRayCluster
     from experiments.runtime.run_config import load_preset, resolve_config
     from partitions.datasets import load_dataset
 
@@ -87,7 +89,13 @@ def check(args) -> int:
     out = create_output_dir(args.out) if args.out else unique_output_dir(Path("runs"), "gpu-check")
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
-    with OutputLock(out):
+    # The dry run's determinism and pair steps share one Ray cluster and its client processes,
+    # as a sweep's runs on CPUs do: the pair's two runs each started a Ray of their own, and
+    # the dry run took 46 s (pair 17.3 s) instead of 34 s (pair 7.9 s; 2 cores, 2026-12-05).
+    # On a GPU each step keeps its own: the pair's two runs at once take the GPU shares sized
+    # for two (sweep_runs.shares_one_ray_cluster).
+    shared = dry and not {"determinism", "pair"} <= set(args.skip)
+    with OutputLock(out), LocalRayCluster(shared, machine_cpus(), log_path=out / "ray-cluster.log") as dry_ray:
         for step in STEPS:
             if step in args.skip:
                 continue
@@ -98,9 +106,9 @@ def check(args) -> int:
             elif step == "benchmark":
                 new = check_benchmarks(base, bench_rounds, out / "benchmark", dry)
             elif step == "determinism":
-                new = [check_determinism(base, processes, out / "determinism", dry)]
+                new = [check_determinism(base, processes, out / "determinism", dry, dry_ray)]
             else:
-                new = check_pair(base, pair_rounds, out / "pair")
+                new = check_pair(base, pair_rounds, out / "pair", dry_ray)
             for row in new:
                 row["seconds"] = round(time.perf_counter() - step_started, 1)
                 log.getChild("gpu-check").info(f"{'passed' if row['ok'] else 'FAILED'}: {row['check']}: {row['result']}")
@@ -172,10 +180,12 @@ def check_benchmarks(base: dict[str, Any], rounds: int, out: Path, dry: bool) ->
     return rows
 
 
-def check_determinism(base: dict[str, Any], processes: tuple[int, int], out: Path, dry: bool) -> dict[str, Any]:
+def check_determinism(base: dict[str, Any], processes: tuple[int, int], out: Path, dry: bool,
+                      ray_address: str | None = None) -> dict[str, Any]:
     """The same short run with two numbers of client processes, compared bit for bit, one
     after the other on one Ray cluster, as a job's runs go (the second run's own resources
-    end the first run's client processes: it starts its own count)."""
+    end the first run's client processes: it starts its own count): ``ray_address``'s, else
+    one of its own."""
     from experiments.runtime.launch import launch
     from experiments.runtime.machine import ClientResources, machine_cpus
     from experiments.runtime.ray_cluster import LocalRayCluster
@@ -189,7 +199,8 @@ def check_determinism(base: dict[str, Any], processes: tuple[int, int], out: Pat
                                    "participation": cohort / num_clients})
     folders = []
     out.mkdir(parents=True, exist_ok=True)
-    with LocalRayCluster(True, machine_cpus(), log_path=out / "ray-cluster.log") as job_ray:
+    with LocalRayCluster(ray_address is None, machine_cpus(), log_path=out / "ray-cluster.log") as own_ray:
+        job_ray = ray_address or own_ray
         for count in processes:
             # On the CPU, n processes: 2/n CPUs each of this machine's 2 (1 → 2 CPUs); on CUDA a GPU share of 1/n.
             resources = ClientResources(max(1.0, 2.0 / count), 0.0) if dry else ClientResources(1.0, 1.0 / count)
@@ -206,8 +217,9 @@ def check_determinism(base: dict[str, Any], processes: tuple[int, int], out: Pat
             "result": f"{result} ({comparison.rounds} rounds, {comparison.tensors} tensors)"}
 
 
-def check_pair(base: dict[str, Any], rounds: int, out: Path) -> list[dict[str, Any]]:
-    """FedAvg and FedAvg + IMA on the IMA paper's Fashion-MNIST #C=2, both at once."""
+def check_pair(base: dict[str, Any], rounds: int, out: Path, ray_address: str | None = None) -> list[dict[str, Any]]:
+    """FedAvg and FedAvg + IMA on the IMA paper's Fashion-MNIST #C=2, both at once, on
+    ``ray_address``'s Ray cluster, else each run on a Ray of its own."""
     import dataclasses
 
     from experiments.runtime.machine import client_resources
@@ -224,7 +236,7 @@ def check_pair(base: dict[str, Any], rounds: int, out: Path) -> list[dict[str, A
                     + '[grid]\naveraging = ["none", "ima"]\n')
     sweep = load_sweep(spec)
     resources = client_resources([run.config for run in sweep.runs], 1.0, None, parallel=2)
-    run_sweep(dataclasses.replace(sweep, resources=resources), out, progress=False, parallel=2)
+    run_sweep(dataclasses.replace(sweep, resources=resources), out, progress=False, ray_address=ray_address, parallel=2)
     rows = []
     for run in sweep.runs:
         averaging = run.config["averaging"]

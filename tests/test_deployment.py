@@ -105,8 +105,9 @@ def test_over_tls_only_registered_nodes_join_and_a_dead_and_a_frozen_one_are_one
     # process (clients/warm_clientapp.py), 11 s with each importing Flower and torch, when
     # 5 nodes took 17 s and a round-timeout of 10 s failed every round once. The nodes break
     # once round 1's row is written, while round 2's ClientApps are starting, so round 2
-    # already waits round-timeout for them: 12 s, twice round 1's time (the run took 46 s with
-    # 20 s, 37-38 s with 12 s; 2 cores, 2026-12-05).
+    # already waits round-timeout for them: 12 s, over twice round 1's 5.1 s, when the three
+    # nodes trained at once (in round 2 the healthy one trains alone). The test took 46 s
+    # with 20 s, 37-38 s with 12 s (2 cores, 2026-12-05).
     config = resolve_config({**SHORT, "num-clients": 3, "participation": 1.0, "min-replies": 1, "num-rounds": 2,
                              "round-timeout": 12.0})
     out = tmp_path / "run"
