@@ -94,7 +94,8 @@ def check(args) -> int:
     # the dry run took 46 s (pair 17.3 s) instead of 34 s (pair 7.9 s; 2 cores, 2026-12-05).
     # On a GPU each step keeps its own: the pair's two runs at once take the GPU shares sized
     # for two (sweep_runs.shares_one_ray_cluster).
-    shared = dry and not {"determinism", "pair"} <= set(args.skip)
+    # Started with the check, its start overlapping the first steps; only where both steps run.
+    shared = dry and not {"determinism", "pair"} & set(args.skip)
     with OutputLock(out), LocalRayCluster(shared, machine_cpus(), log_path=out / "ray-cluster.log") as dry_ray:
         for step in STEPS:
             if step in args.skip:
