@@ -25,6 +25,7 @@ This module imports only the standard library at its top: the command loads it f
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import os
@@ -64,9 +65,10 @@ def _receive_exactly(connection: socket.socket, size: int) -> bytes:
     return data
 
 
-def hand_over(path: str | None) -> int | None:
-    """Have the warm process at ``path`` run this command; its exit status, or None where
-    none answers (the command then runs the simulation itself)."""
+def hand_over(path: str | None, entry: str | None = None) -> int | None:
+    """Have the warm process at ``path`` run this command (``entry``: the function it runs,
+    "module:function", where that is not what the command's name runs: :func:`run_named_command`);
+    its exit status, or None where none answers (the command then runs itself)."""
     if path is None:
         return None
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -80,7 +82,8 @@ def hand_over(path: str | None) -> int | None:
     # by SIGKILL instead of by that signal).
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
     try:
-        send_request(connection, {"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd()}, [0, 1, 2])
+        send_request(connection, {"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd(), "entry": entry},
+                     [0, 1, 2])
         (pid,) = STATUS.unpack(_receive_exactly(connection, STATUS.size))
     except ConnectionError:  # it ended before taking the command over (its imports failed)
         connection.close()
@@ -136,11 +139,17 @@ def installed_command(name: str) -> EntryPoint:
     return found
 
 
-def run_named_command() -> object:
-    """Run what the command named by ``sys.argv[0]`` runs: for ``flwr-simulation``, Flower's
-    simulation with Basin's engine replacements (``clients.simulation_engine``); for another
-    command (on a job's own Ray cluster, the run's SuperLink and SuperExec: each would import
-    Flower's server side in a process of its own), the installed command's entry point."""
+def run_named_command(entry: str | None = None) -> object:
+    """Run what the command named by ``sys.argv[0]`` runs: ``entry`` ("module:function",
+    called as a console script's entry point is) where given (on a job's own Ray cluster, the
+    run's ``flwr``: Basin's, experiments/runtime/flwr_command.py); for ``flwr-simulation``,
+    Flower's simulation with Basin's engine replacements (``clients.simulation_engine``); for
+    another command (on a job's own Ray cluster, the run's SuperLink and SuperExec: each would
+    import Flower's server side in a process of its own), the installed command's entry point."""
+    if entry is not None:
+        from importlib.metadata import EntryPoint
+
+        return EntryPoint(name=os.path.basename(sys.argv[0]), value=entry, group="console_scripts").load()()
     name = os.path.basename(sys.argv[0])
     if name == "flwr-simulation":
         from clients.simulation_engine import run_flower_simulation
@@ -158,12 +167,16 @@ def _take_over(listener: socket.socket, path: str, set_by_imports: dict[str, str
     run_handed_over(connection, set_by_imports, run_named_command)
 
 
-def run_handed_over(connection: socket.socket, set_by_imports: dict[str, str], command: Callable[[], object]) -> NoReturn:
+def run_handed_over(connection: socket.socket, set_by_imports: dict[str, str],
+                    command: Callable[[], object]) -> NoReturn:
     """Become the command that handed itself over on ``connection`` (its standard streams,
     environment, folder and command line; ``set_by_imports`` kept under its environment),
-    run ``command`` (what the command would run), send the command the exit status, and
-    exit with it; where the command dies first, die at once (SIGKILL)."""
+    run ``command`` (what the command would run; the entry the command names instead, where
+    it names one: :func:`hand_over`), send the command the exit status, and exit with it;
+    where the command dies first, die at once (SIGKILL)."""
     request, fds = receive_request(connection, 3)
+    if request.get("entry") is not None:
+        command = functools.partial(run_named_command, request["entry"])
     sys.stdout.flush()
     sys.stderr.flush()
     for target, fd in enumerate(fds):
@@ -290,13 +303,18 @@ def _serve_forked(listener: socket.socket, path: str, cwd: str, set_by_imports: 
 
 def exit_forked_child(body: Callable[[], object]) -> NoReturn:
     """In a child forked from a server: run ``body``, then end the process at once with the
-    status it exited with (1 where it raised or returned), after the exit functions that a
-    process's own exit runs (what the command registered); never return into the server's loop."""
+    status it exited with (1 where it raised, an error's traceback on standard error as
+    Python's own exit prints it, or returned), after the exit functions that a process's own exit runs
+    (what the command registered); never return into the server's loop."""
     status = 1
     try:
         body()
     except SystemExit as ending:
         status = ending.code if isinstance(ending.code, int) else (0 if ending.code is None else 1)
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
     finally:
         import atexit
 

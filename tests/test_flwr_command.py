@@ -142,12 +142,14 @@ def test_ports_handed_out_at_once_are_never_the_same_one_twice():
 
 def _fake_app(tmp_path: Path, simulation_engine: str) -> Path:
     """A staged app whose clients/simulation_engine.py is ``simulation_engine`` (and the real
-    clients/warm_simulation.py, which the run's command loads first)."""
+    clients/warm_simulation.py, which the run's command loads first, and the modules of
+    clients/ that the run's `flwr` loads: experiments/runtime/flwr_command.py)."""
     app = tmp_path / "app"
     (app / "clients").mkdir(parents=True)
     (app / "clients" / "__init__.py").write_text("")
     (app / "clients" / "simulation_engine.py").write_text(simulation_engine)
-    shutil.copy(Path(__file__).parents[1] / "clients" / "warm_simulation.py", app / "clients")
+    for module in ("warm_simulation.py", "flower_internals.py", "log.py"):
+        shutil.copy(Path(__file__).parents[1] / "clients" / module, app / "clients")
     (app / "preloaded.py").write_text("")
     return app
 
@@ -302,18 +304,20 @@ def test_a_jobs_warm_processes_are_forked_from_one_that_imported_once_and_end_wi
     assert not alive(warm[2].pid) and not alive(servers.pop())
 
 
-def test_on_a_job_whose_server_has_imported_the_runs_superlink_and_superexec_commands_hand_themselves_over(tmp_path):
-    """A job's later runs get their SuperLink and SuperExec forked from the job's fork server
-    (launch.start_warm_commands): Flower starts each by name, the run's own command (first
-    on its PATH) hands itself over to its child of the server, which runs Flower's command
-    (here `--help`) with the command's streams and exits with its status. Before the server
-    has made its imports (a job's first runs) none is forked; without one the command runs
-    Flower's own."""
+def test_on_a_job_whose_server_has_imported_the_runs_flwr_superlink_and_superexec_commands_hand_themselves_over(
+        tmp_path):
+    """A job's later runs get their `flwr`, SuperLink and SuperExec forked from the job's fork
+    server (launch.start_warm_commands): the launcher starts `flwr` and Flower the others by
+    name, the run's own command (in its bin folder, first on its PATH) hands itself over to
+    its child of the server, which runs what the command runs (here `--help`: Flower's, or for
+    `flwr` Basin's experiments.runtime.flwr_command, which for anything but `run` is
+    Flower's) with the command's streams and exits with its status. Before the server has
+    made its imports (a job's first runs) none is forked; without one the command runs itself."""
     from types import SimpleNamespace
 
     from experiments.runtime.processes import alive
     from experiments.runtime.simulation_forks import SimulationForks
-    from experiments.runtime.warm_processes import WARM_COMMAND_NAMES, start_warm_commands, start_warm_simulation
+    from experiments.runtime.warm_processes import WARM_COMMANDS, start_warm_commands, start_warm_simulation
 
     app = _fake_app(tmp_path, REPORTING_SIMULATION)
     (tmp_path / "job").mkdir()
@@ -327,9 +331,10 @@ def test_on_a_job_whose_server_has_imported_the_runs_superlink_and_superexec_com
         simulation = start_warm_simulation(first, app, dict(os.environ), job, imports=("preloaded",))
         assert simulation.forked.wait(60) and job.simulations.ready
         forked = start_warm_commands(later, app, dict(os.environ), job)
-        assert list(forked) == list(WARM_COMMAND_NAMES) and all(process.forked.wait(60) for process in forked.values())
+        assert list(forked) == list(WARM_COMMANDS) and all(process.forked.wait(60) for process in forked.values())
         # An option only that command's help names.
-        only_in_help = {"flower-superlink": "--control-api-address", "flower-superexec": "--parent-pid"}
+        only_in_help = {"flwr": "Create new Flower App", "flower-superlink": "--control-api-address",
+                        "flower-superexec": "--parent-pid"}
         for name, process in forked.items():
             done = subprocess.run([str(later / "bin" / name), "--help"], capture_output=True, text=True, timeout=120)
             assert done.returncode == 0 and only_in_help[name] in done.stdout, done.stderr

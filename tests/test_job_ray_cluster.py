@@ -120,7 +120,10 @@ def test_a_jobs_cluster_is_named_before_it_is_up_its_runs_keep_their_client_proc
         assert len(first) == 2  # one per core, alive after their run
         moon = launch(resolve_config(second), tmp_path / "moon", progress=False, ray_address=address)
         assert moon["client-failures"] == 0 and _kept_client_processes() == first
-        assert moon["warm-commands"] == ["flower-superlink", "flower-superexec"]
+        assert moon["warm-commands"] == ["flwr", "flower-superlink", "flower-superexec"]
+        # Its forked `flwr run` found the SuperLink it started first, on the run's own port, and
+        # started none on Flower's default port (read from the fork server's environment).
+        assert (tmp_path / "moon" / "flwr.log").read_text().count("Starting local SuperLink on") == 1
         assert "training round 1" in moon["startup-stages"]
         launch(resolve_config({**SMALL, "cuda-deterministic": False}), tmp_path / "other", progress=False,
                ray_address=address)

@@ -269,8 +269,11 @@ def _launch_locked(
             warm_simulation = start_warm_simulation(Path(flwr_home), app, env, cluster,
                                                     WARM_SIMULATION_IMPORTS if cluster is None else warm_job_imports())
             warm_commands = start_warm_commands(Path(flwr_home), app, env, cluster)
+        # The run's `flwr`: where forked from its job's warm process, the command that hands itself over to it.
+        flwr = ([str(Path(flwr_home) / "bin" / "flwr")] if "flwr" in warm_commands
+                else FLWR_COMMAND if not flowers_own else [flwr_executable()])
         command = [
-            *(FLWR_COMMAND if not flowers_own else [flwr_executable()]), "run", str(app), "--stream",
+            *flwr, "run", str(app), "--stream",
             "--run-config", str(run_config_path),
             "--federation-config", resources.federation_config(config["num-clients"]),
         ]

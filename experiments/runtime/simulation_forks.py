@@ -6,7 +6,7 @@ SuperLink starts: ~3 of its ~4 CPU-seconds on 2 cores, in every run. A job of se
 runs on its own Ray cluster (``LocalRayCluster``: ``--compare``, the main job, a sweep)
 instead starts one fork server (``clients.warm_simulation.fork_server``) at its first run,
 which makes those imports once, and each run's warm process is forked from it; once it has
-made them, so are the run's SuperLink and SuperExec (``warm_processes.start_warm_commands``).
+made them, so are the run's ``flwr run``, SuperLink and SuperExec (``warm_processes.start_warm_commands``).
 
 The server's children do not carry their run's FLWR_HOME in their environment (that of
 the server, until the run's command hands itself over), so the launcher stops each by its

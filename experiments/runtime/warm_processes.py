@@ -12,8 +12,8 @@ Flower's command itself.
 - The simulation (:func:`start_warm_simulation`): every run's, a process of its own that
   imports while the SuperLink and the SuperExec start; on a job's own Ray cluster a child
   of the job's fork server, which imported once (experiments/runtime/simulation_forks.py).
-- The SuperLink and the SuperExec (:func:`start_warm_commands`): on a job's own cluster,
-  once that server has made its imports, children of it too.
+- ``flwr run``, the SuperLink and the SuperExec (:func:`start_warm_commands`): on a job's
+  own cluster, once that server has made its imports, children of it too.
 """
 
 from __future__ import annotations
@@ -38,10 +38,17 @@ if TYPE_CHECKING:
 # engine and command, Basin's replacements, and the ServerApp's work (torch, the server side).
 WARM_SIMULATION_IMPORTS = (ENGINE_MODULE, "flwr.simulation.app", "clients.simulation_engine", "strategies.server_work")
 WARM_SIMULATION_SWITCH = "BASIN_WARM_SIMULATION"
-# Flower's commands of a run that a job's fork server also has warm: the SuperLink that
-# `flwr run` starts and the SuperExec that the SuperLink starts. Each imports Flower's server
-# side first, ~1.3 CPU-seconds (2 cores), in every run; the server imports it once.
-WARM_COMMAND_NAMES = ("flower-superlink", "flower-superexec")
+# Flower's commands of a run that a job's fork server also has warm, by name, with what each
+# runs where that is not the installed command of that name: the run's `flwr run` (Basin's,
+# experiments/runtime/flwr_command.py), the SuperLink it starts and the SuperExec that the
+# SuperLink starts. Each imports Flower first, ~1.3 CPU-seconds for the SuperLink and 0.9 for
+# `flwr run` (2 cores), in every run; the server imports it once (`flwr run`'s command line
+# itself, 0.1 CPU-seconds more, in its forked process: experiments/runtime/flwr_command.py).
+WARM_COMMANDS: dict[str, str | None] = {
+    "flwr": "experiments.runtime.flwr_command:command_line",
+    "flower-superlink": None,
+    "flower-superexec": None,
+}
 
 
 # What each run's forked processes went on importing after the fork, which a job's fork
@@ -58,33 +65,36 @@ JOB_SERVER_IMPORTS = ("ray", "pandas", "matplotlib.pyplot")
 @functools.cache
 def warm_job_imports() -> tuple[str, ...]:
     """What a job's fork server imports: the simulation's imports, the modules of the
-    installed commands WARM_COMMAND_NAMES and JOB_SERVER_IMPORTS."""
-    return (*WARM_SIMULATION_IMPORTS, *(installed_command(name).module for name in WARM_COMMAND_NAMES),
+    commands WARM_COMMANDS and JOB_SERVER_IMPORTS."""
+    return (*WARM_SIMULATION_IMPORTS,
+            *((entry or installed_command(name).value).partition(":")[0] for name, entry in WARM_COMMANDS.items()),
             *JOB_SERVER_IMPORTS)
 
 
 def write_warm_command(flwr_home: Path, app: Path, command: str = "flwr-simulation") -> Path | None:
-    """Write the run's ``command`` (``flwr-simulation`` or one of WARM_COMMAND_NAMES) into
+    """Write the run's ``command`` (``flwr-simulation`` or one of WARM_COMMANDS) into
     ``flwr_home/bin`` and return that folder (it goes first on the run's ``PATH``; Flower
-    starts the command by name): it hands itself over to the run's warm process for it where
-    one answers, else runs what it names itself (``clients.warm_simulation.run_named_command``),
-    with the staged app (the sources of the run's FAB) first on its path: for
-    ``flwr-simulation``, Flower's command with Basin's simulation-engine replacements
-    installed before Flower's engine starts; for the others, Flower's. None where a script
+    starts the command by name, the launcher ``flwr`` by its path): it hands itself over to the
+    run's warm process for it where one answers, else runs what it names itself
+    (``clients.warm_simulation.run_named_command``), with the staged app (the sources of the
+    run's FAB) first on its path: for ``flwr-simulation``, Flower's command with Basin's
+    simulation-engine replacements installed before Flower's engine starts; for ``flwr``,
+    Basin's (its entry in WARM_COMMANDS); for the others, Flower's. None where a script
     cannot name this Python on its first line (a space in its path): Flower's own command
     runs, the replacements installed as the ServerApp loads."""
     if any(character.isspace() for character in sys.executable):
         return None
     bin_dir = flwr_home / "bin"
     bin_dir.mkdir(exist_ok=True)
+    entry = WARM_COMMANDS.get(command)
     script = bin_dir / command
     script.write_text(f"#!{sys.executable}\n"
                       "import sys\n"
                       f"sys.path.insert(0, {str(app)!r})\n"
                       "from clients.warm_simulation import hand_over, run_named_command\n"
-                      f"status = hand_over({command_socket_path(str(flwr_home), command)!r})\n"
+                      f"status = hand_over({command_socket_path(str(flwr_home), command)!r}, {entry!r})\n"
                       "if status is None:\n"
-                      "    status = run_named_command()\n"
+                      f"    status = run_named_command({entry!r})\n"
                       "sys.exit(status)\n")
     script.chmod(0o755)
     return bin_dir
@@ -118,13 +128,13 @@ def start_warm_commands(flwr_home: Path, app: Path, env: Mapping[str, str],
                         cluster: LocalRayCluster | None) -> dict[str, ForkedSimulation]:
     """On the job's own cluster, once its fork server has made its imports (a job's first
     runs, started while it imports, start Flower's commands as Flower does): the run's
-    SuperLink and SuperExec (WARM_COMMAND_NAMES), each a process forked from that server
-    that waits for its command (the run's own, first on its PATH: :func:`write_warm_command`)
+    ``flwr``, SuperLink and SuperExec (WARM_COMMANDS), each a process forked from that server
+    that waits for its command (the run's own, in ``flwr_home/bin``: :func:`write_warm_command`)
     to hand itself over; stopped by their PIDs. By command name; empty elsewhere."""
     forked: dict[str, ForkedSimulation] = {}
     if cluster is None or not cluster.simulations.ready or os.environ.get(WARM_SIMULATION_SWITCH, "on") == "off":
         return forked
-    for command in WARM_COMMAND_NAMES:
+    for command in WARM_COMMANDS:
         path = command_socket_path(str(flwr_home), command)
         if path is None or write_warm_command(flwr_home, app, command) is None:
             break
