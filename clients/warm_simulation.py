@@ -6,18 +6,19 @@ ServerApp and drives Ray) only once the SuperLink it waits for is up and has the
 That process then spends ~3 s on 2 CPU cores importing Flower's simulation engine (with
 its SQL and web stacks) and Ray, and its ServerApp thread ~2.5 s more importing torch
 and Basin's server side: ~7 s on one core (one interpreter), while the other core idled.
-The launcher therefore starts :func:`serve` as soon as it starts ``flwr run``: it makes
-those imports while the SuperLink and the SuperExec start, then waits on a Unix socket in
-the run's ``FLWR_HOME``. The run's ``flwr-simulation`` (the launcher's, first on the
+The launcher therefore has a warm process make those imports while the SuperLink and the
+SuperExec start, a child of the run's fork server (:func:`fork_server`), or where that
+cannot take the run a process of its own (:func:`serve`), which then waits on a Unix socket
+in the run's ``FLWR_HOME``. The run's ``flwr-simulation`` (the launcher's, first on the
 run's ``PATH``) calls :func:`hand_over`: it sends its command line, environment, working
 folder and standard streams, and this process runs Flower's simulation command with them
 (``clients.simulation_engine.run_flower_simulation``, as the command itself would), then
 sends back its exit status, which the command exits with. The command forwards the
 signals it gets; where it dies this process ends at once (SIGKILL, as the command's
 death would end the simulation it replaces). Where no warm process answers, the command
-runs the simulation itself, as before. On a job's own Ray cluster the run's SuperLink and
-SuperExec commands hand themselves over the same way (:func:`run_named_command` runs what
-the command names; experiments/runtime/warm_processes.py).
+runs the simulation itself, as before. The run's ``flwr``, SuperLink and SuperExec
+commands hand themselves over to children of the same server the same way
+(:func:`run_named_command` runs what the command names; experiments/runtime/warm_processes.py).
 
 This module imports only the standard library at its top: the command loads it first.
 """
@@ -231,21 +232,29 @@ def send_request(connection: socket.socket, request: dict, fds: list[int]) -> No
     socket.send_fds(connection, [STATUS.pack(len(data)) + data], fds)
 
 
-def fork_server(control_fd: int, preload: list[str]) -> None:
-    """A job's warm simulation processes, forked from one that imported ``preload`` once.
+def fork_server(control_fd: int, stop_children: bool = True) -> None:
+    """A run's or a job's warm processes, forked from one that imports once.
 
-    Each of a job's runs needs a simulation process, and each imported the same modules
-    (~3 of its ~4 CPU-seconds on 2 cores). This process imports them once, then reads
-    requests on the Unix socket ``control_fd`` (:func:`send_request`: ``{"socket": PATH,
-    "cwd": FOLDER}`` with the run's listening socket, bound by the launcher so that the
-    run's command can connect at once): it forks, and sends back the child's PID
-    (``STATUS``); the child chdirs to the run's folder and serves the socket as
-    :func:`serve` does after its imports. At end of file (the launcher closed its end at
-    the job's end, or died) it kills the children still running and exits. A child has
-    this process's environment until a command hands itself over (then the command's,
-    FLWR_HOME included): not found by FLWR_HOME, the launcher stops it by its PID."""
+    Each run needs a simulation process, a SuperLink, a SuperExec and ``flwr run``, and each
+    imported Flower (the simulation also Ray, torch and Basin's server side: ~3 of its ~4
+    CPU-seconds on 2 cores). This process reads requests on the Unix socket ``control_fd``
+    (:func:`send_request`: ``{"socket": PATH, "cwd": FOLDER, "imports": [MODULE, ...]}``
+    with the run's listening socket, bound by the launcher so that the run's command can
+    connect at once), in turn: it imports what the request names and it has not imported
+    yet, forks, and sends back the child's PID (``STATUS``); the child chdirs to the run's
+    folder and serves the socket as :func:`serve` does after its imports. At end of file
+    (the launcher closed its end at the job's or run's end, or died) it exits, killing the
+    children still running first where ``stop_children``. A child has this process's
+    environment until a command hands itself over (then the command's, FLWR_HOME included):
+    a job's server has none of a run's, and the launcher stops its children by their PIDs. A
+    run's own server (``stop_children`` false) has the run's, and so do its children: they
+    are stopped with the run's other processes, in the order of that clean-up (the
+    launcher's, or its guardian's where the launcher died). Killed here first, the
+    simulation's Ray head went with it, and Ray's agents, no longer below it when the
+    guardian looked and without the run's FLWR_HOME (Ray writes their process titles over
+    their environment), were left running."""
     control = socket.socket(fileno=control_fd)
-    set_by_imports = import_all(preload)
+    set_by_imports: dict[str, str] = {}
     children: set[int] = set()
 
     def reap(*_: object) -> None:
@@ -257,32 +266,36 @@ def fork_server(control_fd: int, preload: list[str]) -> None:
     signal.signal(signal.SIGCHLD, reap)
     # Ctrl-C reaches the whole process group: the job's launcher says when this process ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    while True:
-        try:
-            request, fds = receive_request(control, 1)
-        except (OSError, ConnectionError):
-            break
-        if not fds:
-            break
-        listener = socket.socket(fileno=fds[0])
-        pid = os.fork()
-        if pid == 0:
-            control.close()
-            _serve_forked(listener, request["socket"], request["cwd"], set_by_imports)
-        listener.close()
-        children.add(pid)
-        reap()  # one that ended before it was added
-        try:
-            control.sendall(STATUS.pack(pid))
-        except OSError:
-            break
-    for pid in list(children):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for pid in children:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+    try:
+        while True:
+            try:
+                request, fds = receive_request(control, 1)
+            except (OSError, ConnectionError):
+                break
+            if not fds:
+                break
+            listener = socket.socket(fileno=fds[0])
+            set_by_imports.update(import_all(request.get("imports", [])))
+            pid = os.fork()
+            if pid == 0:
+                control.close()
+                _serve_forked(listener, request["socket"], request["cwd"], set_by_imports)
+            listener.close()
+            children.add(pid)
+            reap()  # one that ended before it was added
+            try:
+                control.sendall(STATUS.pack(pid))
+            except OSError:
+                break
+    finally:  # also where an import failed: no child waits for a command that will not come
+        stopped = list(children) if stop_children else []
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for pid in stopped:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
 
 def _serve_forked(listener: socket.socket, path: str, cwd: str, set_by_imports: dict[str, str]) -> NoReturn:
@@ -338,6 +351,6 @@ def _exit_status(command) -> int:
 if __name__ == "__main__":
     sys.path.insert(0, os.getcwd())  # the staged app, the launcher's working folder for it
     if sys.argv[1] == "--fork-server":
-        fork_server(int(sys.argv[2]), sys.argv[3:])
+        fork_server(int(sys.argv[2]), stop_children="--leave-children" not in sys.argv[3:])
     else:
         serve(sys.argv[1], sys.argv[2:])

@@ -265,7 +265,6 @@ def test_a_jobs_warm_processes_are_forked_from_one_that_imported_once_and_end_wi
     command hands itself over to its own child of that server, with its environment and
     working folder. When the job ends (or its launcher dies: the same end of file) the
     server ends, and so does a child that no command reached."""
-    from types import SimpleNamespace
 
     import psutil
 
@@ -275,7 +274,7 @@ def test_a_jobs_warm_processes_are_forked_from_one_that_imported_once_and_end_wi
 
     app = _fake_app(tmp_path, REPORTING_SIMULATION)
     (tmp_path / "job").mkdir()
-    job = SimpleNamespace(simulations=SimulationForks(tmp_path / "job"))
+    job = SimulationForks(tmp_path / "job")
     try:
         warm, replies = [], []
         for index in range(3):
@@ -286,7 +285,7 @@ def test_a_jobs_warm_processes_are_forked_from_one_that_imported_once_and_end_wi
         assert all(isinstance(process, ForkedSimulation) and process.forked.wait(60) for process in warm)
         # One server, which imported `preloaded` before forking them.
         servers = {psutil.Process(process.pid).ppid() for process in warm}
-        assert servers == {job.simulations._server.pid}
+        assert servers == {job._server.pid}
         for index in range(2):  # the third run's command never comes
             command = _run_command(tmp_path / f"home-{index}", app, tmp_path, RUN_ONLY=f"run{index}")
             out, err = command.communicate(timeout=120)
@@ -296,7 +295,7 @@ def test_a_jobs_warm_processes_are_forked_from_one_that_imported_once_and_end_wi
         assert [reply[1:4] for reply in replies] == [[str(tmp_path), "run0", "True"], [str(tmp_path), "run1", "True"]]
         assert not alive(warm[0].pid) and alive(warm[2].pid)
     finally:
-        job.simulations.close()
+        job.close()
         for process in warm:
             if isinstance(process, subprocess.Popen):  # not forked (what this test is for): its own process
                 process.kill()
@@ -304,51 +303,56 @@ def test_a_jobs_warm_processes_are_forked_from_one_that_imported_once_and_end_wi
     assert not alive(warm[2].pid) and not alive(servers.pop())
 
 
-def test_on_a_job_whose_server_has_imported_the_runs_flwr_superlink_and_superexec_commands_hand_themselves_over(
-        tmp_path):
-    """A job's later runs get their `flwr`, SuperLink and SuperExec forked from the job's fork
-    server (launch.start_warm_commands): the launcher starts `flwr` and Flower the others by
-    name, the run's own command (in its bin folder, first on its PATH) hands itself over to
-    its child of the server, which runs what the command runs (here `--help`: Flower's, or for
-    `flwr` Basin's experiments.runtime.flwr_command, which for anything but `run` is
-    Flower's) with the command's streams and exits with its status. Before the server has
-    made its imports (a job's first runs) none is forked; without one the command runs itself."""
-    from types import SimpleNamespace
-
-    from experiments.runtime.processes import alive
+def test_a_runs_flwr_superlink_and_superexec_commands_hand_themselves_over_to_children_of_its_fork_server(tmp_path):
+    """A run's `flwr`, SuperLink and SuperExec are forked from a fork server, its job's or its
+    own (launch.start_warm_commands), once that has imported the commands' modules: the
+    launcher starts `flwr` and Flower the others by name, the run's own command (in its bin
+    folder, first on its PATH) hands itself over to its child of the server, which runs what
+    the command runs (here `--help`: Flower's, or for `flwr` Basin's
+    experiments.runtime.flwr_command, which for anything but `run` is Flower's) with the
+    command's streams and exits with its status. Without a warm process any more, the
+    command runs itself. A run's own server keeps the run's FLWR_HOME in its environment, and
+    so do its children: Basin's clean-up finds them by it (processes.stop_home), and the
+    server leaves them to it when it ends (a child whose command never came: the simulation's
+    here), so that they are stopped in its order."""
+    from experiments.runtime.processes import alive, processes_of_home, stop_home
     from experiments.runtime.simulation_forks import SimulationForks
     from experiments.runtime.warm_processes import WARM_COMMANDS, start_warm_commands, start_warm_simulation
 
     app = _fake_app(tmp_path, REPORTING_SIMULATION)
-    (tmp_path / "job").mkdir()
-    job = SimpleNamespace(simulations=SimulationForks(tmp_path / "job"))
-    first, later = tmp_path / "first", tmp_path / "later"
-    first.mkdir()
-    later.mkdir()
+    home = tmp_path / "home"
+    home.mkdir()
+    forks = SimulationForks(home, run_own=True)
     forked = {}
     try:
-        assert start_warm_commands(first, app, dict(os.environ), job) == {}  # the server is not started yet
-        simulation = start_warm_simulation(first, app, dict(os.environ), job, imports=("preloaded",))
-        assert simulation.forked.wait(60) and job.simulations.ready
-        forked = start_warm_commands(later, app, dict(os.environ), job)
+        forked = start_warm_commands(home, app, {**os.environ, "FLWR_HOME": str(home)}, forks)
         assert list(forked) == list(WARM_COMMANDS) and all(process.forked.wait(60) for process in forked.values())
+        assert forks._server is not None
+        assert {forks._server.pid, *(process.pid for process in forked.values())} <= set(processes_of_home(home))
         # An option only that command's help names.
         only_in_help = {"flwr": "Create new Flower App", "flower-superlink": "--control-api-address",
                         "flower-superexec": "--parent-pid"}
         for name, process in forked.items():
-            done = subprocess.run([str(later / "bin" / name), "--help"], capture_output=True, text=True, timeout=120)
+            done = subprocess.run([str(home / "bin" / name), "--help"], capture_output=True, text=True, timeout=120)
             assert done.returncode == 0 and only_in_help[name] in done.stdout, done.stderr
-            assert not (later / f"warm-{name}.sock").exists()  # its child took the command over
+            assert not (home / f"warm-{name}.sock").exists()  # its child took the command over
             deadline = time.monotonic() + 60
             while alive(process.pid) and time.monotonic() < deadline:  # and ended with it
                 time.sleep(0.01)
             assert not alive(process.pid)
-        alone = subprocess.run([str(later / "bin" / "flower-superexec"), "--help"], capture_output=True, text=True,
+        alone = subprocess.run([str(home / "bin" / "flower-superexec"), "--help"], capture_output=True, text=True,
                                timeout=120)  # no warm process any more: Flower's command runs
         assert alone.returncode == 0 and only_in_help["flower-superexec"] in alone.stdout, alone.stderr
+        simulation = start_warm_simulation(home, app, {**os.environ, "FLWR_HOME": str(home)}, forks,
+                                           imports=("preloaded",))
+        assert simulation.forked.wait(60) and simulation.pid is not None
+        forks.close()
+        assert alive(simulation.pid) and simulation.pid in processes_of_home(home)
+        stop_home(home, grace=0.0)
+        assert not alive(simulation.pid)
     finally:
-        job.simulations.close()
-        for process in forked.values():
+        forks.close()
+        for process in [*forked.values(), *([simulation] if "simulation" in locals() else [])]:
             process.kill()
 
 

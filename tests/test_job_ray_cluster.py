@@ -106,9 +106,9 @@ def test_a_jobs_cluster_is_named_before_it_is_up_its_runs_keep_their_client_proc
         assert address.startswith("127.0.0.1:") and job_cluster(address) is cluster and not cluster.up
         summary = launch(resolve_config(SMALL), tmp_path / "fedavg", progress=False, ray_address=address)
         assert cluster.up and summary["status"] == "completed"
-        # The job's first run starts its SuperLink and SuperExec as Flower does (the job's warm
-        # process is still importing); later runs get them forked from it (warm_processes.start_warm_commands).
-        assert summary["warm-commands"] == []
+        # Its `flwr`, SuperLink and SuperExec were forked from the job's fork server, as the
+        # simulation was (warm_processes.start_warm_commands), the job's first run's too.
+        assert summary["warm-commands"] == ["flwr", "flower-superlink", "flower-superexec"]
         check_ray_address(address)
         # Its head runs without the dashboard's API server and the autoscaler's monitor
         # (clients/flower_internals.init_ray).
@@ -136,8 +136,9 @@ def test_a_jobs_cluster_is_named_before_it_is_up_its_runs_keep_their_client_proc
     with pytest.raises(RayClusterUnreachable):  # stopped with the job
         check_ray_address(address, timeout=1.0)
     alone = launch(resolve_config(second), tmp_path / "alone", progress=False)
-    # Its simulation ran in the warm process the launcher started (clients/warm_simulation.py).
-    assert alone["warm-simulation-process"] is True and alone["warm-commands"] == []
+    # Its simulation and commands ran in processes forked from the run's own fork server.
+    assert alone["warm-simulation-process"] is True
+    assert alone["warm-commands"] == ["flwr", "flower-superlink", "flower-superexec"]
     # Every column of results.csv but the timings, and every tensor of the final model.
     comparison = compare_runs(tmp_path / "moon", tmp_path / "alone")
     assert comparison.identical and comparison.tensors > 0, comparison.report(tmp_path / "moon", tmp_path / "alone")

@@ -44,7 +44,7 @@ from experiments.runtime.processes import (
 from experiments.runtime.ray_cluster import LocalRayCluster, check_ray_address, job_cluster
 from experiments.runtime.run_config import APP_DIR
 from experiments.runtime.run_endings import check_folder_reuse, end_summary, interrupted_reason, run_failure
-from experiments.runtime.simulation_forks import ForkedSimulation
+from experiments.runtime.simulation_forks import ForkedSimulation, SimulationForks
 from experiments.runtime.warm_processes import (
     WARM_SIMULATION_IMPORTS,
     start_warm_commands,
@@ -264,21 +264,25 @@ def _launch_locked(
         if flowers_own and not flowers_own.startswith(flower_internals.SPEED_UPS_SWITCH):
             say_once(f"speed-ups off, Flower's own commands run: {flowers_own} "
                      f"(Basin's were checked against flwr {', '.join(flower_internals.FLOWER_RELEASES)})")
-        if not flowers_own and (simulation_bin := write_warm_command(Path(flwr_home), app)) is not None:
-            env["PATH"] = f"{simulation_bin}{os.pathsep}{env['PATH']}"
-            warm_simulation = start_warm_simulation(Path(flwr_home), app, env, cluster,
-                                                    WARM_SIMULATION_IMPORTS if cluster is None else warm_job_imports())
-            warm_commands = start_warm_commands(Path(flwr_home), app, env, cluster)
-        # The run's `flwr`: where forked from its job's warm process, the command that hands itself over to it.
-        flwr = ([str(Path(flwr_home) / "bin" / "flwr")] if "flwr" in warm_commands
-                else FLWR_COMMAND if not flowers_own else [flwr_executable()])
-        command = [
-            *flwr, "run", str(app), "--stream",
-            "--run-config", str(run_config_path),
-            "--federation-config", resources.federation_config(config["num-clients"]),
-        ]
+        # The run's processes are forked from one that imports once: its job's fork server, or its own.
+        forks = cluster.simulations if cluster is not None else SimulationForks(Path(flwr_home), run_own=True)
         ending: tuple[str, str] | None = None  # how the launch ended, when not with the run's own end
         try:
+            if not flowers_own and (simulation_bin := write_warm_command(Path(flwr_home), app)) is not None:
+                env["PATH"] = f"{simulation_bin}{os.pathsep}{env['PATH']}"
+                # The commands first: the server forks them once it has imported their modules, the
+                # simulation's after importing the rest (requests are served in turn).
+                warm_commands = start_warm_commands(Path(flwr_home), app, env, forks)
+                warm_simulation = start_warm_simulation(Path(flwr_home), app, env, forks,
+                                                        WARM_SIMULATION_IMPORTS if cluster is None else warm_job_imports())
+            # The run's `flwr`: where forked, the command that hands itself over to its warm process.
+            flwr = ([str(Path(flwr_home) / "bin" / "flwr")] if "flwr" in warm_commands
+                    else FLWR_COMMAND if not flowers_own else [flwr_executable()])
+            command = [
+                *flwr, "run", str(app), "--stream",
+                "--run-config", str(run_config_path),
+                "--federation-config", resources.federation_config(config["num-clients"]),
+            ]
             with open(log_path, "w") as log:
                 process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=APP_DIR)
                 stages_seen = follow_run(process, out_dir, config["num-rounds"], progress, label, leave,
@@ -303,10 +307,11 @@ def _launch_locked(
                 # the SuperLink's tree): all of them, and only them, have the run's FLWR_HOME.
                 # A completed run has written everything: its processes get no grace (1 s).
                 completed = (read_summary(out_dir) or {}).get("status") == "completed"
-                if isinstance(warm_simulation, ForkedSimulation) and not completed:
+                if isinstance(warm_simulation, ForkedSimulation) and not forks.run_own and not completed:
                     # The ServerApp's process first, as stop_home kills it (no further round is
-                    # recorded): a forked one has no FLWR_HOME for stop_home to find. A process of
-                    # its own is left to stop_home, which finds the Ray it started before killing it.
+                    # recorded): one forked by its job's server has no FLWR_HOME for stop_home to
+                    # find. One of the run's own (the run's server has its FLWR_HOME) is left to
+                    # stop_home, which finds the Ray it started before killing it.
                     warm_simulation.kill()
                 stop_home(flwr_home, grace=0.0 if completed else 1.0)
                 if ending is not None:  # recorded once the ServerApp is stopped: its rows are final
@@ -317,6 +322,8 @@ def _launch_locked(
                 for warm in [*([warm_simulation] if warm_simulation is not None else []), *warm_commands.values()]:
                     warm.kill()
                     warm.wait()
+                if forks.run_own:
+                    forks.close()
                 remove_finished_ray_sessions(sessions_before)  # Ray's logs and sockets of this run
                 guardian.stop()
 

@@ -1,17 +1,22 @@
-"""A job's warm simulation processes, forked from one process that imported once.
+"""A run's warm processes, forked from one process that imported once.
 
-A run's launcher starts a warm simulation process beside ``flwr run`` (clients/warm_simulation.py),
-which imports Flower's simulation engine, Ray, torch and Basin's server side while the
-SuperLink starts: ~3 of its ~4 CPU-seconds on 2 cores, in every run. A job of several
-runs on its own Ray cluster (``LocalRayCluster``: ``--compare``, the main job, a sweep)
-instead starts one fork server (``clients.warm_simulation.fork_server``) at its first run,
-which makes those imports once, and each run's warm process is forked from it; once it has
-made them, so are the run's ``flwr run``, SuperLink and SuperExec (``warm_processes.start_warm_commands``).
+A run needs a simulation process (it imports Flower's simulation engine, Ray, torch and
+Basin's server side: ~3 of its ~4 CPU-seconds on 2 cores), and ``flwr run``, a SuperLink
+and a SuperExec, each of which imported Flower's server side in a process of its own. The
+launcher instead starts a fork server (``clients.warm_simulation.fork_server``), which
+makes those imports once, in turn: it forks the run's ``flwr run``, SuperLink and SuperExec
+once it has imported their modules, and its simulation process after the rest
+(``warm_processes.start_warm_commands`` and ``start_warm_simulation``). Each child waits
+for its command to hand itself over (clients/warm_simulation.py).
 
-The server's children do not carry their run's FLWR_HOME in their environment (that of
-the server, until the run's command hands itself over), so the launcher stops each by its
-PID (:class:`ForkedSimulation`), and the server kills those still running when the job
-ends or its launcher dies (end of file on its control socket).
+A job of several runs on its own Ray cluster (``LocalRayCluster``: ``--compare``, the main
+job, a sweep) has one server for all its runs, started at its first run. Its children do
+not carry their run's FLWR_HOME in their environment (that of the server, until the run's
+command hands itself over), so the launcher stops each by its PID (:class:`ForkedSimulation`),
+and the server kills those still running when the job ends or its launcher dies (end of
+file on its control socket). A run alone has a server of its own (``run_own``), with the
+run's environment: it and its children are found and stopped by the run's FLWR_HOME, as
+the run's other processes are, and the launcher stops it when the run ends.
 """
 
 from __future__ import annotations
@@ -58,33 +63,38 @@ class ForkedSimulation:
 
 
 class SimulationForks:
-    """The fork server of one job, started at the job's first run (:meth:`fork`), stopped
-    with the job (:meth:`close`)."""
+    """A fork server: a job's, started at the job's first run (:meth:`fork`) and stopped with
+    the job (:meth:`close`); or with ``run_own`` a run's own, whose server keeps the run's
+    environment (FLWR_HOME: found and stopped with the run's processes, as they are) and
+    imports from the run's staged app, stopped with the run."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, run_own: bool = False) -> None:
         self.folder = folder  # the job's: the server's staged app lives there until the job ends
+        self.run_own = run_own
         self._server: subprocess.Popen | None = None
         self._control: socket.socket | None = None
         self._pending: collections.deque[ForkedSimulation] = collections.deque()
         self._lock = threading.Lock()
-        self.ready = False  # the server has forked a child: its imports are done
 
     def fork(self, path: str, cwd: Path, env: Mapping[str, str], imports: tuple[str, ...],
              stage: Callable[[Path], Path]) -> ForkedSimulation | None:
-        """A warm simulation process for the run whose command connects at ``path``, in
-        ``cwd``; None where the server cannot take it (the caller starts one of its own).
-        ``env``: the run's environment (its per-run part is left out of the server's);
-        ``stage``: puts the app's sources into a folder (the server imports from there)."""
+        """A warm process for the run's command that connects at ``path``, in ``cwd``, forked
+        once the server has imported ``imports`` (requests are served in turn: an earlier
+        request's imports come first); None where the server cannot take it (the caller
+        starts one of its own). ``env``: the run's environment (for a job's server, its
+        per-run part is left out of the server's); ``stage``: puts the app's sources into a
+        folder (the server imports from there)."""
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(path)
             listener.listen(1)  # the run's command may connect before the server has forked
             with self._lock:
                 if self._server is None:
-                    self._start(env, imports, stage)
+                    self._start(env, stage)
                 forked = ForkedSimulation()
                 assert self._control is not None
-                send_request(self._control, {"socket": path, "cwd": str(cwd)}, [listener.fileno()])
+                send_request(self._control, {"socket": path, "cwd": str(cwd), "imports": list(imports)},
+                             [listener.fileno()])
                 self._pending.append(forked)
             return forked
         except OSError:
@@ -94,14 +104,15 @@ class SimulationForks:
         finally:
             listener.close()
 
-    def _start(self, env: Mapping[str, str], imports: tuple[str, ...], stage: Callable[[Path], Path]) -> None:
+    def _start(self, env: Mapping[str, str], stage: Callable[[Path], Path]) -> None:
         app = stage(self.folder / "simulation-app")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        server_env = {key: value for key, value in env.items() if key not in PER_RUN_VARIABLES}
+        server_env = {key: value for key, value in env.items() if self.run_own or key not in PER_RUN_VARIABLES}
         server_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         try:
             self._server = subprocess.Popen(
-                [sys.executable, "-m", "clients.warm_simulation", "--fork-server", str(theirs.fileno()), *imports],
+                [sys.executable, "-m", "clients.warm_simulation", "--fork-server", str(theirs.fileno()),
+                 *(["--leave-children"] if self.run_own else [])],
                 cwd=app, env=server_env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         finally:
@@ -126,7 +137,6 @@ class SimulationForks:
                 with self._lock:
                     forked = self._pending.popleft()
                 forked.pid = pid
-                self.ready = True
                 forked.forked.set()
         with self._lock:
             while self._pending:
@@ -136,9 +146,9 @@ class SimulationForks:
         """Stop the server: it kills the children still running, then exits."""
         with self._lock:
             server, control, self._server, self._control = self._server, self._control, None, None
-            self.ready = False
         if control is not None:
-            control.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):  # a run's own server may be gone with the run's processes
+                control.shutdown(socket.SHUT_RDWR)
             control.close()
         if server is not None:
             try:

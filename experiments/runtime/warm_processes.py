@@ -9,11 +9,12 @@ process. The launcher writes the run's own commands first on its ``PATH``
 in the run's ``FLWR_HOME`` (clients/warm_simulation.py), or where none answers runs
 Flower's command itself.
 
-- The simulation (:func:`start_warm_simulation`): every run's, a process of its own that
-  imports while the SuperLink and the SuperExec start; on a job's own Ray cluster a child
-  of the job's fork server, which imported once (experiments/runtime/simulation_forks.py).
-- ``flwr run``, the SuperLink and the SuperExec (:func:`start_warm_commands`): on a job's
-  own cluster, once that server has made its imports, children of it too.
+- ``flwr run``, the SuperLink and the SuperExec (:func:`start_warm_commands`): children of
+  a fork server (experiments/runtime/simulation_forks.py), the run's own or on a job's own
+  Ray cluster the job's, forked once it has imported their modules.
+- The simulation (:func:`start_warm_simulation`): a child of the same server, forked once
+  it has imported the rest while the SuperLink and the SuperExec start; where the server
+  cannot take the run, a process of its own that makes those imports.
 """
 
 from __future__ import annotations
@@ -25,14 +26,10 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from clients.flower_internals import ENGINE_MODULE
 from clients.warm_simulation import command_socket_path, installed_command, socket_path
-from experiments.runtime.simulation_forks import ForkedSimulation
-
-if TYPE_CHECKING:
-    from experiments.runtime.ray_cluster import LocalRayCluster
+from experiments.runtime.simulation_forks import ForkedSimulation, SimulationForks
 
 # What the warm simulation process imports before Flower asks for it: Flower's simulation
 # engine and command, Basin's replacements, and the ServerApp's work (torch, the server side).
@@ -63,12 +60,17 @@ JOB_SERVER_IMPORTS = ("ray", "pandas", "matplotlib.pyplot")
 
 
 @functools.cache
+def warm_command_imports() -> tuple[str, ...]:
+    """What a fork server imports before it forks a run's commands (WARM_COMMANDS): each one's
+    module, which the simulation's imports hold (1.0 of their 2.4 CPU-seconds, 2 cores)."""
+    return tuple(installed_command(name).module if entry is None else entry.partition(":")[0]
+                 for name, entry in WARM_COMMANDS.items())
+
+
 def warm_job_imports() -> tuple[str, ...]:
-    """What a job's fork server imports: the simulation's imports, the modules of the
-    commands WARM_COMMANDS and JOB_SERVER_IMPORTS."""
-    return (*WARM_SIMULATION_IMPORTS,
-            *((entry or installed_command(name).value).partition(":")[0] for name, entry in WARM_COMMANDS.items()),
-            *JOB_SERVER_IMPORTS)
+    """Everything a job's fork server imports: the commands' modules, the simulation's
+    imports and JOB_SERVER_IMPORTS."""
+    return (*warm_command_imports(), *WARM_SIMULATION_IMPORTS, *JOB_SERVER_IMPORTS)
 
 
 def write_warm_command(flwr_home: Path, app: Path, command: str = "flwr-simulation") -> Path | None:
@@ -105,19 +107,26 @@ def copy_of(app: Path) -> Callable[[Path], Path]:
     return lambda destination: Path(shutil.copytree(app, destination, ignore=shutil.ignore_patterns("__pycache__")))
 
 
-def start_warm_simulation(flwr_home: Path, app: Path, env: Mapping[str, str], cluster: LocalRayCluster | None = None,
+def staging(forks: SimulationForks, app: Path) -> Callable[[Path], Path]:
+    """What puts the run's staged ``app`` where ``forks``' server imports from: a run's own
+    server imports from the app itself, a job's from a copy in the job's folder (the run's
+    own goes with the run)."""
+    return (lambda _folder: app) if forks.run_own else copy_of(app)
+
+
+def start_warm_simulation(flwr_home: Path, app: Path, env: Mapping[str, str], forks: SimulationForks | None = None,
                           imports: tuple[str, ...] = WARM_SIMULATION_IMPORTS) -> subprocess.Popen | ForkedSimulation | None:
     """Start the run's warm simulation process (clients/warm_simulation.py), which makes the
     simulation's ``imports`` while the SuperLink and the SuperExec start; None where the
-    run's ``flwr-simulation`` cannot reach one, or ``BASIN_WARM_SIMULATION=off``. It has
-    the run's environment (FLWR_HOME: stopped with the run's processes). On the job's own
-    cluster it is forked from the job's process that made the imports once
-    (experiments/runtime/simulation_forks.py; stopped by its PID), which imports from a copy
-    of the staged ``app`` in the job's folder."""
+    run's ``flwr-simulation`` cannot reach one, or ``BASIN_WARM_SIMULATION=off``. Forked from
+    ``forks``' server, the run's own or its job's (experiments/runtime/simulation_forks.py;
+    stopped by its PID) once that has made the ``imports``; where it cannot take the run, or
+    without one, a process of its own with the run's environment (FLWR_HOME: stopped with the
+    run's processes)."""
     path = socket_path(str(flwr_home))
     if path is None or os.environ.get(WARM_SIMULATION_SWITCH, "on") == "off":
         return None
-    if cluster is not None and (forked := cluster.simulations.fork(path, app, env, imports, copy_of(app))) is not None:
+    if forks is not None and (forked := forks.fork(path, app, env, imports, staging(forks, app))) is not None:
         return forked
     return subprocess.Popen([sys.executable, "-m", "clients.warm_simulation", path, *imports],
                             cwd=app, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -125,20 +134,21 @@ def start_warm_simulation(flwr_home: Path, app: Path, env: Mapping[str, str], cl
 
 
 def start_warm_commands(flwr_home: Path, app: Path, env: Mapping[str, str],
-                        cluster: LocalRayCluster | None) -> dict[str, ForkedSimulation]:
-    """On the job's own cluster, once its fork server has made its imports (a job's first
-    runs, started while it imports, start Flower's commands as Flower does): the run's
-    ``flwr``, SuperLink and SuperExec (WARM_COMMANDS), each a process forked from that server
-    that waits for its command (the run's own, in ``flwr_home/bin``: :func:`write_warm_command`)
-    to hand itself over; stopped by their PIDs. By command name; empty elsewhere."""
+                        forks: SimulationForks) -> dict[str, ForkedSimulation]:
+    """The run's ``flwr``, SuperLink and SuperExec (WARM_COMMANDS), each a process forked from
+    ``forks``' server (the run's own or its job's) once that has imported the commands'
+    modules, that waits for its command (the run's own, in ``flwr_home/bin``:
+    :func:`write_warm_command`) to hand itself over; stopped by their PIDs. By command name;
+    empty with ``BASIN_WARM_SIMULATION=off``, and from the first command the server cannot
+    take (that one and those after it run themselves)."""
     forked: dict[str, ForkedSimulation] = {}
-    if cluster is None or not cluster.simulations.ready or os.environ.get(WARM_SIMULATION_SWITCH, "on") == "off":
+    if os.environ.get(WARM_SIMULATION_SWITCH, "on") == "off":
         return forked
     for command in WARM_COMMANDS:
         path = command_socket_path(str(flwr_home), command)
         if path is None or write_warm_command(flwr_home, app, command) is None:
             break
-        if (process := cluster.simulations.fork(path, app, env, warm_job_imports(), copy_of(app))) is None:
-            break  # the command finds no warm process at its socket: it runs Flower's
+        if (process := forks.fork(path, app, env, warm_command_imports(), staging(forks, app))) is None:
+            break  # the command finds no warm process at its socket: it runs itself
         forked[command] = process
     return forked
