@@ -35,7 +35,7 @@ from experiments.runtime.simulation_forks import ForkedSimulation, SimulationFor
 # engine and command, Basin's replacements, and the ServerApp's work (torch, the server side).
 WARM_SIMULATION_IMPORTS = (ENGINE_MODULE, "flwr.simulation.app", "clients.simulation_engine", "strategies.server_work")
 WARM_SIMULATION_SWITCH = "BASIN_WARM_SIMULATION"
-# Flower's commands of a run that a job's fork server also has warm, by name, with what each
+# Flower's commands of a run that its fork server also has warm, by name, with what each
 # runs where that is not the installed command of that name: the run's `flwr run` (Basin's,
 # experiments/runtime/flwr_command.py), the SuperLink it starts and the SuperExec that the
 # SuperLink starts. Each imports Flower first, ~1.3 CPU-seconds for the SuperLink and 0.9 for
