@@ -91,7 +91,7 @@ def local_fingerprint(name: str, data_dir: str = "") -> str | None:
         if name == "digits":
             return _digits_fingerprint()
         if name == "fashion-mnist":
-            return _fashion_mnist_fingerprint(_fashion_mnist_files(data_dir))
+            return _fashion_mnist_fingerprint(fashion_mnist_files(data_dir))
     except FileNotFoundError:
         pass
     return None
@@ -149,7 +149,9 @@ def _find_idx(directory: Path, stem: str) -> Path:
     )
 
 
-def _fashion_mnist_files(data_dir: str) -> list[Path]:
+def fashion_mnist_files(data_dir: str) -> list[Path]:
+    """Fashion-MNIST's four IDX files (IDX_STEMS' order, each gzipped or not) in ``data_dir``,
+    or in the Debian package's folder where it is empty; FileNotFoundError naming the first missing."""
     directory = Path(data_dir) if data_dir else FASHION_MNIST_DEFAULT_DIR
     return [_find_idx(directory, stem) for stem in IDX_STEMS]
 
@@ -159,7 +161,7 @@ def _fashion_mnist_fingerprint(files: list[Path]) -> str:
 
 
 def _load_fashion_mnist(data_dir: str) -> tuple[dict[str, np.ndarray], str]:
-    files = _fashion_mnist_files(data_dir)
+    files = fashion_mnist_files(data_dir)
     fingerprint = _fashion_mnist_fingerprint(files)
 
     def decode() -> dict[str, np.ndarray]:

@@ -13,8 +13,7 @@ from conftest import write_idx
 
 from experiments import gpu_check
 from experiments.runtime.run_config import APP_DIR
-from partitions.datasets import IDX_STEMS, read_idx
-from partitions.datasets import _fashion_mnist_files as fashion_mnist_files
+from partitions.datasets import IDX_STEMS, fashion_mnist_files, read_idx
 
 
 def test_help_documents_the_one_command():
