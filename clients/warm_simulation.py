@@ -142,11 +142,11 @@ def installed_command(name: str) -> EntryPoint:
 
 def run_named_command(entry: str | None = None) -> object:
     """Run what the command named by ``sys.argv[0]`` runs: ``entry`` ("module:function",
-    called as a console script's entry point is) where given (on a job's own Ray cluster, the
-    run's ``flwr``: Basin's, experiments/runtime/flwr_command.py); for ``flwr-simulation``,
-    Flower's simulation with Basin's engine replacements (``clients.simulation_engine``); for
-    another command (on a job's own Ray cluster, the run's SuperLink and SuperExec: each would
-    import Flower's server side in a process of its own), the installed command's entry point."""
+    called as a console script's entry point is) where given (the run's ``flwr``: Basin's,
+    experiments/runtime/flwr_command.py); for ``flwr-simulation``, Flower's simulation with
+    Basin's engine replacements (``clients.simulation_engine``); for another command (the
+    run's SuperLink and SuperExec: each would import Flower's server side in a process of its
+    own), the installed command's entry point."""
     if entry is not None:
         from importlib.metadata import EntryPoint
 

@@ -108,10 +108,11 @@ def main(argv: list[str]) -> int:
 def command_line() -> int:
     """:func:`main` with this process's command line: what the run's own ``flwr`` runs
     (experiments/runtime/warm_processes.py), in a process of its own or in one forked from a
-    job's fork server. Flower's command-line modules read the run's ports from the
-    environment as they are imported (``flwr.cli.constant``), and the fork server imported
-    some of them (its SuperLink's side does) with its own environment, which has none: they
-    are imported afresh here, with the run's (0.1 CPU-seconds after the server's imports)."""
+    fork server. Flower's command-line modules read the run's ports from the environment as
+    they are imported (``flwr.cli.constant``), and the server imported some of them (its
+    SuperLink's side does) with its own environment, which for a job's server has none of a
+    run's: they are imported afresh here, with the run's (0.1 CPU-seconds after the server's
+    imports)."""
     for name in [name for name in sys.modules if name.startswith("flwr.cli.") or name == "flwr.cli"]:
         del sys.modules[name]
     return main(sys.argv[1:])
