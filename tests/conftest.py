@@ -112,19 +112,17 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """CI's checks of a whole test run (.ci/run sets both): with BASIN_TEST_BUDGET_S, a run longer than that many seconds
-    fails, saying so; with BASIN_CHECK_LEFTOVERS=1, a run that leaves a Ray session folder (or
-    Ray's session_latest link to a removed one) or a /tmp/basin-* folder behind fails, naming
-    them (a run's clean-up, which may end a moment after its test, gets 30 s)."""
+    """CI's checks of a whole test run (.ci/run sets them): with BASIN_TEST_BUDGET_S, a run longer than that many seconds
+    fails, saying so; with BASIN_TEST_SECONDS_FILE too, the budget is for every run that adds
+    its seconds to that file (the fast and the second tier together), and the run that takes
+    their total over it fails; with BASIN_CHECK_LEFTOVERS=1, a run that leaves a Ray session
+    folder (or Ray's session_latest link to a removed one) or a /tmp/basin-* folder behind
+    fails, naming them (a run's clean-up, which may end a moment after its test, gets 30 s)."""
     if not hasattr(session.config, "basin_before"):
         return
-    budget = os.environ.get("BASIN_TEST_BUDGET_S")
     took = time.monotonic() - session.config.basin_started
-    if budget and took > float(budget):
-        session.config.get_terminal_writer().line(
-            f"error: the test run took {took:.0f} s, over CI's budget of {float(budget):g} s (BASIN_TEST_BUDGET_S, "
-            f".ci/run): make the slowest tests (--durations) share runs or do less", red=True)
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if budget := os.environ.get("BASIN_TEST_BUDGET_S"):
+        _check_budget(session, took, float(budget), os.environ.get("BASIN_TEST_SECONDS_FILE"))
     if os.environ.get("BASIN_CHECK_LEFTOVERS") != "1":
         return
     deadline = time.monotonic() + float(os.environ.get("BASIN_LEFTOVER_GRACE_S", "30"))
@@ -133,6 +131,24 @@ def pytest_sessionfinish(session, exitstatus):
     if left:
         session.config.get_terminal_writer().line(f"error: the test run left these behind: {', '.join(left)}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _check_budget(session, took: float, budget: float, seconds_file: str | None) -> None:
+    """Fail the run where it took longer than ``budget`` seconds, or where ``seconds_file``
+    (one line of seconds per earlier run) is given, where it and the earlier runs did
+    together; this run's seconds are added to the file."""
+    earlier = [float(line) for line in Path(seconds_file).read_text().split()] if seconds_file else []
+    if seconds_file:
+        with open(seconds_file, "a") as record:
+            record.write(f"{took:.1f}\n")
+    total = took + sum(earlier)
+    if total <= budget:
+        return
+    together = f" together with {len(earlier)} earlier ({sum(earlier):.0f} s; {total:.0f} s in all)" if earlier else ""
+    session.config.get_terminal_writer().line(
+        f"error: the test run took {took:.0f} s{together}, over CI's budget of {budget:g} s (BASIN_TEST_BUDGET_S, "
+        f".ci/run): make the slowest tests (--durations) share runs or do less", red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -25,7 +25,7 @@ def test_a_test_run_stopped_with_sigterm_tears_down_and_removes_its_folders(tmp_
         "    time.sleep(120)\n")
     run = subprocess.Popen([sys.executable, "-m", "pytest", "-s", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
                             str(tmp_path / "test_waits.py")], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True)
+                           text=True, env=_environment())
     try:
         line = ""
         deadline = time.monotonic() + 120
@@ -41,16 +41,24 @@ def test_a_test_run_stopped_with_sigterm_tears_down_and_removes_its_folders(tmp_
     assert not cache.exists()
 
 
-def _run_pytest(test: Path, *options: str, **env: str) -> subprocess.CompletedProcess:
-    """pytest on ``test`` with the suite's conftest and ``env`` added to the environment."""
+def _environment(**env: str) -> dict[str, str]:
+    """This environment with ``env`` added, and without CI's checks of a test run (.ci/run's)
+    that ``env`` does not set: an inner run neither fails on them nor adds its seconds to
+    the outer run's file."""
     import os
 
     environment = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    for name in ("BASIN_CHECK_LEFTOVERS", "BASIN_TEST_BUDGET_S"):
+    for name in ("BASIN_CHECK_LEFTOVERS", "BASIN_TEST_BUDGET_S", "BASIN_TEST_SECONDS_FILE"):
         if name not in env:
             environment.pop(name, None)
+    return environment
+
+
+def _run_pytest(test: Path, *options: str, **env: str) -> subprocess.CompletedProcess:
+    """pytest on ``test`` with the suite's conftest and ``env`` added to the environment."""
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider", *options,
-                           str(test)], cwd=test.parent, env=environment, capture_output=True, text=True, timeout=300)
+                           str(test)], cwd=test.parent, env=_environment(**env), capture_output=True, text=True,
+                          timeout=300)
 
 
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one process", "two xdist workers"])
@@ -102,6 +110,23 @@ def test_a_test_run_over_its_time_budget_fails_saying_so(tmp_path):
     result = _run_pytest(test, BASIN_TEST_BUDGET_S="0.5")
     assert result.returncode == 1, result.stdout[-2000:]
     assert "1 passed" in result.stdout and "over CI's budget of 0.5 s" in result.stdout, result.stdout[-2000:]
+
+
+def test_the_time_budget_covers_the_test_runs_that_share_a_seconds_file(tmp_path):
+    """With BASIN_TEST_SECONDS_FILE (.ci/run: the fast and the second tier), the budget is
+    for the runs together: a run within it alone fails once the earlier runs' seconds are
+    counted, naming them, and adds its own to the file."""
+    test = tmp_path / "test_takes_a_moment.py"
+    test.write_text("import time\ndef test_takes_a_moment():\n    time.sleep(0.2)\n")
+    seconds = tmp_path / "seconds"
+    seconds.write_text("1.5\n1.5\n")  # two earlier runs
+    result = _run_pytest(test, BASIN_TEST_BUDGET_S="3.1", BASIN_TEST_SECONDS_FILE=str(seconds))
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert "together with 2 earlier (3 s;" in result.stdout and "over CI's budget of 3.1 s" in result.stdout
+    earlier, ours = seconds.read_text().split()[1:]
+    assert earlier == "1.5" and float(ours) >= 0.2
+    seconds.write_text("")  # no earlier run: within the budget
+    assert _run_pytest(test, BASIN_TEST_BUDGET_S="3.1", BASIN_TEST_SECONDS_FILE=str(seconds)).returncode == 0
 
 
 def test_each_xdist_worker_runs_torch_on_one_thread(tmp_path):
