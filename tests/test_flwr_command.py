@@ -269,7 +269,7 @@ def test_a_jobs_warm_processes_are_forked_from_one_that_imported_once_and_end_wi
     import psutil
 
     from experiments.runtime.processes import alive
-    from experiments.runtime.simulation_forks import ForkedSimulation, SimulationForks
+    from experiments.runtime.simulation_forks import ForkedProcess, SimulationForks
     from experiments.runtime.warm_processes import start_warm_simulation
 
     app = _fake_app(tmp_path, REPORTING_SIMULATION)
@@ -282,7 +282,7 @@ def test_a_jobs_warm_processes_are_forked_from_one_that_imported_once_and_end_wi
             home.mkdir()
             warm.append(start_warm_simulation(home, app, dict(os.environ), job,
                                               imports=("preloaded",)))
-        assert all(isinstance(process, ForkedSimulation) and process.forked.wait(60) for process in warm)
+        assert all(isinstance(process, ForkedProcess) and process.forked.wait(60) for process in warm)
         # One server, which imported `preloaded` before forking them.
         servers = {psutil.Process(process.pid).ppid() for process in warm}
         assert servers == {job._server.pid}

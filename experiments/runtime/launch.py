@@ -44,7 +44,7 @@ from experiments.runtime.processes import (
 from experiments.runtime.ray_cluster import LocalRayCluster, check_ray_address, job_cluster
 from experiments.runtime.run_config import APP_DIR
 from experiments.runtime.run_endings import check_folder_reuse, end_summary, interrupted_reason, run_failure
-from experiments.runtime.simulation_forks import ForkedSimulation, SimulationForks
+from experiments.runtime.simulation_forks import ForkedProcess, SimulationForks
 from experiments.runtime.warm_processes import (
     WARM_SIMULATION_IMPORTS,
     start_warm_commands,
@@ -260,7 +260,7 @@ def _launch_locked(
         if cluster is not None:
             env[KEEP_CLIENT_PROCESSES] = kept_processes_key(app, config)
         warm_simulation, flowers_own = None, flower_internals.speed_ups_off_because()
-        warm_commands: dict[str, ForkedSimulation] = {}
+        warm_commands: dict[str, ForkedProcess] = {}
         if flowers_own and not flowers_own.startswith(flower_internals.SPEED_UPS_SWITCH):
             say_once(f"speed-ups off, Flower's own commands run: {flowers_own} "
                      f"(Basin's were checked against flwr {', '.join(flower_internals.FLOWER_RELEASES)})")
@@ -307,7 +307,7 @@ def _launch_locked(
                 # the SuperLink's tree): all of them, and only them, have the run's FLWR_HOME.
                 # A completed run has written everything: its processes get no grace (1 s).
                 completed = (read_summary(out_dir) or {}).get("status") == "completed"
-                if isinstance(warm_simulation, ForkedSimulation) and not forks.run_own and not completed:
+                if isinstance(warm_simulation, ForkedProcess) and not forks.run_own and not completed:
                     # The ServerApp's process first, as stop_home kills it (no further round is
                     # recorded): one forked by its job's server has no FLWR_HOME for stop_home to
                     # find. One of the run's own (the run's server has its FLWR_HOME) is left to

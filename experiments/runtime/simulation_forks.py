@@ -12,7 +12,7 @@ for its command to hand itself over (clients/warm_simulation.py).
 A job of several runs on its own Ray cluster (``LocalRayCluster``: ``--compare``, the main
 job, a sweep) has one server for all its runs, started at its first run. Its children do
 not carry their run's FLWR_HOME in their environment (that of the server, until the run's
-command hands itself over), so the launcher stops each by its PID (:class:`ForkedSimulation`),
+command hands itself over), so the launcher stops each by its PID (:class:`ForkedProcess`),
 and the server kills those still running when the job ends or its launcher dies (end of
 file on its control socket). A run alone has a server of its own (``run_own``), with the
 run's environment: it and its children are found and stopped by the run's FLWR_HOME, as
@@ -40,9 +40,10 @@ from experiments.runtime.processes import alive
 PER_RUN_VARIABLES = ("FLWR_HOME", "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "FLWR_LOCAL_CONTROL_API_PORT")
 
 
-class ForkedSimulation:
-    """One run's warm simulation process, forked by the job's server: stopped by its PID,
-    which the server sends once it has forked (after its imports, for the job's first run)."""
+class ForkedProcess:
+    """One process forked for a run by a fork server (its simulation, `flwr run`, SuperLink
+    or SuperExec): stopped by its PID, which the server sends once it has forked (after the
+    imports that the request names)."""
 
     def __init__(self) -> None:
         self.pid: int | None = None
@@ -73,11 +74,11 @@ class SimulationForks:
         self.run_own = run_own
         self._server: subprocess.Popen | None = None
         self._control: socket.socket | None = None
-        self._pending: collections.deque[ForkedSimulation] = collections.deque()
+        self._pending: collections.deque[ForkedProcess] = collections.deque()
         self._lock = threading.Lock()
 
     def fork(self, path: str, cwd: Path, env: Mapping[str, str], imports: tuple[str, ...],
-             stage: Callable[[Path], Path]) -> ForkedSimulation | None:
+             stage: Callable[[Path], Path]) -> ForkedProcess | None:
         """A warm process for the run's command that connects at ``path``, in ``cwd``, forked
         once the server has imported ``imports`` (requests are served in turn: an earlier
         request's imports come first); None where the server cannot take it (the caller
@@ -91,7 +92,7 @@ class SimulationForks:
             with self._lock:
                 if self._server is None:
                     self._start(env, stage)
-                forked = ForkedSimulation()
+                forked = ForkedProcess()
                 assert self._control is not None
                 send_request(self._control, {"socket": path, "cwd": str(cwd), "imports": list(imports)},
                              [listener.fileno()])

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from clients.flower_internals import ENGINE_MODULE
 from clients.warm_simulation import command_socket_path, installed_command, socket_path
-from experiments.runtime.simulation_forks import ForkedSimulation, SimulationForks
+from experiments.runtime.simulation_forks import ForkedProcess, SimulationForks
 
 # What the warm simulation process imports before Flower asks for it: Flower's simulation
 # engine and command, Basin's replacements, and the ServerApp's work (torch, the server side).
@@ -115,7 +115,7 @@ def staging(forks: SimulationForks, app: Path) -> Callable[[Path], Path]:
 
 
 def start_warm_simulation(flwr_home: Path, app: Path, env: Mapping[str, str], forks: SimulationForks | None = None,
-                          imports: tuple[str, ...] = WARM_SIMULATION_IMPORTS) -> subprocess.Popen | ForkedSimulation | None:
+                          imports: tuple[str, ...] = WARM_SIMULATION_IMPORTS) -> subprocess.Popen | ForkedProcess | None:
     """Start the run's warm simulation process (clients/warm_simulation.py), which makes the
     simulation's ``imports`` while the SuperLink and the SuperExec start; None where the
     run's ``flwr-simulation`` cannot reach one, or ``BASIN_WARM_SIMULATION=off``. Forked from
@@ -134,14 +134,14 @@ def start_warm_simulation(flwr_home: Path, app: Path, env: Mapping[str, str], fo
 
 
 def start_warm_commands(flwr_home: Path, app: Path, env: Mapping[str, str],
-                        forks: SimulationForks) -> dict[str, ForkedSimulation]:
+                        forks: SimulationForks) -> dict[str, ForkedProcess]:
     """The run's ``flwr``, SuperLink and SuperExec (WARM_COMMANDS), each a process forked from
     ``forks``' server (the run's own or its job's) once that has imported the commands'
     modules, that waits for its command (the run's own, in ``flwr_home/bin``:
     :func:`write_warm_command`) to hand itself over; stopped by their PIDs. By command name;
     empty with ``BASIN_WARM_SIMULATION=off``, and from the first command the server cannot
     take (that one and those after it run themselves)."""
-    forked: dict[str, ForkedSimulation] = {}
+    forked: dict[str, ForkedProcess] = {}
     if os.environ.get(WARM_SIMULATION_SWITCH, "on") == "off":
         return forked
     for command in WARM_COMMANDS:
