@@ -144,7 +144,8 @@ class SimulationForks:
                 self._pending.popleft().forked.set()
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the server: it kills the children still running, then exits."""
+        """Stop the server: a job's kills its children still running, then exits; a run's own
+        (``run_own``) leaves them to the run's clean-up, which has stopped them by then."""
         with self._lock:
             server, control, self._server, self._control = self._server, self._control, None, None
         if control is not None:
