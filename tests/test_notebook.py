@@ -95,9 +95,10 @@ def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path, scoped_env):
 
 # 24 rounds of ~0.25 s (4 epochs of batches of 4; 2 cores): interrupted after its third, the
 # run has ~5 s left, 50 times the interrupt's 0.1 s poll (60 rounds cost ~20 s more: two runs
-# here and the whole one).
+# here and the whole one). One client a round: each of the kernel's two runs starts one
+# client process (its start is a run's largest cost after Flower's own).
 ROUNDS = 24
-SETTINGS = {"num-clients": 4, "participation": 0.5, "num-rounds": ROUNDS, "local-epochs": 4, "batch-size": 4,
+SETTINGS = {"num-clients": 4, "participation": 0.25, "num-rounds": ROUNDS, "local-epochs": 4, "batch-size": 4,
             "checkpoint-every": 1}
 # The whole run that the resumed one is compared with, launched with the session's other
 # reference runs (tests/conftest.py) instead of in the kernel with its own Ray.
