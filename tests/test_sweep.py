@@ -355,7 +355,10 @@ def test_a_parallel_sweep_stopped_by_its_scheduler_leaves_nothing_and_the_same_c
     gone within 8 s, and their Ray's session folder (the job's cluster's, on CPUs); after
     SIGKILL the same command completes the sweep, each round once."""
     rounds = 40  # rounds of ~0.1 s: both runs are mid-way when the signal comes
-    small = SMALL.replace("num-rounds = 2", f"num-rounds = {rounds}\ncheckpoint-every = 2")
+    # One client a round: each run's one client process (its start is a run's largest cost
+    # after Flower's own).
+    small = SMALL.replace("num-rounds = 2", f"num-rounds = {rounds}\ncheckpoint-every = 2").replace(
+        "participation = 0.5", "participation = 0.25")
     path = write_sweep(tmp_path, small.replace("local-epochs = 1", "local-epochs = 4\nbatch-size = 4") + """
 [grid]
 averaging = ["none", {averaging = "ima", window = 2, avg-start = 2}]
