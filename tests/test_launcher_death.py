@@ -24,13 +24,10 @@ from experiments.runtime.run_config import APP_DIR
 
 pytestmark = pytest.mark.slow  # real launchers killed: the second tier (.ci/run)
 
-# 4 clients, 1 per round, 40 rounds of ~0.1 s (4 epochs of batches of 4), a checkpoint
-# every 2: killed after round 3 or so, the resumed run redoes the rounds after its last
-# checkpoint. Enough rounds that the run cannot finish while its launcher's death is
-# being cleaned up (16 did, once rounds got faster: the summary then said completed).
-# One client a round: one client process a run (its start, ~2.6 CPU-seconds on 2 cores,
-# is a run's largest after Flower's own), for the 10 runs of this module that run alone;
-# the frozen client's run keeps two (one frozen, one to complete the run on).
+# 4 clients, 1 a round (one client process per run alone, ~2.6 CPU-s to start; the frozen client's run
+# keeps two), 40 rounds of ~0.1 s (4 epochs of batches of 4), a checkpoint every 2: killed after round 3 or
+# so, the resumed run redoes the rounds after its last checkpoint. Enough rounds that the run cannot finish
+# while its launcher's death is cleaned up (16 did, once rounds got faster: the summary then said completed).
 SETTINGS = {"num-clients": 4, "participation": 0.25, "num-rounds": 40, "local-epochs": 4, "batch-size": 4, "device": "cpu",
             "averaging": "ima", "window": 2, "avg-start": 4, "checkpoint-every": 2}
 TIMING_COLUMNS = ["round-seconds", "train-seconds", "eval-seconds", "client-seconds"]
