@@ -291,7 +291,8 @@ def test_two_launchers_at_once_on_an_empty_cache_both_complete_and_leave_it_whol
     from experiments.runtime.reproducible import compare_runs
 
     env = {**os.environ, "BASIN_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
-    sets = [arg for key, value in {"num-clients": 4, "participation": 0.5, "num-rounds": 2, "device": "cpu"}.items()
+    # One client a round: one client process per launcher (~2.6 CPU-s to start).
+    sets = [arg for key, value in {"num-clients": 4, "participation": 0.25, "num-rounds": 2, "device": "cpu"}.items()
             for arg in ("--set", f"{key}={value}")]
     launchers = [subprocess.Popen([sys.executable, "-m", "experiments.run", *sets, "--out", str(tmp_path / name)], cwd=REPO,
                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
