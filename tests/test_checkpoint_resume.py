@@ -168,8 +168,8 @@ def _kill_server_and_resume(config: dict, folder: Path) -> Killed:
 
 
 # The methods' runs are killed and resumed two at once: one such run leaves part of the
-# 2 cores idle (its start-up, the launcher's wait for the dead ServerApp). The two took
-# 27 s at once against 36 s one after the other (2 cores, 2026-12-05).
+# 2 cores idle (its start-up, the launcher's wait for the dead ServerApp). Both tests with
+# their references took 37 s so, against 45 s one after the other (2 cores, 2026-12-05).
 @pytest.fixture(scope="module")
 def killed_runs(request, flower_runs, tmp_path_factory) -> dict[str, Future]:
     """``_kill_server_and_resume`` for each method this session's selected tests name, all at once."""
