@@ -11,6 +11,8 @@ else (``tests/test_flower_internals.py`` fails on a private name used in another
   (strategies/weighted_mean.py), the local SuperLink started ahead of ``flwr run``
   (experiments/runtime/flwr_command.py) and Ray's head without the dashboard's API server
   and the autoscaler's monitor (:func:`init_ray`);
+- a fix, with Flower's own code as the fallback: a deployment's replies pulled within
+  the round's deadline (:func:`pull_replies`);
 - required: the attributes in which FedAvgM and FedOpt keep their state
   (:data:`STRATEGY_STATE_ATTRIBUTES`, checkpoints), ``SType.NUMPY`` (array encoding) and
   ``TaskIdentity`` (messages built outside a ServerApp, experiments/costs.py).
@@ -31,8 +33,9 @@ import hashlib
 import importlib
 import inspect
 import os
+import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -54,6 +57,7 @@ LOCAL_SUPERLINK_MODULE = "flwr.cli.local_superlink"
 RAY_VERSION = "2.55.1"  # the release flwr 1.41.0 and 1.42.0 pin
 RAY_NODE_MODULE = "ray._private.node"
 SUPERNODE_MODULE = "flwr.supernode.start_client_internal"
+HTTP_GRID_MODULE = "flwr.superlink.grid.http_grid"
 
 # SHA-256 of ``inspect.getsource`` of each private function Basin replaces or relies on,
 # in flwr 1.41.0 and 1.42.0 (the same), by "module:qualified name".
@@ -89,11 +93,13 @@ SOURCE_SHA256 = {
     f"{RAY_NODE_MODULE}:Node.start_monitor": "c2a5a730735d410c42df3ea1499c231c37a1a8232f6046ed2465f848880715f0",
     f"{SUPERNODE_MODULE}:start_client_internal": "9e89a6eb68fbec6821e817cd2c09f7894fc7b0f5725c2365b19a7122307f11f3",
     f"{SUPERNODE_MODULE}:_push_messages": "00bb86faffdec114db87e7f716af2acd901d12284e44f51f5c2a84704db05f64",
+    f"{HTTP_GRID_MODULE}:HttpGrid.pull_messages": "67a5266a5a2ed51557437a15ef4c8844f46576bc5bb6b0753d2a2f6230a3aa83",
 }
 # The functions each speed-up relies on.
 SPEED_UPS = {
     "engine": [name for name in SOURCE_SHA256
-               if not name.startswith(("flwr.serverapp", LOCAL_SUPERLINK_MODULE, "ray.", SUPERNODE_MODULE))],
+               if not name.startswith(("flwr.serverapp", LOCAL_SUPERLINK_MODULE, "ray.", SUPERNODE_MODULE,
+                                       HTTP_GRID_MODULE))],
     "in-place mean": [name for name in SOURCE_SHA256 if name.startswith("flwr.serverapp")],
     "local SuperLink": [name for name in SOURCE_SHA256 if name.startswith(LOCAL_SUPERLINK_MODULE)],
     "Ray head": [name for name in SOURCE_SHA256 if name.startswith("ray.")],
@@ -111,7 +117,7 @@ PRIVATE_NAMES = (
     "run_info_store", "in_memory_linkstate", "_check_and_log_replies", "SType", "TaskIdentity", "flwr.common",
     "flwr.supercore", "flwr.compat", "flwr.server.", "VirtualClientEngineActor", "flwr.simulation.ray_transport",
     "flwr.cli.local_superlink", "ray._private", "start_api_server", "start_monitor", "_add_noise_to_aggregated_arrays",
-    "start_client_internal",
+    "start_client_internal", "flwr.superlink", "HttpGrid",
 )
 
 
@@ -224,6 +230,90 @@ def speed_up_available(speed_up: str) -> bool:
     return not problems
 
 
+@functools.cache
+def bounded_reply_pulls_available() -> bool:
+    """Whether :func:`pull_replies` may run its own pull: ``HttpGrid.pull_messages`` is a
+    checked release's; where it is not, say so once (Flower's pull then runs)."""
+    if problem := mismatch(f"{HTTP_GRID_MODULE}:HttpGrid.pull_messages"):
+        log.warning(f"replies are pulled by Flower's own code, which waits for a reply's arrays until the "
+                    f"SuperLink's object-push session expires, past round-timeout: {problem}")
+    return not problem
+
+
+# A reply's arrays that are not there yet are asked for again after this many seconds,
+# doubling up to the cap (Flower's: from 1 s up to 10 s): a pull bounded by a round's
+# deadline ends within a fraction of a second of it.
+REPLY_PULL_BACKOFF_S, REPLY_PULL_BACKOFF_CAP_S = 0.01, 0.2
+
+
+def pull_replies(grid: Any, message_ids: Iterable[str], deadline: float) -> list:
+    """``grid.pull_messages(message_ids)``, where a deployment's grid waits for each reply's
+    arrays until ``deadline`` (a ``time.monotonic()`` time) at most.
+
+    Over HTTP (``HttpGrid``), flwr 1.41.0 and 1.42.0's ``pull_messages`` hands a reply out
+    once the SuperNode has sent its metadata, then waits for its arrays until they are all
+    there or the SuperLink's object-push session expires (180 s): a SuperNode frozen or cut
+    off mid-upload held its round ~3 minutes past round-timeout, and the replies that arrived
+    meanwhile stayed unpulled. This is that method with each reply's object pulls bounded by
+    ``deadline``: a reply whose arrays are not all there by then is left out (its node did not
+    reply in time; the SuperLink hands a reply out once). Any other grid, or a release
+    whose method differs, runs ``grid.pull_messages``."""
+    module = sys.modules.get(HTTP_GRID_MODULE)
+    if module is None or not isinstance(grid, module.HttpGrid) or not bounded_reply_pulls_available():
+        return list(grid.pull_messages(message_ids))
+    import httpx
+    from flwr.app import Metadata
+    from flwr.app.error import Error
+    from flwr.app.message import make_message
+    from flwr.common.constant import ErrorCode
+    from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest
+    from flwr.proto.runtime_pb2 import PullAppMessagesRequest
+    from flwr.supercore.constant import SYSTEM_MESSAGE_TYPE
+    from flwr.supercore.date import now
+    from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
+    from flwr.supercore.inflatable.inflatable_protobuf_utils import make_pull_object_fn_protobuf
+    from flwr.supercore.inflatable.inflatable_utils import ObjectPullError, inflate_object_from_contents, pull_objects
+
+    run_id, client, node = grid._run.run_id, grid._runtime_client, grid.node
+    try:
+        response = client.PullMessages(PullAppMessagesRequest(message_ids=message_ids))
+    except httpx.HTTPStatusError as error:
+        if error.response.status_code == httpx.codes.REQUEST_ENTITY_TOO_LARGE:
+            log.error(module.ERROR_MESSAGE_PULL_MESSAGES_PAYLOAD_TOO_LARGE)
+            return []
+        raise
+    replies = []
+    for reply, tree in zip(response.messages_list, response.message_object_trees, strict=True):
+        message_id = reply.metadata.message_id
+        try:
+            contents = pull_objects(
+                [subtree.object_id for subtree in iterate_object_tree(tree)],
+                make_pull_object_fn_protobuf(pull_object_protobuf=client.PullObject, node=node, run_id=run_id),
+                max_time=max(deadline - time.monotonic(), 0.0),
+                initial_backoff=REPLY_PULL_BACKOFF_S, backoff_cap=REPLY_PULL_BACKOFF_CAP_S,
+            )
+        except ObjectPullError as error:
+            if time.monotonic() >= deadline:
+                continue
+            # Flower's reply for arrays the SuperLink no longer holds.
+            replies.append(make_message(
+                metadata=Metadata(run_id=run_id, message_id="", src_node_id=node.node_id, dst_node_id=node.node_id,
+                                  message_type=SYSTEM_MESSAGE_TYPE, group_id="", ttl=0,
+                                  reply_to_message_id=reply.metadata.reply_to_message_id,
+                                  created_at=now().timestamp()),
+                error=Error(code=ErrorCode.MESSAGE_UNAVAILABLE,
+                            reason="Reply message objects are unavailable. The sender may not have completed the "
+                                   f"upload before the object-push session expired. {error}"),
+            ))
+            continue
+        client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(node=node, run_id=run_id,
+                                                                    message_object_id=message_id))
+        message = inflate_object_from_contents(message_id, contents)
+        message.metadata.__dict__["_message_id"] = message_id
+        replies.append(message)
+    return replies
+
+
 def check_and_log_replies(strategy: Any, replies: Any, is_train: bool) -> tuple[list, list]:
     """Flower's ``FedAvg._check_and_log_replies``: (valid replies, error replies)."""
     return strategy._check_and_log_replies(replies, is_train=is_train)
@@ -264,8 +354,6 @@ def strategy_state(strategy: Any) -> dict[str, Any]:
 
 def engine_module() -> Any:
     """Flower's simulation engine module when this process runs it (imported), else None."""
-    import sys
-
     return sys.modules.get(ENGINE_MODULE)
 
 

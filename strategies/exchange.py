@@ -7,7 +7,9 @@ Grid's own ``push_messages``/``pull_messages`` and backs off from 1 ms to ``max_
 seconds: short rounds end within a millisecond or two of the last reply, long rounds
 cost one cheap pull every ``max_poll`` seconds. In a simulation the wait between pulls
 ends as soon as the engine stores a reply (clients/simulation_engine.py), so the last
-reply is pulled when it is stored, not up to ``max_poll`` later.
+reply is pulled when it is stored, not up to ``max_poll`` later. In a deployment a reply's
+arrays are awaited until the round's deadline at most (``pull_replies``), and one last
+pull at the deadline takes every reply that is there by then.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from flwr.app import Message
 from flwr.serverapp import Grid
 
+from clients.flower_internals import pull_replies
 from clients.simulation_engine import expect_replies, wait_for_reply
 
 
@@ -67,13 +70,16 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float, ma
     poll = 0.001
     while pending:
         expect_replies()
-        pulled = list(grid.pull_messages(pending))
+        pull_started = time.monotonic()
+        pulled = pull_replies(grid, pending, deadline)
         TRAFFIC.received += sum(array_bytes(reply) for reply in pulled)
         replies.extend(pulled)
         pending.difference_update(reply.metadata.reply_to_message_id for reply in pulled)
-        remaining = deadline - time.monotonic()
-        if not pending or remaining <= 0:
+        # The last pull starts at the deadline or after it: a reply that arrived while an
+        # earlier pull waited for another reply's arrays is still taken.
+        if not pending or pull_started >= deadline:
             break
-        wait_for_reply(min(poll, remaining))  # in a simulation: until the engine stores a reply
+        # in a simulation: until the engine stores a reply
+        wait_for_reply(min(poll, max(deadline - time.monotonic(), 0.0)))
         poll = min(2 * poll, max_poll)
     return replies
