@@ -3,9 +3,18 @@ a server identity, and the second tier's Flower runs that several tests read (fl
 
 from __future__ import annotations
 
+import os
+
+# torch's OpenMP threads spin for a while after each parallel region before they sleep
+# (libgomp's default wait policy): beside another busy process on the same cores, the
+# spinning takes the CPU that process needs (the docs pages' commands, two at once on 2
+# cores: 121 CPU-s and 92 s with spinning, 93 CPU-s and 80 s without). Passive threads sleep
+# at once and compute the same bits. Set before torch is loaded, here and in every process
+# the tests start (they inherit it).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import atexit
 import gzip
-import os
 import shutil
 import signal
 import string

@@ -376,13 +376,13 @@ def test_a_frozen_client_process_fails_its_round_after_round_timeout_and_the_run
     it held ends after `round-timeout`, counting it as one failure; the run completes on
     the other client process and nothing of it is left."""
     out = tmp_path / "run"
-    settings = {**SETTINGS, "participation": 0.5, "num-rounds": 8, "round-timeout": 4}
+    # 24 rounds of ~0.1 s: 8 once ended before its client processes were seen (2026-12-05).
+    settings = {**SETTINGS, "participation": 0.5, "num-rounds": 24, "round-timeout": 4}
     env, scope = scoped_env
     launcher = subprocess.Popen(_command(out, settings), cwd=APP_DIR, start_new_session=True, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, env={**env, "PYTHONPATH": str(APP_DIR)})
     try:
-        # Found before round 2 ends, not after: in a CI run of 2026-11-29, looked for once
-        # round 2 was recorded, they were not found before the run's 8th and last round ended.
+        # Found before round 2 ends: looked for after it, in a CI run of 2026-11-29, they were not found in time.
         client = _client_processes(_home_of(out, launcher), launcher)[0]
         _wait_for_rounds(out, launcher, 2)
         os.kill(client, signal.SIGSTOP)
