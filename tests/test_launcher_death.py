@@ -73,7 +73,8 @@ def _home_of(out: Path, launcher: subprocess.Popen) -> str:
 def _client_processes(home: str, launcher: subprocess.Popen) -> list[int]:
     """The ClientApp processes of the run whose FLWR_HOME is ``home``, once there are any."""
     deadline = time.monotonic() + 180
-    # Waited for, not read once: in one CI run of 2026-11-28 none was found just after round 3.
+    # Waited for, from the run's start: read once just after round 3, none was found (CI, 2026-11-28); waited
+    # for from then, the run's last 37 rounds (~3.6 s) had ended first (CI, 2026-12-05).
     while True:
         table = process_table()
         run = processes_of_home(home)
@@ -262,8 +263,9 @@ def test_client_processes_killed_mid_run_stop_it_without_a_skipped_round_and_it_
     launcher = subprocess.Popen(_command(out), cwd=APP_DIR, start_new_session=True, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, env=env)
     try:
-        _wait_for_rounds(out, launcher, 3)  # every client process has served by then
-        for pid in _client_processes(_home_of(out, launcher), launcher):  # they die, not the launcher
+        clients = _client_processes(_home_of(out, launcher), launcher)  # before round 3: see _client_processes
+        _wait_for_rounds(out, launcher, 3)
+        for pid in clients:  # they die, not the launcher
             os.kill(pid, signal.SIGKILL)
         _, err = launcher.communicate(timeout=120)
     finally:
@@ -333,9 +335,8 @@ while not (out / "results.csv").is_file() or len((out / "results.csv").read_text
     time.sleep(0.1)
 os.kill(launcher.pid, signal.SIGKILL)
 deadline = time.monotonic() + 120  # the guardian stops the run's processes, then marks it killed
-while '"killed"' not in ((out / "summary.json").read_text() if (out / "summary.json").is_file() else ""):
-    if time.monotonic() > deadline:
-        break
+summary = out / "summary.json"
+while '"killed"' not in (summary.read_text() if summary.is_file() else "") and time.monotonic() < deadline:
     time.sleep(0.1)
 time.sleep(1)
 marker.write_text("survived")
