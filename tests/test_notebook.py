@@ -9,8 +9,12 @@ import shutil
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import REPO, SCOPE_VARIABLE, processes_in_scope
@@ -42,16 +46,10 @@ def execute(notebook, folder: Path, scope: str, interrupt_when: Callable[[], boo
 
     if interrupt_when is not None:
         threading.Thread(target=interrupt, daemon=True).start()
-    previous = os.environ.get(SCOPE_VARIABLE)
-    os.environ[SCOPE_VARIABLE] = scope  # the kernel, Flower and Ray inherit it
     try:
-        return client.execute()
+        return client.execute(env={**os.environ, SCOPE_VARIABLE: scope})  # the kernel, Flower and Ray inherit it
     finally:
         finished.set()
-        if previous is None:
-            del os.environ[SCOPE_VARIABLE]
-        else:
-            os.environ[SCOPE_VARIABLE] = previous
 
 
 def wait_for_no_processes(scope: str, seconds: float = 20.0) -> dict[int, str]:
@@ -69,13 +67,28 @@ def _command_line(pid: int) -> str:
         return "(ended)"
 
 
-def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path, scoped_env):
-    _, scope = scoped_env
+@dataclass
+class Executed:
+    """A notebook run by ``notebooks``: the executed notebook, its folder and its processes' scope."""
+
+    notebook: Any
+    folder: Path
+    scope: str
+    seconds: float
+
+
+def _executed(notebook, folder: Path, interrupt_when: Callable[[], bool] | None = None) -> Executed:
+    scope = uuid.uuid4().hex
+    started = time.monotonic()
+    executed = execute(notebook, folder, scope, interrupt_when)
+    return Executed(executed, folder, scope, time.monotonic() - started)
+
+
+def test_the_quickstart_notebook_runs_top_to_bottom(notebooks):
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code")  # saved without outputs
-    started = time.monotonic()
-    executed = execute(notebook, tmp_path, scope)
-    seconds = time.monotonic() - started
+    run = notebooks["quickstart"].result()
+    executed, tmp_path, scope, seconds = run.notebook, run.folder, run.scope, run.seconds
     code = [cell for cell in executed.cells if cell.cell_type == "code"]
     assert all(cell.execution_count for cell in code)
     assert not [o for cell in code for o in cell.outputs if o.output_type == "error"]
@@ -118,16 +131,13 @@ print(json.dumps({{"identical": comparison.identical, "rounds": len(resumed.roun
 """
 
 
-@pytest.mark.flower_runs("notebook-whole")
-def test_an_interrupted_cell_stops_its_run_and_the_same_call_resumes_it(flower_runs, tmp_path, scoped_env):
-    _, scope = scoped_env
+def _interrupted(whole: str, folder: Path) -> Executed:
+    """The kernel's run interrupted once after its first rounds, then the same call again."""
     from nbformat.v4 import new_code_cell, new_notebook
 
-    whole = str(flower_runs["notebook-whole"].completed())
     notebook = new_notebook(cells=[new_code_cell(INTERRUPTED), new_code_cell(RUN), new_code_cell(
         "import os, json\nprint(json.dumps({'pid': os.getpid()}))"), new_code_cell(AFTER.format(whole=whole))])
-
-    checkpoint = tmp_path / "runs" / "interrupted" / "results.csv"
+    checkpoint = folder / "runs" / "interrupted" / "results.csv"
 
     def after_its_first_rounds() -> bool:  # the run's cell is interrupted then
         try:
@@ -135,7 +145,25 @@ def test_an_interrupted_cell_stops_its_run_and_the_same_call_resumes_it(flower_r
         except OSError:
             return False
 
-    executed = execute(notebook, tmp_path, scope, after_its_first_rounds)
+    return _executed(notebook, folder, after_its_first_rounds)
+
+
+@pytest.fixture(scope="module")
+def notebooks(flower_runs, tmp_path_factory) -> dict[str, Future]:
+    """Both notebooks at once, each in a kernel of its own: one alone left a third to a half
+    of 2 cores idle (the kernel's and its runs' start-up)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        quickstart = pool.submit(_executed, nbformat.read(NOTEBOOK, as_version=4), tmp_path_factory.mktemp("quickstart"))
+        whole = flower_runs["notebook-whole"]
+        interrupted = pool.submit(lambda: _interrupted(str(whole.completed()), tmp_path_factory.mktemp("interrupted")))
+        return {"quickstart": quickstart, "interrupted": interrupted}
+
+
+@pytest.mark.flower_runs("notebook-whole")
+def test_an_interrupted_cell_stops_its_run_and_the_same_call_resumes_it(notebooks):
+    run = notebooks["interrupted"].result()
+    executed, scope = run.notebook, run.scope
+    checkpoint = run.folder / "runs" / "interrupted" / "results.csv"
     run_cell, alive, after = executed.cells[1], executed.cells[2], executed.cells[3]
     errors = [o.get("ename") for o in run_cell.outputs if o.output_type == "error"]
     assert errors == ["KeyboardInterrupt"], run_cell.outputs
@@ -145,4 +173,4 @@ def test_an_interrupted_cell_stops_its_run_and_the_same_call_resumes_it(flower_r
     result = [o for o in after.outputs if o.output_type == "stream" and o.get("name") == "stdout"][-1]["text"]
     assert '"identical": true' in result and f'"rounds": {ROUNDS}' in result, after.outputs
     assert not wait_for_no_processes(scope)
-    shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+    shutil.rmtree(run.folder / "runs", ignore_errors=True)
