@@ -13,13 +13,18 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import processes_in_scope
+from conftest import SCOPE_VARIABLE, processes_in_scope
 
 from clients.atomic_files import write_atomically
 from clients.state_store import atomic_save
@@ -99,10 +104,9 @@ SETTINGS = {"num-clients": 4, "participation": 0.5, "num-rounds": 6, "local-epoc
 FLOWER_RUNS = {"disk-full-uninterrupted": SETTINGS}
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 120 KiB tmpfs: round 1 or 2's checkpoint does not fit next to the run's other files."""
-    mount = tmp_path / "disk"
+@contextmanager
+def _small_disk(mount: Path) -> Iterator[Path]:
+    """A 120 KiB tmpfs at ``mount``: round 1 or 2's checkpoint does not fit next to the run's other files."""
     mount.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=120k", "tmpfs", str(mount)], capture_output=True, text=True)
     if done.returncode != 0:
@@ -113,10 +117,15 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def _run(out: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
+@pytest.fixture
+def small_disk(tmp_path):
+    with _small_disk(tmp_path / "disk") as mount:
+        yield mount
+
+
+def _run_command(out: Path) -> list[str]:
     sets = [arg for key, value in SETTINGS.items() for arg in ("--set", f"{key}={value}")]
-    return subprocess.run([sys.executable, "-m", "experiments.run", *sets, *extra, "--out", str(out)], cwd=APP_DIR,
-                          env={**env, "PYTHONPATH": str(APP_DIR)}, capture_output=True, text=True, timeout=300)
+    return [sys.executable, "-m", "experiments.run", *sets, "--out", str(out)]
 
 
 def _nothing_left(scope: str) -> list[int]:
@@ -126,34 +135,73 @@ def _nothing_left(scope: str) -> list[int]:
     return sorted(processes_in_scope(scope))
 
 
+@dataclass
+class FullThenFreed:
+    """A command run with its output on a full disk, then again once space was freed."""
+
+    out: Path
+    full: subprocess.CompletedProcess
+    temporary_files: list[Path]  # *.tmp files in ``out`` after the full run
+    summary: dict | None  # ``out``'s summary.json after the full run, where there is one
+    left_when_full: list[int]  # processes of the command still there after the full run
+    resumed: subprocess.CompletedProcess
+    left: list[int]  # and after the second
+
+
+def _full_then_freed(command: list[str], out: Path, disk: Path) -> FullThenFreed:
+    scope = uuid.uuid4().hex
+    env = {**os.environ, SCOPE_VARIABLE: scope, "PYTHONPATH": str(APP_DIR)}
+    full = subprocess.run(command, cwd=APP_DIR, env=env, capture_output=True, text=True, timeout=300)
+    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else None
+    temporary, left_when_full = sorted(out.rglob("*.tmp")), _nothing_left(scope)
+    subprocess.run(["mount", "-o", "remount,size=20m", str(disk)], check=True)  # space freed
+    resumed = subprocess.run(command, cwd=APP_DIR, env=env, capture_output=True, text=True, timeout=300)
+    return FullThenFreed(out, full, temporary, summary, left_when_full, resumed, _nothing_left(scope))
+
+
+@pytest.fixture(scope="module")
+def full_disks(tmp_path_factory) -> Iterator[dict[str, Future]]:
+    """A run's and a sweep's commands, each on a small disk of its own, at once: each alone
+    left about 40 % of 2 cores idle (its processes' start)."""
+    folder = tmp_path_factory.mktemp("full-disks")
+    spec = folder / "sweep.toml"
+    spec.write_text('name = "full"\n[set]\n' + "".join(f"{key} = {json.dumps(value)}\n" for key, value in SETTINGS.items())
+                    + '[grid]\naveraging = ["none", "ima"]\n')
+    with _small_disk(folder / "run-disk") as run_disk, _small_disk(folder / "sweep-disk") as sweep_disk, \
+            ThreadPoolExecutor(max_workers=2) as pool:
+        sweep = [sys.executable, "-m", "experiments.sweep", str(spec), "--no-progress", "--out", str(sweep_disk / "sweep")]
+        futures = {"run": pool.submit(_full_then_freed, _run_command(run_disk / "run"), run_disk / "run", run_disk),
+                   "sweep": pool.submit(_full_then_freed, sweep, sweep_disk / "sweep", sweep_disk)}
+        for future in futures.values():
+            future.exception()  # both have ended before their disks are unmounted
+        yield futures
+
+
 @pytest.mark.slow
 @pytest.mark.flower_runs("disk-full-uninterrupted")
-def test_a_full_output_disk_stops_the_run_in_one_line_and_the_same_command_resumes_exactly(small_disk, scoped_env, flower_runs):
-    env, scope = scoped_env
-    out = small_disk / "run"
-    full = _run(out, env)
+def test_a_full_output_disk_stops_the_run_in_one_line_and_the_same_command_resumes_exactly(full_disks, flower_runs):
+    ran = full_disks["run"].result()
+    full, out = ran.full, ran.out
     assert full.returncode == EXIT_DISK_FULL, full.stderr[-3000:]
     last = full.stderr.strip().splitlines()[-1]
     assert last == (f"error: the disk holding {out} is full ([Errno 28] {NO_SPACE}): free space and run the same "
                     "command to resume")
     assert "Traceback" not in full.stderr
-    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "failed" and "disk" in summary["error"] and "full" in summary["error"]
-    assert _nothing_left(scope) == []
+    assert ran.temporary_files == []
+    assert ran.summary["status"] == "failed" and "disk" in ran.summary["error"] and "full" in ran.summary["error"]
+    assert ran.left_when_full == []
 
-    subprocess.run(["mount", "-o", "remount,size=20m", str(small_disk)], check=True)  # space freed
-    resumed = _run(out, env)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert ran.resumed.returncode == 0, ran.resumed.stderr[-3000:]
     comparison = compare_runs(out, flower_runs["disk-full-uninterrupted"].completed())
     assert comparison.identical, comparison.differences
-    assert _nothing_left(scope) == []
+    assert ran.left == []
 
 
 @pytest.mark.slow
 def test_a_full_temporary_directory_is_named_and_leaves_no_process(small_disk, tmp_path, scoped_env):
     env, scope = scoped_env
-    done = _run(tmp_path / "run", {**env, "TMPDIR": str(small_disk)})
+    done = subprocess.run(_run_command(tmp_path / "run"), cwd=APP_DIR, capture_output=True, text=True, timeout=300,
+                          env={**env, "TMPDIR": str(small_disk), "PYTHONPATH": str(APP_DIR)})
     assert done.returncode == EXIT_DISK_FULL, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1] == (
         f"error: the disk holding the temporary directory {small_disk} is full ([Errno 28] {NO_SPACE}): free space "
@@ -164,23 +212,15 @@ def test_a_full_temporary_directory_is_named_and_leaves_no_process(small_disk, t
 
 
 @pytest.mark.slow
-def test_a_sweep_on_a_full_disk_stops_in_one_line_and_the_same_command_completes_it(small_disk, tmp_path, scoped_env):
-    env, scope = scoped_env
-    spec = tmp_path / "sweep.toml"
-    spec.write_text('name = "full"\n[set]\n' + "".join(f"{key} = {json.dumps(value)}\n" for key, value in SETTINGS.items())
-                    + '[grid]\naveraging = ["none", "ima"]\n')
-    out = small_disk / "sweep"
-    command = [sys.executable, "-m", "experiments.sweep", str(spec), "--no-progress", "--out", str(out)]
-    env = {**env, "PYTHONPATH": str(APP_DIR)}
-    full = subprocess.run(command, cwd=APP_DIR, env=env, capture_output=True, text=True, timeout=300)
+def test_a_sweep_on_a_full_disk_stops_in_one_line_and_the_same_command_completes_it(full_disks):
+    ran = full_disks["sweep"].result()
+    full, out = ran.full, ran.out
     assert full.returncode == EXIT_DISK_FULL, full.stderr[-3000:]
     assert full.stderr.strip().splitlines()[-1].startswith(f"error: the disk holding {out / 'runs'}")
     assert "Traceback" not in full.stderr
-    assert not [p for p in out.rglob("*.tmp")]
-    assert _nothing_left(scope) == []
+    assert ran.temporary_files == []
+    assert ran.left_when_full == []
 
-    subprocess.run(["mount", "-o", "remount,size=20m", str(small_disk)], check=True)
-    resumed = subprocess.run(command, cwd=APP_DIR, env=env, capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert ran.resumed.returncode == 0, ran.resumed.stderr[-3000:]
     assert pd.read_csv(out / "results.csv")["status"].eq("completed").all()
-    assert _nothing_left(scope) == []
+    assert ran.left == []
