@@ -11,8 +11,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 import tomllib
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -20,7 +25,7 @@ import torch
 
 from experiments.certificates import write_supernode_key_pair
 from experiments.runtime.deployment import LocalFederation, Security, deploy
-from experiments.runtime.processes import alive, flwr_homes
+from experiments.runtime.processes import alive, flwr_homes, process_table, process_tree, stop_process_tree
 from experiments.runtime.run_config import resolve_config
 
 SHORT = {"num-rounds": 2, "local-epochs": 1, "device": "cpu"}
@@ -38,63 +43,28 @@ def _rounds(out_dir: Path) -> pd.DataFrame:
     return rows[[c for c in rows.columns if not c.endswith("-seconds")]]
 
 
-@pytest.fixture(autouse=True)
-def no_process_left_behind():
-    """Fails a test after which a process of a local deployment it started still runs
-    (recognised by its FLWR_HOME, which LocalFederation puts in a basin-deploy- directory)."""
-    before = set(flwr_homes())
-    yield
-    left = [pid for pid, home in flwr_homes().items() if pid not in before and "/basin-deploy-" in home and alive(pid)]
-    assert not left, f"processes left running: {left}"
+ROUND_TIMEOUT = 12.0  # seconds (see _over_tls)
 
 
-@pytest.mark.slow
-@pytest.mark.flower_runs("deployment-simulated")
-def test_deployment_and_simulation_give_identical_rounds_and_model(flower_runs, tmp_path):
-    reference = flower_runs["deployment-simulated"]
-    simulated = reference.completed()
-    # SuperNodes of 2 CPUs (OMP_NUM_THREADS = 2) against simulated clients of 1: torch-threads
-    # keeps both at one thread, so the bits agree however each is given CPUs.
-    deployed = deploy(reference.config, tmp_path / "deployment", cpus_per_client=2.0, progress=False)
+@dataclass
+class OverTls:
+    """What ``_over_tls`` saw of its deployment, for the test's assertions."""
 
-    assert deployed["status"] == "completed"
-    a, b = _rounds(tmp_path / "deployment"), _rounds(simulated)
-    assert list(a.columns) == list(b.columns)
-    assert (a["clients-ok"] == 2).all() and a["sent-model"].tolist() == ["base", "averaged"]
-    assert a.to_csv() == b.to_csv()  # every metric, to the last bit of its decimal form
-    model_a = torch.load(tmp_path / "deployment" / "final_model.pt", weights_only=True)
-    model_b = torch.load(simulated / "final_model.pt", weights_only=True)
-    assert model_a.keys() == model_b.keys()
-    assert all(torch.equal(model_a[k], model_b[k]) for k in model_a)
-    # Each process logged into the run's directory.
-    assert {"superlink.log", "supernode-0.log", "supernode-2.log", "flwr.log"} <= {
-        p.name for p in (tmp_path / "deployment").iterdir()}
-    # Every ClientApp process of a node was forked from its warm one (clients/warm_clientapp.py):
-    # one per message, a query for its partition before round 1 and each round it was sampled in.
-    forks = [(tmp_path / "deployment" / f"supernode-{k}.log").read_text().count("forked from the warm one")
-             for k in range(3)]
-    assert sum(forks) == 3 + 2 * 2 and min(forks) >= 1, forks
+    out: Path
+    summary: dict
+    nodes: list  # the 3 registered SuperNodes
+    impostor: Any  # the SuperNode with an unregistered key
+    listed: set[int]  # the node ids the SuperLink lists at the end
+    cli_config: dict  # the CLI's config.toml in the federation's homes
+    port: int
+    name: str
+    work_dir: Path
+    broken_after: int  # rounds written when the nodes were broken
 
 
-@pytest.mark.slow
-def test_over_tls_only_registered_nodes_join_and_a_dead_and_a_frozen_one_are_one_failure_each_a_round(tmp_path):
-    """One deployment, over TLS with SuperNode authentication, for two claims (each
-    deployment costs a SuperLink and its nodes' start, and each broken node a wait of
-    `round-timeout`: apart, about 25 s and 45 s more on 2 cores).
-
-    The SuperLink admits the registered nodes only: an impostor claiming partition 0 with a
-    key nobody registered is refused and gets no node id. Of the 3 registered SuperNodes,
-    after round 1 one is killed (with its children) and one is stopped (SIGSTOP, with its
-    children: frozen, not dead). Round 2 waits for them `round-timeout` seconds at most,
-    counts each once, under its own partition on its own node, and goes on with the third;
-    the run completes, and the stopped processes are cleaned up with the rest (the autouse
-    check above). (Flower's SuperLink may answer "Node Unavailable" for the dead one once
-    it has missed its heartbeats: either way one failure under its partition; that reply's
-    attribution is tested with Flower's own error message in tests/test_faults.py.)"""
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-
-    from experiments.runtime.processes import process_table, process_tree, stop_process_tree
+def _over_tls(folder: Path, once_broken: Callable[[], None]) -> OverTls:
+    """The TLS test's deployment (see its docstring); ``once_broken`` runs as soon as two of its
+    nodes are broken, while round 2 waits `round-timeout` for them."""
 
     def freeze(process: subprocess.Popen) -> None:
         for pid in process_tree([process.pid], process_table()):
@@ -107,14 +77,14 @@ def test_over_tls_only_registered_nodes_join_and_a_dead_and_a_frozen_one_are_one
     # once round 1's row is written, while round 2's ClientApps are starting, so round 2
     # already waits round-timeout for them: 12 s, over twice round 1's 5.1 s, when the three
     # nodes trained at once (in round 2 the healthy one trains alone). The test took 46 s
-    # with 20 s, 37-38 s with 12 s (2 cores, 2026-12-05).
+    # with 20 s, 37-38 s with 12 s (2 cores, 2026-12-05): ROUND_TIMEOUT.
     config = resolve_config({**SHORT, "num-clients": 3, "participation": 1.0, "min-replies": 1, "num-rounds": 2,
-                             "round-timeout": 12.0})
-    out = tmp_path / "run"
+                             "round-timeout": ROUND_TIMEOUT})
+    out = folder / "run"
     with LocalFederation(out, Security(tls=True, auth=True)) as federation, ThreadPoolExecutor(max_workers=1) as pool:
         # The impostor tries while the registered nodes start and the run goes on (its
         # retries until it gives up took 7 s of the test's wall time when waited for first).
-        impostor_key = write_supernode_key_pair(tmp_path / "keys", "impostor")
+        impostor_key = write_supernode_key_pair(folder / "keys", "impostor")
         impostor = federation.start_supernode(0, 3, impostor_key, wait=False, name="impostor")
         nodes = federation.start_supernodes(3)
         running = pool.submit(federation.run, config, out, False)
@@ -125,26 +95,112 @@ def test_over_tls_only_registered_nodes_join_and_a_dead_and_a_frozen_one_are_one
         stop_process_tree([nodes[1].process.pid])
         freeze(nodes[2].process)
         broken_after = len((out / "results.csv").read_text().splitlines()) - 1
+        once_broken()
         summary = running.result(timeout=600)
         impostor.process.wait(timeout=60)  # the SuperLink refused it, and it gave up
         listed = {int(node["node-id"]) for node in federation.list_supernodes()}
         cli_config = tomllib.loads((federation.work_dir / "homes" / "cli" / "config.toml").read_text())
+    return OverTls(out, summary, nodes, impostor, listed, cli_config, federation.port, federation.name,
+                   federation.work_dir, broken_after)
 
-    assert not federation.work_dir.exists()  # keys, certificates and FLWR_HOMEs are gone
+
+@dataclass
+class Deployments:
+    """``deployments``: the TLS one's outcome; the plain one's, with its folder; and the
+    processes of either that still ran once both had ended."""
+
+    over_tls: Future
+    plain: Future | None  # None where its test is not selected
+    plain_folder: Path
+    left: list[int]
+
+
+@pytest.fixture(scope="module")
+def deployments(flower_runs, tmp_path_factory) -> Deployments:
+    """The two deployments, the plain one started once the TLS one's nodes are broken: it
+    runs while the TLS run's round 2 waits `round-timeout` for them (the TLS one alone left
+    about 40 % of 2 cores idle), not before: the TLS run's round 1 fills the 2 cores and must
+    end within `round-timeout`. A deployment leaves no process behind (one that does is
+    recognised by its FLWR_HOME, which LocalFederation puts in a basin-deploy- directory)."""
+    before = set(flwr_homes())
+    plain_folder = tmp_path_factory.mktemp("plain") / "deployment"
+    with ThreadPoolExecutor(max_workers=1) as beside, ThreadPoolExecutor(max_workers=1) as pool:
+        started: list[Future] = []
+
+        def start_plain() -> None:
+            if "deployment-simulated" not in flower_runs:  # its test is not selected
+                return
+            reference = flower_runs["deployment-simulated"]
+            started.append(beside.submit(deploy, reference.config, plain_folder, cpus_per_client=2.0, progress=False))
+
+        over_tls = pool.submit(_over_tls, tmp_path_factory.mktemp("tls"), start_plain)
+        if over_tls.exception() is not None and not started:
+            start_plain()  # the TLS one failed before its nodes broke: the plain one runs alone
+    left = [pid for pid, home in flwr_homes().items() if pid not in before and "/basin-deploy-" in home and alive(pid)]
+    return Deployments(over_tls, started[0] if started else None, plain_folder, left)
+
+
+@pytest.mark.slow
+@pytest.mark.flower_runs("deployment-simulated")
+def test_deployment_and_simulation_give_identical_rounds_and_model(flower_runs, deployments):
+    simulated = flower_runs["deployment-simulated"].completed()
+    # SuperNodes of 2 CPUs (OMP_NUM_THREADS = 2) against simulated clients of 1: torch-threads
+    # keeps both at one thread, so the bits agree however each is given CPUs.
+    assert deployments.plain is not None
+    deployed, folder = deployments.plain.result(), deployments.plain_folder
+
+    assert deployed["status"] == "completed"
+    a, b = _rounds(folder), _rounds(simulated)
+    assert list(a.columns) == list(b.columns)
+    assert (a["clients-ok"] == 2).all() and a["sent-model"].tolist() == ["base", "averaged"]
+    assert a.to_csv() == b.to_csv()  # every metric, to the last bit of its decimal form
+    model_a = torch.load(folder / "final_model.pt", weights_only=True)
+    model_b = torch.load(simulated / "final_model.pt", weights_only=True)
+    assert model_a.keys() == model_b.keys()
+    assert all(torch.equal(model_a[k], model_b[k]) for k in model_a)
+    # Each process logged into the run's directory.
+    assert {"superlink.log", "supernode-0.log", "supernode-2.log", "flwr.log"} <= {p.name for p in folder.iterdir()}
+    # Every ClientApp process of a node was forked from its warm one (clients/warm_clientapp.py):
+    # one per message, a query for its partition before round 1 and each round it was sampled in.
+    forks = [(folder / f"supernode-{k}.log").read_text().count("forked from the warm one") for k in range(3)]
+    assert sum(forks) == 3 + 2 * 2 and min(forks) >= 1, forks
+    assert not deployments.left, f"processes left running: {deployments.left}"
+
+
+@pytest.mark.slow
+def test_over_tls_only_registered_nodes_join_and_a_dead_and_a_frozen_one_are_one_failure_each_a_round(deployments):
+    """One deployment, over TLS with SuperNode authentication, for two claims (each
+    deployment costs a SuperLink and its nodes' start, and each broken node a wait of
+    `round-timeout`: apart, about 25 s and 45 s more on 2 cores).
+
+    The SuperLink admits the registered nodes only: an impostor claiming partition 0 with a
+    key nobody registered is refused and gets no node id. Of the 3 registered SuperNodes,
+    after round 1 one is killed (with its children) and one is stopped (SIGSTOP, with its
+    children: frozen, not dead). Round 2 waits for them `round-timeout` seconds at most,
+    counts each once, under its own partition on its own node, and goes on with the third;
+    the run completes, and the stopped processes are cleaned up with the rest (checked
+    once both deployments have ended). (Flower's SuperLink may answer "Node Unavailable" for the dead one once
+    it has missed its heartbeats: either way one failure under its partition; that reply's
+    attribution is tested with Flower's own error message in tests/test_faults.py.)"""
+    tls = deployments.over_tls.result()
+    out, nodes, impostor = tls.out, tls.nodes, tls.impostor
+
+    assert not tls.work_dir.exists()  # keys, certificates and FLWR_HOMEs are gone
     # Only the registered nodes are known to the SuperLink; the impostor never got an id.
-    assert listed == {node.node_id for node in nodes}
+    assert tls.listed == {node.node_id for node in nodes}
     assert impostor.node_id is None and impostor.process.returncode != 0
     assert "Failed to activate SuperNode" in impostor.log.read_text()
     assert "No SuperNode found with the given public key" in (out / "superlink.log").read_text()
     # The SuperLink served HTTPS and the CLI trusted the throw-away CA.
-    assert f"Uvicorn running on https://127.0.0.1:{federation.port}" in (out / "superlink.log").read_text()
-    entry = cli_config["superlink"][federation.name]
+    assert f"Uvicorn running on https://127.0.0.1:{tls.port}" in (out / "superlink.log").read_text()
+    entry = tls.cli_config["superlink"][tls.name]
     assert "insecure" not in entry and entry["root-certificates"].endswith("ca.crt")
 
-    assert summary["status"] == "completed"
+    assert tls.summary["status"] == "completed"
     rows = pd.read_csv(out / "results.csv")
-    assert broken_after == 1 and rows["clients-ok"].tolist() == [3, 1] and rows["clients-failed"].tolist() == [0, 2]
+    assert tls.broken_after == 1 and rows["clients-ok"].tolist() == [3, 1] and rows["clients-failed"].tolist() == [0, 2]
     dead, frozen = rows["failures"].iloc[1].split("; ")  # one entry each, in partition order
     assert dead.startswith(f"partition 1 (node {nodes[1].node_id}): ")
     assert frozen.startswith(f"partition 2 (node {nodes[2].node_id}): ")
-    assert rows["round-seconds"].iloc[1] < config["round-timeout"] + 3
+    assert rows["round-seconds"].iloc[1] < ROUND_TIMEOUT + 3
+    assert not deployments.left, f"processes left running: {deployments.left}"
