@@ -297,14 +297,14 @@ def test_a_table_runs_resumes_and_reports_the_runs_numbers(tmp_path, miniature_h
     path.write_text(REAL_TABLE.format(femnist=miniature_hub["femnist"]))
     out = tmp_path / "out"
     # Half of the table first: the digits column.
-    done = reproduce(str(path), "--only", "digits", "--out", str(out), "--no-progress", timeout=600)
+    done = reproduce(str(path), "--only", "digits", "--out", str(out), "--no-progress", "--parallel", "2", timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     first = {run.name: (run / "outcome.json").stat().st_mtime_ns for run in (out / "runs").iterdir()}
     assert sorted(first) == ["fedavg_digits_ima_seed=0", "fedavg_digits_seed=0"]
     assert "of 2 cells run match the paper (4 cells in the table; 2 not run" in done.stdout
 
     # The whole table: the digits runs are reused, the miniature's run.
-    done = reproduce(str(path), "--out", str(out), "--no-progress", timeout=600)
+    done = reproduce(str(path), "--out", str(out), "--no-progress", "--parallel", "2", timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     runs = {run.name: (run / "outcome.json").stat().st_mtime_ns for run in (out / "runs").iterdir()}
     assert len(runs) == 4 and all(runs[name] == first[name] for name in first)
