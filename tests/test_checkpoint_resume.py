@@ -21,7 +21,7 @@ from clients.state_store import CLIENT_STATE_DIR
 from experiments.runtime.launch import launch
 from experiments.runtime.machine import ClientResources, gpu_memory_advice
 from experiments.runtime.processes import process_table, process_tree, stop_process_tree
-from experiments.runtime.run_config import APP_DIR, resolve_config
+from experiments.runtime.run_config import APP_DIR
 from experiments.runtime.run_endings import RunFailed
 from strategies.checkpoint import CHECKPOINT_FILE
 from strategies.model_store import load_round_models, saved_rounds
@@ -30,23 +30,24 @@ from strategies.model_store import load_round_models, saved_rounds
 TIMING_COLUMNS = ["round-seconds", "train-seconds", "eval-seconds", "client-seconds"]
 
 
+# Round 1: a client raises, one returns NaN. Round 2: one returns a misshapen array, one hangs
+# past the round timeout. Round 3: only one client is fine -> skipped. The hung client's round
+# waits round-timeout: 4 s, as the frozen client's test (tests/test_client_process_death.py)
+# waits; the healthy replies come in under a second. Launched with the session's other runs
+# (tests/conftest.py's flower_runs), whose work fills that wait (alone the run left half of 2 cores idle).
+FAULTY_CLIENTS = {"num-clients": 4, "participation": 1.0, "num-rounds": 3, "local-epochs": 1, "device": "cpu",
+                  "round-timeout": 4.0, "min-replies": 2,
+                  "fault-injection": "raise:0@1, nan:1@1, shape:2@2, hang:3@2, raise:0@3, inf:1@3, raise:2@3"}
+
+
 @pytest.mark.slow
-def test_faulty_clients_are_excluded_counted_and_never_hang_the_run(tmp_path):
-    config = resolve_config({
-        "num-clients": 4, "participation": 1.0, "num-rounds": 3, "local-epochs": 1, "device": "cpu",
-        # The hung client's round waits round-timeout: 4 s, as the frozen client's test
-        # (tests/test_launcher_death.py) waits; the healthy replies come in under a second.
-        "round-timeout": 4.0, "min-replies": 2,
-        # Round 1: a client raises, one returns NaN. Round 2: one returns a misshapen array,
-        # one hangs past the round timeout. Round 3: only one client is fine -> skipped.
-        "fault-injection": "raise:0@1, nan:1@1, shape:2@2, hang:3@2, raise:0@3, inf:1@3, raise:2@3",
-    })
-    started = time.monotonic()
-    summary = launch(config, tmp_path / "run", progress=False)
-    rows = pd.read_csv(tmp_path / "run" / "results.csv")
+@pytest.mark.flower_runs("faulty-clients")
+def test_faulty_clients_are_excluded_counted_and_never_hang_the_run(flower_runs):
+    run = flower_runs["faulty-clients"]
+    summary, rows = run.summary, run.rows()
     assert summary["status"] == "completed" and summary["rounds"] == 3
     assert summary["rounds-skipped"] == 1 and summary["client-failures"] == 7
-    assert time.monotonic() - started < 120  # the hung client cost one round-timeout, not forever
+    assert summary["run-seconds"] < 120  # the hung client cost one round-timeout, not forever
     assert rows["clients-ok"].tolist() == [2, 2, 1] and rows["clients-failed"].tolist() == [2, 2, 3]
     first, second, third = rows["failures"]
     assert "partition 0 (node " in first and "client error: injected fault: partition 0 raises in round 1" in first
@@ -91,7 +92,7 @@ OUT_OF_GPU_MEMORY = {"num-clients": 2, "participation": 1.0, "num-rounds": 3, "l
 # Each method's uninterrupted run, which the resumed one must equal, and the run whose client
 # runs out of GPU memory (tests/conftest.py's flower_runs).
 FLOWER_RUNS = {**{f"{method}-uninterrupted": {**RESUMED_SETTINGS, **settings} for method, settings in RESUMED_METHODS.items()},
-               "client-out-of-gpu-memory": OUT_OF_GPU_MEMORY}
+               "client-out-of-gpu-memory": OUT_OF_GPU_MEMORY, "faulty-clients": FAULTY_CLIENTS}
 
 
 @pytest.mark.slow
