@@ -88,20 +88,20 @@ def test_the_quickstart_notebook_runs_top_to_bottom(notebooks):
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code")  # saved without outputs
     run = notebooks["quickstart"].result()
-    executed, tmp_path, scope, seconds = run.notebook, run.folder, run.scope, run.seconds
+    executed, folder, scope, seconds = run.notebook, run.folder, run.scope, run.seconds
     code = [cell for cell in executed.cells if cell.cell_type == "code"]
     assert all(cell.execution_count for cell in code)
     assert not [o for cell in code for o in cell.outputs if o.output_type == "error"]
     final = code[-1].outputs[0]["data"]["text/plain"]
     assert [line.split()[0] for line in final.splitlines()[2:]] == ["FedAvg", "FedAvg+IMA", "FedAvg+WIMA"], final
     assert final.count("completed") == 3
-    assert (tmp_path / "runs" / "quickstart" / "accuracy.png").is_file()
-    assert (tmp_path / "runs" / "digits-alpha" / "results.parquet").is_file()
+    assert (folder / "runs" / "quickstart" / "accuracy.png").is_file()
+    assert (folder / "runs" / "digits-alpha" / "results.parquet").is_file()
     costs = next(cell for cell in code if "reproduce(" in cell.source).outputs
     assert any("cells run match the paper" in o.get("text", "") for o in costs)  # the headline
     shown = next(o["data"]["text/plain"] for o in costs if o.output_type == "execute_result")
     assert "MFLOPs" in shown and "Param (M)" in shown and "not run" not in shown.split("MFLOPs")[1].splitlines()[0]
-    assert (tmp_path / "runs" / "fedalign-table5" / "report.md").is_file()
+    assert (folder / "runs" / "fedalign-table5" / "report.md").is_file()
     assert not wait_for_no_processes(scope)
     print(f"notebook ran in {seconds:.0f} s")
 
