@@ -57,7 +57,7 @@ def full_gradient_reply(msg: Message, context: Context) -> Message:
     received model, with no update (clients/mime.py)."""
     _, model, (x, y, _, _) = _received_model_and_data(msg, context)
     gradient = full_gradient(model, x, y)
-    reply = RecordDict({"gradient": ArrayRecord({k: v.cpu() for k, v in gradient.items()}),
+    reply = RecordDict({protocol.FULL_GRADIENT_RECORD: ArrayRecord({k: v.cpu() for k, v in gradient.items()}),
                         "metrics": MetricRecord({"num-examples": len(y)})})
     return Message(content=reply, reply_to=msg)
 
@@ -92,7 +92,7 @@ def train_reply(msg: Message, context: Context) -> Message:
             str(run_config["fault-injection"]), partition_id, server_round, state,
             float(run_config["round-timeout"]),
         )
-    reply = RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics), **records})
+    reply = RecordDict({protocol.MODEL_RECORD: ArrayRecord(state), "metrics": MetricRecord(metrics), **records})
     return Message(content=reply, reply_to=msg)
 
 

@@ -96,6 +96,11 @@ class MethodSpec:
       of ``objective_keys``) and ``client_components`` (builders of
       :class:`~clients.components.ClientComponent`); ``client_state`` when clients keep
       state across rounds (checkpoints then snapshot it);
+    - ``reply_records``: what its clients send the server besides their model, record name →
+      what it holds (SCAFFOLD's Δc_i, FedFA's anchors, MIME's full-batch gradients). This is
+      information leaving each client: a deployment reads here what its clients send.
+      Server-side DP clips and noises the model update only, so a run with
+      ``dp-clipping-norm`` > 0 refuses a method that declares any (strategies/config.py);
     - what it needs: ``plain_sgd`` (its paper steps with plain SGD: no client momentum),
       ``model_needs`` ("image": one label per image; "slimmable-residual"), and
       ``default_server_lr`` (``server-lr = 0``);
@@ -126,6 +131,7 @@ class MethodSpec:
     objective_grad_clip: Callable[[Mapping[str, Any]], float] | None = None
     client_components: tuple[Builder, ...] = ()
     client_state: bool = False
+    reply_records: Mapping[str, str] = field(default_factory=dict)
     plain_sgd: bool | Callable[[Mapping[str, Any]], bool] = False
     model_needs: str = "any"
     default_server_lr: float = 1.0

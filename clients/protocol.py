@@ -61,7 +61,8 @@ TRAIN_END = "train-end"  # … and when it finished, before its reply is seriali
 HELD_OUT_ACCURACY = "held-out-accuracy"  # client-evaluation > 0: the received model's accuracy on its held-out part
 GPU_PEAK_MB = "gpu-peak-mb"  # the client process's peak CUDA memory allocated so far (MiB; CUDA only)
 
-# ArrayRecords besides "arrays".
+# ArrayRecords.
+MODEL_RECORD = "arrays"  # both ways: the model (the ArrayRecord key of Flower's strategies)
 SCAFFOLD_SERVER_CONTROL = "scaffold-control"  # server → client: c
 SCAFFOLD_DELTA_CONTROL = "scaffold-delta-control"  # client → server: Δc_i
 MOSWA_SERVER_CONTROL = "moswa-control"  # server → client: m
@@ -70,6 +71,7 @@ MOSWA_NEW_CONTROL = "moswa-new-control"  # client → server: c_i⁺ (official-c
 FEDFA_ANCHORS = "fedfa-anchors"  # server → client: A, one feature anchor per class (C × d)
 OBJECTIVE_RECORD = "objective-record"  # client → server: what the local objective sends back (FedFA: its anchors)
 MIME_STATE = "mime-state"  # server → client: m, the server optimizer's momentum (frozen on the client)
+FULL_GRADIENT_RECORD = "gradient"  # client → server: ∇f_i(θ) over all of its examples (MIME's extra exchange)
 MIME_CORRECTION = "mime-correction"  # server → client: c, the cohort's mean full-batch gradient at θ (MIME)
 FEDLESAM_UPDATE = "fedlesam-update"  # server → client: u, the last global update (official-code variant)
 FEDCM_DIRECTION = "fedcm-direction"  # server → client: D, the cohort's mean θ − y_i of the last round

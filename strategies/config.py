@@ -138,6 +138,13 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"allowed: nesterov = false, or momentum in (0, 1)"
         )
     spec = method(config["strategy"])
+    if config["dp-clipping-norm"] > 0 and spec.reply_records:
+        name, holds = next(iter(spec.reply_records.items()))
+        raise ConfigError(
+            f"run config key 'dp-clipping-norm' = {config['dp-clipping-norm']:g} clips and noises each client's model "
+            f"update only, but strategy = {config['strategy']!r} also sends '{name}' ({holds}), which would leave the "
+            f"client unclipped and un-noised; allowed: dp-clipping-norm = 0, or a strategy that sends only its model"
+        )
     if spec.steps_plain_sgd(config) and config["momentum"] > 0:
         own = [key for key in spec.options if key.endswith("-momentum")]
         raise ConfigError(

@@ -103,6 +103,7 @@ METHODS = (
         },
         objective=ImplementedIn("clients.objectives.fedfa:fedfa_objective"), objective_keys=("fedfa-lambda", "fedfa-rho"),
         model_needs="image",
+        reply_records={OBJECTIVE_RECORD: "its feature anchors: per class, the mean feature of its examples (C × d)"},
         cost_table={"fedfa": {}},
         table_row=TableRow("FedFA (Zhou et al., IEEE TMC 2023; the authors' code): one feature anchor per class A"
                            " (C × d, in the classifier's input space) sent with the model; each step CE + "

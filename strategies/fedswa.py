@@ -231,6 +231,8 @@ METHODS = (
             "a number in (0, 1] (FedMoSWA's server control momentum γ: m ← (1 − γ)·m + γ·mean c_i⁺)",
             lambda v: 0 < v <= 1, default=0.4)},
         client_components=(ImplementedIn("clients.control_variates:control_variate", (MOSWA_SERVER_CONTROL,)),), client_state=True,
+        reply_records={MOSWA_DELTA_CONTROL: "Δc_i = c_i⁺ − m, the client's control variate less the server's",
+                       MOSWA_NEW_CONTROL: "c_i⁺, the client's new control variate"},
         # The paper's variant derives its control on plain local SGD steps.
         plain_sgd=lambda config: config["fedswa-variant"] == "paper",
         smoke_runs={

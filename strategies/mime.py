@@ -34,6 +34,7 @@ from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option, one_of
 from clients.protocol import (
     FULL_GRADIENT_ACTION,
+    FULL_GRADIENT_RECORD,
     MIME_CORRECTION,
     MIME_DAMPENED,
     MIME_MOMENTUM,
@@ -103,7 +104,7 @@ class Mime(ServerUpdate, InPlaceFedAvg):
         ]
         replies = send_and_receive(grid, messages, self.timeout)
         gradients = sorted(
-            ((self.partition_of_node[r.metadata.src_node_id], to_numpy(r.content["gradient"]))
+            ((self.partition_of_node[r.metadata.src_node_id], to_numpy(r.content[FULL_GRADIENT_RECORD]))
              for r in replies if not r.has_error()), key=lambda item: item[0],
         )
         if not gradients:
@@ -155,6 +156,8 @@ def _mime(name: str, display_name: str, lite: bool, smoke_run: dict[str, Any],
     spec = MethodSpec(name, display_name, build, options=MIME_OPTIONS,
                       objective=None if lite else ImplementedIn("clients.mime:mime_objective"),
                       client_components=(ImplementedIn("clients.mime:server_momentum"),), plain_sgd=True,
+                      reply_records={FULL_GRADIENT_RECORD: "∇f_i(θ), the client's mean gradient over all of its "
+                                                           "examples at the received model (the extra exchange)"},
                       default_server_lr=0.1, cost_table={name: {}}, smoke_runs={name: smoke_run},
                       table_row=table_row)
     return spec

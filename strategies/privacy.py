@@ -31,10 +31,11 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, Strategy
 
 from clients.flower_internals import add_aggregate_noise, clip_model_update
+from clients.protocol import MODEL_RECORD
 from strategies.round_interface import (
     RoundStrategy,
     WrappingStrategy,
@@ -43,6 +44,9 @@ from strategies.round_interface import (
 )
 
 DP_ORDERS = ("inside", "outside")
+# The error code of a reply left out for carrying tensors that DP does not clip (Flower's
+# codes are small numbers; this one is Basin's).
+UNCLIPPED_RECORD_CODE = 4901
 
 
 class ServerSideDP(WrappingStrategy, DifferentialPrivacyServerSideFixedClipping):
@@ -119,19 +123,15 @@ class ServerSideDP(WrappingStrategy, DifferentialPrivacyServerSideFixedClipping)
     # -- Strategy hooks ---------------------------------------------------------------
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Flower's server-side clipping and noise, with three differences: a failed reply goes
-        on to the wrapped strategy, whose screening records it and aggregates the others
-        (Flower's wrapper skips the round); a reply within the clipping norm keeps its bits;
-        and the noise is seeded by (seed, round)."""
-        replies = list(replies)
-        sent = self.current_arrays.to_numpy_ndarrays()
-        for reply in replies:
-            if reply.has_error():
-                continue
-            for name, record in reply.content.array_records.items():
-                arrays = record.to_numpy_ndarrays()
-                if clip_model_update(arrays, sent, self.clipping_norm):
-                    reply.content[name] = ArrayRecord(dict(zip(record.keys(), map(Array, arrays), strict=True)))
+        """Flower's server-side clipping and noise, with four differences: only the model
+        record is clipped (Flower's wrapper clips every ArrayRecord of a reply as if it were
+        the model), and a reply that carries any other ArrayRecord is failed, not aggregated,
+        since what the noise covers is the model update alone (the run config refuses the
+        methods that declare such records; this keeps a client that sends one anyway out of
+        the private release); a failed reply goes on to the wrapped strategy, whose screening
+        records it and aggregates the others (Flower's wrapper skips the round); a reply
+        within the clipping norm keeps its bits; and the noise is seeded by (seed, round)."""
+        replies = [self._clipped(reply) for reply in replies]
         aggregated, metrics = self.strategy.aggregate_train(server_round, replies)
         self.released = None
         if aggregated is not None:
@@ -143,3 +143,21 @@ class ServerSideDP(WrappingStrategy, DifferentialPrivacyServerSideFixedClipping)
             finally:
                 np.random.set_state(outside)
         return self.released, metrics
+
+    def _clipped(self, reply: Message) -> Message:
+        """``reply`` with its model update clipped to the norm; an error reply in place of one
+        that carries tensors besides its model."""
+        if reply.has_error():
+            return reply
+        others = sorted(set(reply.content.array_records) - {MODEL_RECORD})
+        if others:
+            return Message(metadata=reply.metadata, error=Error(
+                code=UNCLIPPED_RECORD_CODE,
+                reason=f"the reply carries {', '.join(map(repr, others))} besides its model; server-side DP clips and "
+                       f"noises the model update only, so it is left out of the private aggregate"))
+        record = reply.content.array_records.get(MODEL_RECORD)
+        if record is not None:
+            arrays = record.to_numpy_ndarrays()
+            if clip_model_update(arrays, self.current_arrays.to_numpy_ndarrays(), self.clipping_norm):
+                reply.content[MODEL_RECORD] = ArrayRecord(dict(zip(record.keys(), map(Array, arrays), strict=True)))
+        return reply

@@ -54,6 +54,7 @@ class Scaffold(CohortSampling, InPlaceFedAvg):
 
 METHODS = (
     MethodSpec("scaffold", "SCAFFOLD", lambda config: Scaffold(**COHORT), client_state=True,
+               reply_records={SCAFFOLD_DELTA_CONTROL: "Δc_i = c_i⁺ − c_i, the change of the client's control variate"},
                client_components=(ImplementedIn("clients.control_variates:control_variate", (SCAFFOLD_SERVER_CONTROL,)),),
                # End to end, its c_i carried across rounds and a resume: tests/test_checkpoint_resume.py.
                cost_table={"scaffold": {}}, smoke_runs={},

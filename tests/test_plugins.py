@@ -113,6 +113,29 @@ def test_an_installed_broken_plugin_is_listed_and_refused_in_one_line_and_other_
     assert not (tmp_path / "out" / "flwr.log").exists()  # refused before Flower started
 
 
+def test_a_plugin_that_declares_a_tensor_beside_its_model_is_refused_under_dp_in_one_line_before_flower(tmp_path):
+    """A plug-in's objective that sends a tensor besides the model declares it
+    (``reply_records``); under server-side DP, which clips and noises the model update
+    only, the launcher refuses it in one line naming the method and the tensor, in either
+    order, before Flower starts; without DP it is accepted."""
+    env = _installed_entry_point(tmp_path, "sends-more", "sends_more", '''
+        from clients.declarations import objective_method
+
+        METHODS = (objective_method("sends-more", "SendsMore", lambda *args: None,
+                                    reply_records={"objective-record": "per class, its mean logit"}),)
+        ''')
+    for order in ("inside", "outside"):
+        out = tmp_path / f"out-{order}"
+        asked = subprocess.run([sys.executable, "-m", "experiments.run", "--set", "strategy=sends-more", "--set",
+                                "dp-clipping-norm=1", "--set", f"dp-order={order}", "--out", str(out)], env=env,
+                               capture_output=True, text=True, timeout=120, cwd=APP_DIR)
+        assert asked.returncode == 2 and "Traceback" not in asked.stderr, asked.stderr[-2000:]
+        assert asked.stderr.strip().splitlines()[-1].endswith(
+            "strategy = 'sends-more' also sends 'objective-record' (per class, its mean logit), which would leave the "
+            "client unclipped and un-noised; allowed: dp-clipping-norm = 0, or a strategy that sends only its model")
+        assert not (out / "flwr.log").exists()  # refused before Flower started
+
+
 @pytest.mark.slow
 def test_the_example_plugin_installed_with_pip_runs_end_to_end_with_and_without_averaging(tmp_path):
     """examples/feddecorr installed as a user would (pip, into a folder of its own), found by

@@ -11,7 +11,7 @@ from experiments.runtime.run_config import resolve_config
 from strategies.averaging import ModelAveraging
 from strategies.config import ConfigError, validate_run_config
 from strategies.fedavg import FedAvg
-from strategies.privacy import ServerSideDP
+from strategies.privacy import DP_ORDERS, ServerSideDP
 from strategies.registry import build_strategy
 from tests.fakes import FakeGrid, train_reply
 
@@ -147,3 +147,37 @@ def test_flowers_accountant_counts_the_inside_orders_releases_and_refuses_the_ou
     with pytest.raises(ValueError, match="requires a strategy using FedAvg.aggregate_train"):
         DifferentialPrivacyServerSideFixedClipping(IMA(flowers_fedavg(), window=2, start_round=2), noise_multiplier=1.0,
                                                    clipping_norm=1.0, num_sampled_clients=3, accountant=accountant())
+
+
+def test_the_methods_that_send_more_than_their_model_declare_it_and_dp_refuses_them_in_one_line_in_each_order():
+    """SCAFFOLD's Δc_i, FedMoSWA's controls, MIME's full-batch gradients and FedFA's anchors
+    leave the client beside the model; server-side DP clips and noises the model update
+    only, so either order refuses them before Flower starts, naming the method and the tensor."""
+    from strategies.methods import METHODS
+
+    senders = {name: spec.reply_records for name, spec in METHODS.items() if spec.reply_records}
+    assert {"scaffold", "fedmoswa", "mime", "mimelite", "fedfa"} <= set(senders)
+    for name, records in senders.items():
+        for order in DP_ORDERS:
+            with pytest.raises(ConfigError) as refused:
+                resolve_config({}, {"strategy": name, "momentum": 0.0, "dp-clipping-norm": 1.0, "dp-order": order})
+            line = str(refused.value)
+            assert "\n" not in line and f"strategy = {name!r} also sends '{next(iter(records))}'" in line, line
+            assert "unclipped and un-noised" in line
+        resolve_config({}, {"strategy": name, "momentum": 0.0})  # without DP it runs
+
+
+def test_only_the_model_is_clipped_and_a_reply_with_another_tensor_is_left_out_as_a_failure():
+    """A reply that carries a tensor besides its model (a client whose method declares none)
+    is a failure of the round, named, and the others are clipped and aggregated; the model
+    record alone is clipped (Flower's wrapper clipped every ArrayRecord against the model)."""
+    dp = ServerSideDP(_fedavg(), noise_multiplier=0.0, clipping_norm=1.0, num_sampled_clients=3, seed=0)
+    sent_record = ArrayRecord({"w": Array(np.asarray([1.0, 1.0], dtype=np.float32))})
+    list(dp.configure_train(1, sent_record, ConfigRecord(), FakeGrid(NODES)))
+    extra = ArrayRecord({"w": Array(np.asarray([30.0, 40.0], dtype=np.float32))})  # as many arrays as the model
+    replies = [train_reply(NODES[0], [4, 5]), train_reply(NODES[1], [1.3, 1.4], **{"objective-record": extra}),
+               train_reply(NODES[2], [1, 3], 2)]
+    output, _ = dp.aggregate_train(1, replies)
+    assert [failure.partition_id for failure in dp.round_failures] == [1]
+    assert "carries 'objective-record' besides its model" in dp.round_failures[0].reason
+    np.testing.assert_allclose(output["w"].numpy(), 1.0 + (np.array([0.6, 0.8]) + 2 * np.array([0.0, 1.0])) / 3, rtol=1e-6)
