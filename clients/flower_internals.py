@@ -334,6 +334,15 @@ def clip_model_update(reply_arrays: list, sent_arrays: list, clipping_norm: floa
     return True
 
 
+def error_in_place_of(reply: Any, code: int, reason: str) -> Any:
+    """An error reply with ``reply``'s metadata (its sender and the message it answers):
+    Flower's public constructor makes error replies only from the instruction message."""
+    from flwr.app import Error
+    from flwr.app.message import make_message
+
+    return make_message(reply.metadata, error=Error(code, reason))
+
+
 def add_aggregate_noise(strategy: Any, aggregated: Any) -> Any:
     """Flower's ``DifferentialPrivacyFixedClippingBase._add_noise_to_aggregated_arrays``:
     ``aggregated`` plus N(0, (σ C / m)²) noise from NumPy's global generator."""

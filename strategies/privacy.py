@@ -31,10 +31,10 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, Strategy
 
-from clients.flower_internals import add_aggregate_noise, clip_model_update
+from clients.flower_internals import add_aggregate_noise, clip_model_update, error_in_place_of
 from clients.protocol import MODEL_RECORD
 from strategies.round_interface import (
     RoundStrategy,
@@ -87,6 +87,14 @@ class ServerSideDP(WrappingStrategy, DifferentialPrivacyServerSideFixedClipping)
     @step_target.setter
     def step_target(self, target: Any) -> None:
         cast(Any, self.strategy).step_target = target
+
+    # … and, once its averages start, resets the optimiser's moments (strategies/fedopt.py).
+    @property
+    def resets_moments_at_averaging_start(self) -> bool:
+        return bool(cast(Any, self.strategy).resets_moments_at_averaging_start)
+
+    def reset_moments(self) -> None:
+        cast(Any, self.strategy).reset_moments()
 
     @property
     def inner(self) -> RoundStrategy | None:
@@ -151,10 +159,10 @@ class ServerSideDP(WrappingStrategy, DifferentialPrivacyServerSideFixedClipping)
             return reply
         others = sorted(set(reply.content.array_records) - {MODEL_RECORD})
         if others:
-            return Message(metadata=reply.metadata, error=Error(
-                code=UNCLIPPED_RECORD_CODE,
-                reason=f"the reply carries {', '.join(map(repr, others))} besides its model; server-side DP clips and "
-                       f"noises the model update only, so it is left out of the private aggregate"))
+            return error_in_place_of(
+                reply, UNCLIPPED_RECORD_CODE,
+                f"the reply carries {', '.join(map(repr, others))} besides its model; server-side DP clips and noises "
+                f"the model update only, so it is left out of the private aggregate")
         record = reply.content.array_records.get(MODEL_RECORD)
         if record is not None:
             arrays = record.to_numpy_ndarrays()

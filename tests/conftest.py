@@ -32,6 +32,7 @@ import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
 from strategies.methods import hand_over_client_halves
+from tests.time_checks import TestSeconds, check_time
 
 hand_over_client_halves()  # tests run client code in this process, as the ClientApp's entry does in a client's
 
@@ -118,20 +119,8 @@ def pytest_sessionstart(session):
     session.config.basin_before = (ray_sessions(), set(Path(tempfile.gettempdir()).glob("basin-*")),
                                    _latest_ray_session_link()[1])
     session.config.basin_started = time.monotonic()
-    session.config.basin_test_seconds = _TestSeconds()
+    session.config.basin_test_seconds = TestSeconds()
     session.config.pluginmanager.register(session.config.basin_test_seconds, "basin-test-seconds")
-
-
-class _TestSeconds:
-    """Each test's seconds (setup, call and teardown), kept by the process that sees the whole
-    run (pytest-xdist's controller receives its workers' reports): a run past CI's time gate
-    names its slowest tests."""
-
-    def __init__(self) -> None:
-        self.by_test: dict[str, float] = {}
-
-    def pytest_runtest_logreport(self, report) -> None:
-        self.by_test[report.nodeid] = self.by_test.get(report.nodeid, 0.0) + report.duration
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -146,7 +135,7 @@ def pytest_sessionfinish(session, exitstatus):
     if not hasattr(session.config, "basin_before"):
         return
     took = time.monotonic() - session.config.basin_started
-    _check_time(session, took, os.environ.get("BASIN_TEST_AIM_S"), os.environ.get("BASIN_TEST_GATE_S"),
+    check_time(session, took, os.environ.get("BASIN_TEST_AIM_S"), os.environ.get("BASIN_TEST_GATE_S"),
                 os.environ.get("BASIN_TEST_SECONDS_FILE"))
     if os.environ.get("BASIN_CHECK_LEFTOVERS") != "1":
         return
@@ -156,33 +145,6 @@ def pytest_sessionfinish(session, exitstatus):
     if left:
         session.config.get_terminal_writer().line(f"error: the test run left these behind: {', '.join(left)}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def _check_time(session, took: float, aim: str | None, gate: str | None, seconds_file: str | None) -> None:
-    """Report this run's seconds (with ``seconds_file``, one line of seconds per earlier run:
-    theirs too, and this run's are added to it) against ``aim``, and fail the run past
-    ``gate``, naming its five slowest tests."""
-    if aim is None and gate is None:
-        return
-    earlier = [float(line) for line in Path(seconds_file).read_text().split()] if seconds_file else []
-    if seconds_file:
-        with open(seconds_file, "a") as record:
-            record.write(f"{took:.1f}\n")
-    total = took + sum(earlier)
-    together = f" together with {len(earlier)} earlier ({sum(earlier):.0f} s; {total:.0f} s in all)" if earlier else ""
-    writer = session.config.get_terminal_writer()
-    if aim is not None:
-        verdict = "within" if total <= float(aim) else f"missed by {total - float(aim):.0f} s:"
-        writer.line(f"[ci] the test run took {took:.0f} s{together}, {verdict} the aim of {float(aim):g} s "
-                    f"(BASIN_TEST_AIM_S, .ci/run; reported, not a failure)")
-    if gate is None or total <= float(gate):
-        return
-    slowest = sorted(session.config.basin_test_seconds.by_test.items(), key=lambda item: -item[1])[:5]
-    named = "; ".join(f"{nodeid} {seconds:.0f} s" for nodeid, seconds in slowest) or "no test finished"
-    writer.line(f"error: the test run took {took:.0f} s{together}, past CI's gate of {float(gate):g} s (BASIN_TEST_GATE_S, "
-                f".ci/run: a healthy run takes well under it, so something hangs or waits); its slowest tests: {named}",
-                red=True)
-    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)
