@@ -32,7 +32,7 @@ import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
 from strategies.methods import hand_over_client_halves
-from tests.time_checks import TestSeconds, check_time
+from tests.time_checks import SecondsPerTest, check_time
 
 hand_over_client_halves()  # tests run client code in this process, as the ClientApp's entry does in a client's
 
@@ -119,7 +119,7 @@ def pytest_sessionstart(session):
     session.config.basin_before = (ray_sessions(), set(Path(tempfile.gettempdir()).glob("basin-*")),
                                    _latest_ray_session_link()[1])
     session.config.basin_started = time.monotonic()
-    session.config.basin_test_seconds = TestSeconds()
+    session.config.basin_test_seconds = SecondsPerTest()
     session.config.pluginmanager.register(session.config.basin_test_seconds, "basin-test-seconds")
 
 

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 
-class TestSeconds:
-    __test__ = False  # not a test class, though its name starts with Test
+class SecondsPerTest:
 
     """Each test's seconds (setup, call and teardown), kept by the process that sees the whole
     run (pytest-xdist's controller receives its workers' reports): a run past CI's time gate
