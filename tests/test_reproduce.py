@@ -197,6 +197,29 @@ def test_where_the_data_lives_does_not_make_a_report_another_setup(tmp_path):
     assert "**Not the paper's setup**: every run was changed by --set lr = 0.5." in markdown
 
 
+def test_a_set_that_makes_several_rows_one_configuration_runs_it_once_and_reports_it_once(tmp_path):
+    """--set strategy=fedavg over a table whose rows are methods: each column's rows are one
+    configuration, run once and reported once, naming the rows it stands for, compared with
+    none of their paper numbers; the headline counts it apart from the compared cells."""
+    path = tmp_path / "fake-table.toml"
+    path.write_text(FAKE_TABLE)
+    one = load_table(str(path), {"strategy": "fedavg"})
+    sweep, runs_of = build_sweep(one, 2)
+    assert len(sweep.runs) == 3 * 2 * 2  # the FedAvg row alone: 3 run columns × 2 variants × 2 seeds
+    assert runs_of["FedAvg | Dir(0.5)"] == runs_of["FedProx | Dir(0.5)"]
+    report = compare(one, *fake_results(one, {"FedAvg | Dir(0.5)": [80.0, 80.0]}))
+    rows = report[report["column"].eq("Dir(0.5)") & report["variant"].eq("")]
+    assert len(rows) == 1
+    row = rows.iloc[0]
+    assert (row["row"], row["basin"], row["paper"]) == ("FedAvg / FedProx", pytest.approx(80.0), "")
+    assert row["verdict"] == "not compared: --set strategy=fedavg makes rows FedAvg, FedProx one configuration, run once"
+    assert not report["verdict"].isin(["match", "differs"]).any()
+    assert headline(report).startswith("0 of 0 cells run match the paper (")
+    assert "configurations not compared: --set made several rows one" in headline(report)
+    plain = load_table(str(path), {"lr": 0.5})  # a --set that keeps the rows apart keeps them apart
+    assert len(compare(plain, *fake_results(plain, {}))) == 16
+
+
 def test_reproduce_from_python_returns_the_report_and_refuses_bad_input_first(tmp_path):
     from experiments.api import reproduce
     from experiments.runtime.cli import UsageError
@@ -242,6 +265,17 @@ def test_list_names_every_table_with_its_counts(capsys, monkeypatch):
     for name, cells in PAPER_CELLS.items():
         line = next(line for line in lines if line.split() and line.split()[0] == name)
         assert line.split()[-7] == str(cells), line  # the cells column, before the six counts
+
+
+def test_the_terminal_says_not_the_papers_setup_as_the_report_does(capsys, tmp_path):
+    from experiments.reproduce import main
+
+    path = tmp_path / "fake-table.toml"
+    path.write_text(FAKE_TABLE)
+    assert main([str(path), "--set", "strategy=fedavg", "--report-only", "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "Not the paper's setup: every run was changed by --set strategy = 'fedavg'." in out
+    assert "FedAvg / FedProx" in out
 
 
 def test_dry_run_prints_every_cell_with_the_papers_value(capsys):

@@ -33,18 +33,27 @@ def basin_text(row: Mapping[str, Any]) -> str:
     return _format(row["basin"], bool(row["basin censored"]), 0 if rounds else 2)
 
 
+def setup_lines(table: PaperTable) -> list[str]:
+    """What --set changed: the paper's setup (then the runs are not the paper's), or only where
+    and how they ran; Markdown bold around the first."""
+    setup = {k: v for k, v in table.overrides.items() if k not in NOT_THE_SETUP}
+    placement = {k: v for k, v in table.overrides.items() if k in NOT_THE_SETUP}
+    lines = []
+    if setup:
+        changed = ", ".join(f"{k} = {v!r}" for k, v in setup.items())
+        lines.append(f"**Not the paper's setup**: every run was changed by --set {changed}.")
+    if placement:
+        where = ", ".join(f"{k} = {v!r}" for k, v in placement.items())
+        lines.append(f"Run with --set {where}: where and how the runs executed, not what they compute.")
+    return lines
+
+
 def report_markdown(table: PaperTable, report: pd.DataFrame) -> str:
     lines = [f"# {table.title}: Basin beside the paper", "", table.caption, "",
              f"**{headline(report)}**", "",
              f"Paper's seeds: {table.paper_seeds}. Basin's: the seeds finished per cell (column `seeds`)."]
-    setup = {k: v for k, v in table.overrides.items() if k not in NOT_THE_SETUP}
-    placement = {k: v for k, v in table.overrides.items() if k in NOT_THE_SETUP}
-    if setup:
-        changed = ", ".join(f"{k} = {v!r}" for k, v in setup.items())
-        lines += ["", f"**Not the paper's setup**: every run was changed by --set {changed}."]
-    if placement:
-        where = ", ".join(f"{k} = {v!r}" for k, v in placement.items())
-        lines += ["", f"Run with --set {where}: where and how the runs executed, not what they compute."]
+    for line in setup_lines(table):
+        lines += ["", line]
     lines += ["", "| row | column | variant | paper | Basin | Basin − paper | verdict | paper gain | Basin gain | gain verdict |",
               "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
     notes: dict[str, int] = {}

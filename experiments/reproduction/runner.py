@@ -21,7 +21,7 @@ import pandas as pd
 
 from clients.atomic_files import write_atomically
 from clients.log import log
-from experiments.reproduction.report_files import printed_table, write_report
+from experiments.reproduction.report_files import printed_table, setup_lines, write_report
 from experiments.reproduction.table_cells import (
     COST_METRICS,
     GPU_ADVISED_STEPS,
@@ -295,6 +295,8 @@ def run_command(args) -> int:
         return EXIT_INTERRUPTED
     with pd.option_context("display.max_colwidth", 80, "display.width", 250):
         print(printed_table(done.report))
+    for line in setup_lines(done.table):
+        print(f"\n{line.replace('**', '')}")
     print(f"\n{done.headline}")
     print(f"report: {', '.join(str(f) for f in done.files)}")
     return 1 if done.failed else 0

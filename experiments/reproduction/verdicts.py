@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from experiments.reproduction.table_cells import COST_METRICS, Cell, PaperTable, cell_status
+from experiments.reproduction.table_cells import COST_METRICS, NOT_THE_SETUP, RUN_METRICS, Cell, PaperTable, cell_status
 
 # ---- comparing ------------------------------------------------------------------------
 
@@ -164,7 +164,34 @@ def compare(table: PaperTable, results: pd.DataFrame, runs_of: Mapping[str, list
     frame = pd.DataFrame(rows)
     if table.pair and len(table.variants) == 2:
         _add_gains(frame, table.variants, tolerances)
-    return frame
+    return _one_row_per_configuration(frame, table, runs_of)
+
+
+def _one_row_per_configuration(frame: pd.DataFrame, table: PaperTable, runs_of: Mapping[str, list[str]]) -> pd.DataFrame:
+    """Where --set made the run cells of several rows one configuration (``--set
+    strategy=…`` over a table of methods), that configuration ran once: it is reported once,
+    in the first of its rows, naming the rows it stands for, and compared with none of the
+    paper's numbers (it is none of those rows' setups)."""
+    changed = {key: value for key, value in table.overrides.items() if key not in NOT_THE_SETUP}
+    if not changed:
+        return frame
+    groups: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+    for index, cell in enumerate(table.cells):
+        if cell.metric in RUN_METRICS and runs_of.get(cell.key):
+            groups.setdefault((cell.metric, tuple(runs_of[cell.key])), []).append(index)
+    dropped = []
+    for indices in groups.values():
+        rows = list(dict.fromkeys(table.cells[i].row for i in indices))
+        if len(rows) < 2:
+            continue
+        first, *others = indices
+        set_text = ", ".join(f"{key}={value}" for key, value in changed.items())
+        frame.loc[first, ["row", "paper", "paper value", "paper ±", "difference", "tolerance", "paper gain",
+                          "basin gain", "gain verdict"]] = [" / ".join(rows), "", None, None, None, None, None, None, ""]
+        frame.loc[first, "verdict"] = (f"not compared: --set {set_text} makes rows {', '.join(rows)} one configuration, "
+                                       f"run once")
+        dropped += others
+    return frame.drop(index=dropped).reset_index(drop=True)
 
 
 def _add_gains(frame: pd.DataFrame, variants: Sequence[str], tolerances: Tolerances) -> None:
@@ -184,13 +211,15 @@ def _add_gains(frame: pd.DataFrame, variants: Sequence[str], tolerances: Toleran
 
 
 def headline(report: pd.DataFrame) -> str:
-    run = report["basin"].notna()
+    uncompared = report["verdict"].str.startswith("not compared")
+    run = report["basin"].notna() & ~uncompared
     matched = report["verdict"].eq("match")
     text = f"{int(matched.sum())} of {int(run.sum())} cells run match the paper ({len(report)} cells in the table"
     not_run = report["verdict"].str.startswith(("not run", "needs data", "interrupted"))
     unsupported = report["verdict"].str.startswith("unsupported")
     missing = report["verdict"].str.startswith("not reported")
-    text += f"; {int(not_run.sum())} not run, {int(unsupported.sum())} unsupported, {int(missing.sum())} not reported)"
+    text += f"; {int(not_run.sum())} not run, {int(unsupported.sum())} unsupported, {int(missing.sum())} not reported"
+    text += f", {int(uncompared.sum())} configurations not compared: --set made several rows one)" if uncompared.any() else ")"
     gains = report["gain verdict"].ne("") & report["gain verdict"].notna()
     if gains.any():
         text += (f"; gains: {int(report['gain verdict'].eq('gain match').sum())} of {int(gains.sum())} within "
