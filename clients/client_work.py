@@ -16,8 +16,10 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from clients import protocol
 from clients.arithmetic import fix_arithmetic
+from clients.client_info import ClientInfo
 from clients.data import client_tensors
 from clients.faults import inject_faults
+from clients.halves import installed
 from clients.local_round import LocalRound, round_randomness
 from clients.mime import full_gradient
 from clients.models import build_model, resolve_model_name, uses_projection_head
@@ -36,9 +38,12 @@ def _process_model(
     return build_model(name, input_shape, num_classes, projection_head).to(device)
 
 
-def _received_model_and_data(msg: Message, context: Context) -> tuple[torch.device, torch.nn.Module, tuple[torch.Tensor, ...]]:
+def _received_model_and_data(
+    msg: Message, context: Context,
+) -> tuple[torch.device, torch.nn.Module, tuple[torch.Tensor, ...], int]:
     """(device, the process's model holding the message's weights, this partition's training
-    x, y and held-out x, y on the device: clients/data.py's client_tensors)."""
+    x, y and held-out x, y on the device: clients/data.py's client_tensors, the data set's
+    number of classes)."""
     run_config = context.run_config
     partition_id, num_partitions = partition_of(context)
     device = select_device(str(run_config["device"]))
@@ -49,13 +54,13 @@ def _received_model_and_data(msg: Message, context: Context) -> tuple[torch.devi
     projection_head = uses_projection_head(model_name, str(run_config["strategy"]))
     model = _process_model(model_name, data.input_shape, data.num_classes, projection_head, str(device))
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    return device, model, tensors
+    return device, model, tensors, data.num_classes
 
 
 def full_gradient_reply(msg: Message, context: Context) -> Message:
     """MIME's extra exchange: this client's mean gradient over all of its examples at the
     received model, with no update (clients/mime.py)."""
-    _, model, (x, y, _, _) = _received_model_and_data(msg, context)
+    _, model, (x, y, _, _), _ = _received_model_and_data(msg, context)
     gradient = full_gradient(model, x, y)
     reply = RecordDict({protocol.FULL_GRADIENT_RECORD: ArrayRecord({k: v.cpu() for k, v in gradient.items()}),
                         "metrics": MetricRecord({"num-examples": len(y)})})
@@ -68,7 +73,7 @@ def train_reply(msg: Message, context: Context) -> Message:
     run_config = context.run_config
     partition_id, _ = partition_of(context)
     round_config = msg.content["config"]
-    device, model, (x, y, x_held_out, y_held_out) = _received_model_and_data(msg, context)
+    device, model, (x, y, x_held_out, y_held_out), num_classes = _received_model_and_data(msg, context)
     # client-evaluation: the received model on this client's held-out split, before it trains
     held_out = {protocol.HELD_OUT_ACCURACY: evaluate(model, x_held_out, y_held_out)[1]} if len(y_held_out) else {}
 
@@ -79,7 +84,10 @@ def train_reply(msg: Message, context: Context) -> Message:
         snapshots.restore(context.state, resumed_after)
 
     generator, rng = round_randomness(int(round_config["seed"]), server_round, partition_id)
-    local_round = LocalRound(model, msg.content, context.state, rng)
+    declared = installed().option_keys.get(str(run_config["strategy"]), ())
+    client = ClientInfo.of(y, num_classes, partition_id, str(run_config["dataset"]), server_round,
+                           {key: run_config[key] for key in declared})
+    local_round = LocalRound(model, msg.content, context.state, rng, client)
     result = local_round.train(model, x, y, generator)
     metrics, records = local_round.finish(model, result)
     if snapshots:

@@ -7,6 +7,8 @@ terms. Each is a :class:`ClientComponent`:
 
 - built from the round's message and the client's state (``context.state``) by its
   builder, which returns None when the message does not ask for it;
+- :meth:`~ClientComponent.see_client`: what the client knows of itself (its label counts,
+  …: clients/client_info.py), before the round's first step;
 - :meth:`~ClientComponent.gradient_terms`: the terms it adds to each step's gradient
   before clipping (and :meth:`~ClientComponent.post_clip_terms` after), once the round's
   optimiser settings and the client's number of examples are known;
@@ -27,11 +29,16 @@ from typing import Any
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
+from clients.client_info import ClientInfo
 from clients.training import LocalTrainingConfig, LocalTrainingResult, proximal_hook
 
 
 class ClientComponent:
     """A method's client half (see the module docstring); no-op defaults."""
+
+    def see_client(self, client: ClientInfo) -> None:
+        """Called once before the round's first step with what the client knows of itself
+        (clients/client_info.py), as an objective's ``see_client`` is."""
 
     def gradient_terms(self, config: LocalTrainingConfig, num_examples: int) -> list:
         return []

@@ -26,6 +26,7 @@ class ClientHalves:
     objectives: Mapping[str, ObjectiveBuilder]  # local objectives by the name a round config sends
     components: tuple[Builder, ...]  # every client-component builder, each once
     projection_head: frozenset[str]  # methods that train with a projection head where a model has one
+    option_keys: Mapping[str, tuple[str, ...]]  # each method's run-config keys (a client's ClientInfo holds them)
 
 
 _loader: Callable[[], ClientHalves] | None = None

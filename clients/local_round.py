@@ -17,6 +17,7 @@ from torch import nn
 
 from clients import protocol
 from clients.augmentation import CropFlip
+from clients.client_info import ClientInfo
 from clients.client_step import step_mode
 from clients.halves import installed
 from clients.training import CrossEntropy, LocalObjective, LocalTrainingConfig, LocalTrainingResult, momentum_a_norm, train_local
@@ -74,12 +75,17 @@ class LocalRound:
     """The method-specific parts of one round, built from the training message's content:
     the local objective, and the client components the message asks for
     (clients/components.py), whose gradient terms every step adds and which store their
-    state and add their records after the round."""
+    state and add their records after the round. Each sees ``client`` (what the client knows
+    of itself, clients/client_info.py) before the first step."""
 
-    def __init__(self, model: nn.Module, content: RecordDict, state: RecordDict, rng: np.random.Generator):
+    def __init__(self, model: nn.Module, content: RecordDict, state: RecordDict, rng: np.random.Generator,
+                 client: ClientInfo):
         self.round_config = content["config"]
+        self.client = client
         self.objective = build_objective(str(self.round_config.get(protocol.OBJECTIVE, "")), content, model, state, rng)
         self.components = [component for build in installed().components if (component := build(model, content, state))]
+        for part in (self.objective, *self.components):  # what the client knows, before the first step
+            part.see_client(client)
 
     def train(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator) -> LocalTrainingResult:
         config = training_config(self.round_config)
@@ -112,6 +118,8 @@ class LocalRound:
             protocol.SOLVER_A_NORM: momentum_a_norm(result.num_steps, float(self.round_config["momentum"])),
         }
         records = {}
+        if self.round_config.get(protocol.REPORT_LABEL_COUNTS, False):  # the server's method declares it asks
+            records[protocol.LABEL_COUNTS_RECORD] = ArrayRecord({"counts": torch.tensor(self.client.label_counts)})
         extra = self.objective.reply_tensors()
         if extra:
             records[protocol.OBJECTIVE_RECORD] = ArrayRecord(extra)

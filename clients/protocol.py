@@ -34,6 +34,8 @@ LOCAL_STEPS = "local-steps"  # train this many local steps instead of local-epoc
 # Option-II control updates divide by lr × this many steps instead of Σ_k η_k (FedMoSWA's
 # official code divides by 50 whatever the number of steps it ran; 0 = Σ_k η_k).
 CONTROL_STEP_COUNT = "control-step-count"
+# The server's method declares LABEL_COUNTS_RECORD among its reply_records: each reply carries the client's label counts.
+REPORT_LABEL_COUNTS = "report-label-counts"
 # Stateful methods with checkpoints on (clients/state_store.py); absent: no snapshots.
 CLIENT_STATE_ROOT = "client-state-root"  # the server's output-dir/client-state
 CLIENT_STATE_RUN = "client-state-run"  # the token naming this run's snapshots (kept in the checkpoint)
@@ -69,6 +71,7 @@ MOSWA_SERVER_CONTROL = "moswa-control"  # server → client: m
 MOSWA_DELTA_CONTROL = "moswa-delta-control"  # client → server: Δc_i = c_i⁺ − m (Algorithm 1 line 14)
 MOSWA_NEW_CONTROL = "moswa-new-control"  # client → server: c_i⁺ (official-code variant's EMA)
 FEDFA_ANCHORS = "fedfa-anchors"  # server → client: A, one feature anchor per class (C × d)
+LABEL_COUNTS_RECORD = "label-counts"  # client → server: {"counts": per class, its training split's examples}
 OBJECTIVE_RECORD = "objective-record"  # client → server: what the local objective sends back (FedFA: its anchors)
 MIME_STATE = "mime-state"  # server → client: m, the server optimizer's momentum (frozen on the client)
 FULL_GRADIENT_RECORD = "gradient"  # client → server: ∇f_i(θ) over all of its examples (MIME's extra exchange)

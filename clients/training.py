@@ -33,6 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from clients.augmentation import CropFlip
+from clients.client_info import ClientInfo
 from clients.client_step import GradientTerm, client_step, per_step_on
 from partitions.text import IGNORE_INDEX
 
@@ -154,6 +155,7 @@ class LocalObjective:
     Subclasses (clients/objectives/) override :meth:`backward`, which must leave the
     batch gradient in ``.grad`` (zeroed before the call) and return the detached loss, and
     :meth:`finish`, called once after the round (to keep client state, undo model changes);
+    :meth:`see_client` receives what the client knows of itself before the first step;
     :meth:`after_step` runs after each optimizer step, inside the step (FedFA's
     calibration), :meth:`end_epoch` after each epoch, and :meth:`reply_tensors` names what
     the reply carries besides the model.
@@ -193,6 +195,13 @@ class LocalObjective:
     def signature(self) -> tuple:
         """The Python values :meth:`backward` and :meth:`after_step` bake into a captured step."""
         return ()
+
+    def see_client(self, client: ClientInfo) -> None:
+        """Called once before the round's first step with what the client knows of itself
+        (clients/client_info.py: its label counts, size, partition, round, its method's
+        keys). A value a captured step reads must be a tensor of ``round_state`` (so a reused
+        step sees this client's values, not the first one's), never a Python number baked
+        into :meth:`signature`."""
 
     def draws(self, batch_sizes: Sequence[int]) -> list[tuple[torch.Tensor, ...]]:
         """Per step (of the given batch sizes), the random tensors :meth:`backward` takes (CPU tensors)."""

@@ -263,7 +263,8 @@ def objective_builders() -> dict[str, ObjectiveBuilder]:
 def client_halves() -> ClientHalves:
     """What the client side needs of every method: objectives, components, who wants a projection head."""
     return ClientHalves(objective_builders(), client_components(),
-                        frozenset(name for name, spec in METHODS.items() if spec.projection_head))
+                        frozenset(name for name, spec in METHODS.items() if spec.projection_head),
+                        {name: tuple(spec.options) for name, spec in METHODS.items()})
 
 
 def hand_over_client_halves() -> None:

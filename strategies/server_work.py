@@ -88,6 +88,8 @@ def round_train_config(
     }
     if config["augment"] != "none":
         entries[protocol.AUGMENT_PAD] = [float(v) for v in black] or [0.0]
+    if protocol.LABEL_COUNTS_RECORD in method(config["strategy"]).reply_records:  # it leaves the client, as declared
+        entries[protocol.REPORT_LABEL_COUNTS] = True
     return ConfigRecord(entries)
 
 

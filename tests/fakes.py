@@ -8,9 +8,13 @@ from collections.abc import Iterable
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
+from clients.client_info import ClientInfo
 from strategies.cohort import COHORT  # every Basin strategy's fraction and minimum arguments
 
-__all__ = ["COHORT", "FakeGrid", "bound_strategy", "train_request", "train_reply"]
+__all__ = ["COHORT", "NO_CLIENT", "FakeGrid", "bound_strategy", "train_request", "train_reply"]
+
+# The client of a round whose methods read nothing of what a client knows of itself.
+NO_CLIENT = ClientInfo(partition_id=0, num_examples=0, label_counts=(0,) * 10, num_classes=10, dataset="", server_round=1)
 
 
 class FakeGrid:

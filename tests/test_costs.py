@@ -13,6 +13,7 @@ from clients.local_round import LocalRound
 from clients.models import build_model
 from experiments import costs
 from experiments.measurement import method_costs
+from tests.fakes import NO_CLIENT  # noqa: E402
 
 MODEL, SHAPE, CLASSES, BATCH, STEPS = "resnet20-gn", (3, 16, 16), 10, 8, 2
 METHODS = ["fedprox", "scaffold", "moon", "fedsam", "gradaug-n1", "gradaug-n2", "fedalign"]
@@ -114,7 +115,7 @@ def test_training_message_comes_from_the_strategy():
     scaffold = method_costs.training_content(method_costs.method_config("scaffold", MODEL, SHAPE, BATCH, "cpu", {}),
                                       ArrayRecord(build_model(MODEL, SHAPE, CLASSES).state_dict()))
     assert "scaffold-control" in scaffold
-    LocalRound(build_model(MODEL, SHAPE, CLASSES), scaffold, RecordDict(), np.random.default_rng(0))
+    LocalRound(build_model(MODEL, SHAPE, CLASSES), scaffold, RecordDict(), np.random.default_rng(0), NO_CLIENT)
     assert TaskIdentity._run_id == identity  # the server identity is restored
 
 

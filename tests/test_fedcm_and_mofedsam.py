@@ -15,7 +15,10 @@ from clients.fedcm import fedcm_term
 from clients.local_round import LocalRound
 from strategies.checkpoint import load_checkpoint, save_checkpoint
 from strategies.fedcm import FedCm, fedcm_server_update
-from tests.fakes import COHORT
+from tests.fakes import (
+    COHORT,
+    NO_CLIENT,  # noqa: E402
+)
 from tests.tiny_rounds import bound, configure, f32, replies
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
@@ -79,7 +82,7 @@ def test_fedcm_round_on_a_client_scales_by_its_own_lr_and_steps():
                            "grad-clip": 0.0, "seed": 0, protocol.FEDCM_ALPHA: alpha, protocol.FEDCM_SCALE: "client"})
     content = RecordDict({"config": config, protocol.FEDCM_DIRECTION: ArrayRecord(direction)})
     before = [p.detach().clone() for p in model.parameters()]
-    local_round = LocalRound(model, content, RecordDict(), np.random.default_rng(0))
+    local_round = LocalRound(model, content, RecordDict(), np.random.default_rng(0), NO_CLIENT)
     result = local_round.train(model, x, y, torch.Generator().manual_seed(0))
     assert result.num_steps == 3
     for start, param in zip(before, model.parameters()):
@@ -110,7 +113,7 @@ def test_mofedsam_takes_the_sam_gradient_then_mixes_in_the_direction():
                            "grad-clip": 0.0, "seed": 0, protocol.LOCAL_STEPS: 1, protocol.OBJECTIVE: "mofedsam",
                            "sam-rho": rho, protocol.FEDCM_ALPHA: alpha, protocol.FEDCM_SCALE: "none"})
     content = RecordDict({"config": config, protocol.FEDCM_DIRECTION: ArrayRecord(direction)})
-    local_round = LocalRound(model, content, RecordDict(), np.random.default_rng(0))
+    local_round = LocalRound(model, content, RecordDict(), np.random.default_rng(0), NO_CLIENT)
     local_round.train(model, x, y, torch.Generator().manual_seed(0))
     for param, want in zip(model.parameters(), expected):
         torch.testing.assert_close(param.detach(), want, rtol=1e-5, atol=1e-6)

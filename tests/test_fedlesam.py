@@ -11,7 +11,13 @@ from torch import nn
 
 from clients import protocol
 from clients.local_round import LocalRound
-from tests.fakes import COHORT, FakeGrid, bound_strategy, train_reply
+from tests.fakes import (
+    COHORT,
+    NO_CLIENT,  # noqa: E402
+    FakeGrid,
+    bound_strategy,
+    train_reply,
+)
 from tests.tiny_rounds import bound, configure
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
@@ -30,7 +36,7 @@ def _fedlesam_round(model, state, x, y, rho, lr, records=None):
                            "grad-clip": 0.0, "seed": 0, protocol.LOCAL_STEPS: 1, protocol.OBJECTIVE: "fedlesam",
                            "sam-rho": rho})
     content = RecordDict({"config": config, **(records or {})})
-    local_round = LocalRound(model, content, state, np.random.default_rng(0))
+    local_round = LocalRound(model, content, state, np.random.default_rng(0), NO_CLIENT)
     result = local_round.train(model, x, y, torch.Generator().manual_seed(0))
     local_round.finish(model, result)
 

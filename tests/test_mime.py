@@ -12,7 +12,11 @@ from torch import nn
 from clients import protocol
 from clients.local_round import LocalRound
 from strategies.checkpoint import load_checkpoint, save_checkpoint
-from tests.fakes import COHORT, FakeGrid
+from tests.fakes import (
+    COHORT,
+    NO_CLIENT,  # noqa: E402
+    FakeGrid,
+)
 from tests.tiny_rounds import NODES, bound, configure, f32, replies
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
@@ -47,7 +51,7 @@ def test_mime_corrected_gradient_and_frozen_momentum_in_one_local_step():
     content = RecordDict({"config": config, protocol.MIME_STATE: ArrayRecord(m), protocol.MIME_CORRECTION: ArrayRecord(c)})
     generator = torch.Generator().manual_seed(3)
     order = torch.randperm(8, generator=torch.Generator().manual_seed(3))  # the batches train_local draws
-    local_round = LocalRound(model, content, RecordDict(), np.random.default_rng(0))
+    local_round = LocalRound(model, content, RecordDict(), np.random.default_rng(0), NO_CLIENT)
     local_round.train(model, x, y, generator)
 
     names = list(theta)

@@ -26,7 +26,11 @@ from clients.objectives.stochastic_depth import StochasticDepth, drop_rates
 from clients.protocol import FEDDYN_CLIENT_GRADIENT, MOON_PREVIOUS_MODEL, MOSWA_CLIENT_CONTROL
 from clients.training import LocalObjective, LocalTrainingConfig, in_round_lrs, train_local
 from strategies.fedswa import FedSwa, moswa_control_update
-from tests.fakes import FakeGrid, bound_strategy
+from tests.fakes import (
+    NO_CLIENT,  # noqa: E402
+    FakeGrid,
+    bound_strategy,
+)
 
 
 def _linear(weight: list[float]) -> nn.Linear:
@@ -382,7 +386,7 @@ def test_official_fedmoswa_adds_its_correction_after_clipping(after_clip, expect
                                 "grad-clip": 1.0, "local-steps": 1, protocol.CONTROL_AFTER_CLIP: after_clip}),
         protocol.MOSWA_SERVER_CONTROL: _record({"weight": [[1.0, 0.0]]}),
     })
-    local_round = LocalRound(model, content, RecordDict(), np.random.default_rng(0))
+    local_round = LocalRound(model, content, RecordDict(), np.random.default_rng(0), NO_CLIENT)
     local_round.objective = _Pull()
     local_round.train(model, torch.zeros(1, 2), torch.zeros(1, dtype=torch.long), torch.Generator().manual_seed(0))
     assert model.weight.flatten().tolist() == pytest.approx(expected)

@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 from flwr.app import RecordDict
 
+from clients.client_info import ClientInfo
 from clients.data import client_tensors
 from clients.local_round import LocalRound, round_randomness
 from clients.log import log
@@ -106,7 +107,8 @@ def run_bare(config: dict[str, Any]) -> BareRun:
             x, y, _, _ = client_tensors(config_items, partition_id, config["num-clients"], str(device))
             model.load_state_dict(global_state)
             generator, rng = round_randomness(config["seed"], server_round, partition_id)
-            local_round = LocalRound(model, content, client_states[partition_id], rng)
+            client = ClientInfo.of(y, data.num_classes, partition_id, config["dataset"], server_round)
+            local_round = LocalRound(model, content, client_states[partition_id], rng, client)
             result = local_round.train(model, x, y, generator)
             local_round.finish(model, result)
             for key, value in model.state_dict().items():

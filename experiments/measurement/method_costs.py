@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from clients import protocol
+from clients.client_info import ClientInfo
 from clients.flower_internals import task_identity
 from clients.local_round import LocalRound
 from clients.log import log
@@ -246,7 +247,7 @@ def measure(method: str, config: Mapping[str, Any], model_name: str, input_shape
     x = torch.randn(batch_size, *input_shape, generator=data).to(device)
     y = torch.randint(num_classes, (batch_size,), generator=data).to(device)
     generator = torch.Generator().manual_seed(config["seed"])
-    local_round = LocalRound(model, content, RecordDict(), np.random.default_rng(config["seed"]))
+    local_round = LocalRound(model, content, RecordDict(), np.random.default_rng(config["seed"]), ClientInfo.of(y, num_classes))
     model_elements, held = held_elements(model, local_round)
 
     round_config = local_round.round_config  # the message's config record: set how many steps to run

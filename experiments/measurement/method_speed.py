@@ -24,6 +24,7 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from clients import protocol
+from clients.client_info import ClientInfo
 from clients.client_step import WARMUP_STEPS
 from clients.local_round import LocalRound
 from clients.log import log
@@ -70,7 +71,8 @@ def client_round(method: str, setup: Setup, device: str, overrides: Mapping[str,
     data = torch.Generator().manual_seed(config["seed"])
     x = torch.randn(steps * setup.batch_size, *setup.input_shape, generator=data).to(next(model.parameters()).device)
     y = torch.randint(10, (len(x),), generator=data).to(x.device)
-    return model, LocalRound(model, content, RecordDict(), np.random.default_rng(config["seed"])), x, y
+    round_ = LocalRound(model, content, RecordDict(), np.random.default_rng(config["seed"]), ClientInfo.of(y, 10))
+    return model, round_, x, y
 
 
 def modes_table(methods: list[str], resnet: str, overrides: Mapping[str, Any]) -> pd.DataFrame:
