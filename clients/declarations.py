@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 MODEL_NEEDS = ("any", "image", "slimmable-residual")
 
 
+class DeclarationError(ValueError):
+    """A declaration (MethodSpec, AveragingSpec) that is malformed, raised as it is built."""
+
+
 @dataclass(frozen=True)
 class ImplementedIn:
     """A builder of a method's client half named by where it is defined: ``target`` is
@@ -142,12 +146,12 @@ class MethodSpec:
 
     def __post_init__(self) -> None:
         if self.build is None and self.objective is None:
-            raise ValueError(f"{self.name}: declares neither a server (build) nor a client objective")
+            raise DeclarationError(f"{self.name}: declares neither a server (build) nor a client objective")
         if self.model_needs not in MODEL_NEEDS:
-            raise ValueError(f"{self.name}: model_needs = {self.model_needs!r}; allowed: {', '.join(MODEL_NEEDS)}")
+            raise DeclarationError(f"{self.name}: model_needs = {self.model_needs!r}; allowed: {', '.join(MODEL_NEEDS)}")
         missing = [key for key, option in self.options.items() if option.default is None]
         if missing:
-            raise ValueError(f"{self.name}: option(s) {', '.join(missing)} declare no default")
+            raise DeclarationError(f"{self.name}: option(s) {', '.join(missing)} declare no default")
 
     def end_to_end_runs(self) -> dict[str, dict[str, Any]]:
         """Its smoke runs' run-config overrides, ``strategy`` included."""

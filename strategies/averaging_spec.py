@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from clients.declarations import TableRow
+from clients.declarations import DeclarationError, TableRow
 from clients.options import Option
 from strategies.schedules import ClientSchedule
 
@@ -49,4 +49,4 @@ class AveragingSpec:
     def __post_init__(self) -> None:
         missing = [key for key, option in self.options.items() if option.default is None]
         if missing:
-            raise ValueError(f"{self.name}: option(s) {', '.join(missing)} declare no default")
+            raise DeclarationError(f"{self.name}: option(s) {', '.join(missing)} declare no default")

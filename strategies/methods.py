@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import tomli_w
 
-from clients.declarations import ImplementedIn, MethodSpec, TableRow
+from clients.declarations import DeclarationError, ImplementedIn, MethodSpec, TableRow
 from clients.halves import ClientHalves, provide
 from clients.options import ConfigError, Option
 from strategies.averaging_spec import AveragingSpec
@@ -70,6 +71,9 @@ class Plugin:
     name: str
     module: str
     distribution: str
+    # Its module imported torch when the launcher loaded it (Basin's launcher loads none:
+    # declarations name their torch code with ImplementedIn, imported in the clients).
+    imports_torch: bool = False
 
     def describe(self) -> str:
         return f"plug-in {self.name!r} (distribution {self.distribution}, module {self.module})"
@@ -121,20 +125,41 @@ def installed_plugins() -> list[Plugin]:
     return sorted(plugins, key=lambda plugin: (plugin.name, plugin.distribution))
 
 
-def _plugin_declaration(plugin: Plugin) -> Declaration:
-    """The declaration a plug-in's entry point names, or an exception saying what is wrong."""
+def _plugin_declaration(plugin: Plugin, entry_points_of_module: set[str]) -> Declaration:
+    """The declaration a plug-in's entry point names, or an exception saying what is wrong
+    (``entry_points_of_module``: the names of every entry point naming its module)."""
     if ":" in plugin.module:
         raise ValueError(f"the entry point's value must be a module (no ':'): {plugin.module!r}")
     try:
         module = importlib.import_module(plugin.module)
-    except Exception as error:  # any failure of a researcher's module is that plug-in's, not Basin's
+    except KeyboardInterrupt:
+        raise
+    except DeclarationError as error:
+        raise ValueError(f"a declaration of its module is malformed: {error}") from error
+    except BaseException as error:  # any failure of a researcher's module, sys.exit included, is that plug-in's
         raise ImportError(f"importing it failed: {type(error).__name__}: {error}") from error
     declarations = _declarations_of(module)
     named = [d for d in declarations if d.name == plugin.name]
     if not named:
         declared = ", ".join(repr(d.name) for d in declarations) or "nothing (no METHODS or AVERAGINGS)"
         raise ValueError(f"its module declares no method named {plugin.name!r} (it declares {declared})")
+    unnamed = [d.name for d in declarations if d.name not in entry_points_of_module]
+    if unnamed:
+        raise ValueError(f"its module also declares {', '.join(map(repr, unnamed))}, which no entry point names "
+                         f"(one entry point per method: add {unnamed[0]} = {plugin.module} to [project.entry-points."
+                         f"\"{ENTRY_POINT_GROUP}\"])")
+    if isinstance(named[0], MethodSpec) and (problem := _objective_keys_problem(named[0])):
+        raise ValueError(problem)
     return named[0]
+
+
+def _objective_keys_problem(spec: MethodSpec) -> str | None:
+    """Why ``spec``'s ``objective_keys`` cannot be sent (a key it does not declare), or None."""
+    unknown = [key for key in spec.objective_keys if key not in spec.options and key not in GENERAL_KEY_NAMES]
+    if not unknown:
+        return None
+    return (f"its objective_keys name {', '.join(map(repr, unknown))}, which neither it (options) nor Basin "
+            f"(`--list-keys`) declares")
 
 
 def _shared_key_problem(declaration: Declaration, options: dict[str, Option]) -> str | None:
@@ -156,6 +181,8 @@ def load_registry(plugins: Iterable[Plugin] | None = None) -> Registry:
             table: dict[str, Any] = methods if isinstance(declaration, MethodSpec) else averagings
             if declaration.name in table:
                 raise ValueError(f"method {declaration.name!r} is declared twice ({module_name})")
+            if isinstance(declaration, MethodSpec) and (problem := _objective_keys_problem(declaration)):
+                raise ValueError(f"method {declaration.name!r} ({module_name}): {problem}")
             table[declaration.name] = declaration
             modules[declaration.name] = module_name
     options: dict[str, Option] = {}
@@ -170,6 +197,9 @@ def load_registry(plugins: Iterable[Plugin] | None = None) -> Registry:
         by_name.setdefault(plugin.name, []).append(plugin)
     found: dict[str, Plugin] = {}
     broken: dict[str, BrokenPlugin] = {}
+    entry_points_of: dict[str, set[str]] = {}
+    for plugin in candidates:
+        entry_points_of.setdefault(plugin.module, set()).add(plugin.name)
     for name, same_name in by_name.items():
         plugin = same_name[0]
         if len(same_name) > 1:
@@ -179,8 +209,9 @@ def load_registry(plugins: Iterable[Plugin] | None = None) -> Registry:
         if name in methods or name in averagings or name == "none":
             broken[name] = BrokenPlugin(plugin, "its name is one of Basin's own methods")
             continue
+        had_torch = "torch" in sys.modules
         try:
-            declaration = _plugin_declaration(plugin)
+            declaration = _plugin_declaration(plugin, entry_points_of[plugin.module])
         except Exception as error:
             broken[name] = BrokenPlugin(plugin, str(error))
             continue
@@ -192,7 +223,7 @@ def load_registry(plugins: Iterable[Plugin] | None = None) -> Registry:
             methods[name] = declaration
         else:
             averagings[name] = declaration
-        found[name] = plugin
+        found[name] = dataclasses.replace(plugin, imports_torch=not had_torch and "torch" in sys.modules)
         modules[name] = plugin.module
     return Registry({name: _given_its_server(spec) for name, spec in methods.items()}, averagings, modules, found,
                     broken)
@@ -343,6 +374,12 @@ def methods_table(with_plugins: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _origin(plugin: Plugin) -> str:
+    torch = ("; its module imports torch into the launcher: name its torch code with ImplementedIn "
+             "(docs/extending.md)") if plugin.imports_torch else ""
+    return plugin.describe() + torch
+
+
 METHODS_PAGE = PYPROJECT.parent / "docs" / "methods.md"
 TABLE_START = "<!-- the methods table: generated from the declarations by `.venv/bin/python -m experiments.method_list --write-docs` -->"
 TABLE_END = "<!-- end of the methods table -->"
@@ -361,8 +398,9 @@ def write_docs(path: Path = METHODS_PAGE) -> bool:
 
 
 def listing() -> str:
-    """Each method and averaging rule, a plug-in's origin beside it, then the broken plug-ins."""
-    lines = [f"{spec.name:18s} {spec.display_name}" + (f"  [{REGISTRY.plugins[spec.name].describe()}]"
+    """Each method and averaging rule, a plug-in's origin beside it (and whether loading it
+    brought torch into the launcher), then the broken plug-ins."""
+    lines = [f"{spec.name:18s} {spec.display_name}" + (f"  [{_origin(REGISTRY.plugins[spec.name])}]"
                                                        if spec.name in REGISTRY.plugins else "")
              for spec in _declarations()]
     return "\n".join([*lines, *(f"{name:18s} error: {broken.line()}" for name, broken in BROKEN_PLUGINS.items())])

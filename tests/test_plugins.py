@@ -21,6 +21,7 @@ from strategies.config import validate_run_config
 from strategies.methods import BrokenPlugin, Plugin, load_registry
 
 EXAMPLE = APP_DIR / "examples" / "feddecorr"
+FEDLC = APP_DIR / "examples" / "fedlc"
 
 GOOD = '''
 from clients.declarations import objective_method
@@ -75,6 +76,49 @@ def test_each_kind_of_broken_plugin_is_one_line_naming_it_its_distribution_and_t
     assert "also a plug-in of dist-g" in _problem(registry, "twice")
     assert "must be a module" in _problem(registry, "colon")
     assert all("\n" not in broken.line() for broken in registry.broken.values())
+
+
+def test_the_loaders_holes_are_each_one_line_at_load(tmp_path, monkeypatch):
+    """A module that calls sys.exit (any BaseException but KeyboardInterrupt), one that
+    declares a method no entry point names, a declaration malformed as it is built (not "an
+    import failure"), and objective_keys naming no declared key: each that plug-in's line,
+    at load, before any run (the last failed as a KeyError in the ServerApp after Flower started)."""
+    exits = _module(tmp_path, monkeypatch, "plugin_exits", "import sys\nsys.exit(3)\n")
+    several = _module(tmp_path, monkeypatch, "plugin_several", GOOD.format(name="first", key="first-weight")
+                      + GOOD.format(name="second", key="second-weight").replace("METHODS = (", "METHODS += ("))
+    malformed = _module(tmp_path, monkeypatch, "plugin_built_wrong", '''
+        from clients.declarations import objective_method
+        from clients.options import Option
+
+        METHODS = (objective_method("built-wrong", "BuiltWrong", lambda *args: None, model_needs="a GPU"),)
+        ''')
+    keys = _module(tmp_path, monkeypatch, "plugin_keys", GOOD.format(name="keys", key="keys-weight").replace(
+        '("keys-weight",)', '("keys-weight", "keys-wieght")'))
+    registry = load_registry([Plugin("exits", exits, "dist-a"), Plugin("first", several, "dist-b"),
+                              Plugin("built-wrong", malformed, "dist-c"), Plugin("keys", keys, "dist-d")])
+    assert _problem(registry, "exits").endswith("cannot be used: importing it failed: SystemExit: 3")
+    assert _problem(registry, "first").endswith(
+        "its module also declares 'second', which no entry point names (one entry point per method: add second = "
+        "plugin_several to [project.entry-points.\"basin.methods\"])")
+    assert _problem(registry, "built-wrong").endswith(
+        "a declaration of its module is malformed: built-wrong: model_needs = 'a GPU'; allowed: any, image, "
+        "slimmable-residual")
+    assert _problem(registry, "keys").endswith(
+        "its objective_keys name 'keys-wieght', which neither it (options) nor Basin (`--list-keys`) declares")
+    both = load_registry([Plugin("first", several, "dist-b"), Plugin("second", several, "dist-b")])
+    assert {"first", "second"} <= set(both.methods) and not both.broken  # an entry point for each: both load
+
+
+def test_a_plugin_whose_module_imports_torch_is_named_in_the_listing(tmp_path):
+    """Basin's launcher loads no torch; the listing names a plug-in whose module brings it in."""
+    env = _installed_entry_point(tmp_path, "heavy", "plugin_heavy", "import torch\n" + GOOD.format(name="heavy",
+                                                                                                  key="heavy-w"))
+    listed = subprocess.run([sys.executable, "-m", "experiments.method_list"], env=env, capture_output=True, text=True,
+                            timeout=120, cwd=APP_DIR, check=True).stdout.splitlines()
+    heavy = next(line for line in listed if line.startswith("heavy "))
+    assert heavy.endswith("; its module imports torch into the launcher: name its torch code with ImplementedIn "
+                          "(docs/extending.md)]")
+    assert not any("imports torch" in line for line in listed if not line.startswith("heavy "))
 
 
 def test_a_broken_plugin_is_refused_only_when_a_run_asks_for_it(monkeypatch):
@@ -137,36 +181,46 @@ def test_a_plugin_that_declares_a_tensor_beside_its_model_is_refused_under_dp_in
 
 
 @pytest.mark.slow
-def test_the_example_plugin_installed_with_pip_runs_end_to_end_with_and_without_averaging(tmp_path):
-    """examples/feddecorr installed as a user would (pip, into a folder of its own), found by
-    its entry point: listed with its key, and run by `experiments.run --compare` through
-    Flower and Ray, alone and composed with IMA and with WIMA (one job: one Ray cluster, the
-    same client processes), with nothing in Basin edited."""
-    target, package = tmp_path / "site", tmp_path / "feddecorr"
-    shutil.copytree(EXAMPLE, package, ignore=shutil.ignore_patterns("__pycache__"))  # its build files stay out of the repo
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "--target", str(target), str(package)], check=True, timeout=300)
+def test_the_example_plugins_installed_with_pip_run_end_to_end_with_and_without_averaging(tmp_path):
+    """examples/feddecorr and examples/fedlc (a method that sees its client's label counts)
+    installed as a user would (pip, into a folder of their own), found by their entry points:
+    listed with their keys, loading no torch into the launcher, and run by `experiments.run
+    --compare` through Flower and Ray, alone and composed with IMA (one job: one Ray
+    cluster, the same client processes), with nothing in Basin edited."""
+    target = tmp_path / "site"
+    for example in (EXAMPLE, FEDLC):
+        package = tmp_path / example.name
+        shutil.copytree(example, package, ignore=shutil.ignore_patterns("__pycache__"))  # build files stay out of the repo
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                        "--disable-pip-version-check", "--target", str(target), str(package)], check=True, timeout=300)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), str(APP_DIR)])}
     keys = subprocess.run([sys.executable, "-m", "experiments.run", "--list-keys"], env=env, capture_output=True,
                           text=True, timeout=120, cwd=APP_DIR, check=True).stdout
     assert "'feddecorr'" in keys and any(line.startswith("feddecorr-beta ") for line in keys.splitlines())
+    assert "'fedlc'" in keys and any(line.startswith("fedlc-tau ") for line in keys.splitlines())
+    launcher = ("import sys\nfrom strategies.config import validate_run_config\nfrom strategies.methods import listing\n"
+                "listing()\nprint('torch' in sys.modules)\n")
+    assert subprocess.run([sys.executable, "-c", launcher], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=APP_DIR, check=True).stdout.split() == ["False"]
     out = tmp_path / "runs"
     result = subprocess.run(
-        [sys.executable, "-m", "experiments.run", "--set", "strategy=feddecorr", "--set", "feddecorr-beta=0.2",
+        [sys.executable, "-m", "experiments.run", "--set", "feddecorr-beta=0.2", "--set", "fedlc-tau=0.5",
          "--set", "num-rounds=2", "--set", "num-clients=4", "--set", "window=2", "--set", "avg-start=2",
-         "--compare", "averaging=none,ima,wima", "--out", str(out), "--quiet"],
+         "--compare", "strategy=feddecorr,fedlc", "--compare", "averaging=none,ima", "--out", str(out), "--quiet"],
         env=env, capture_output=True, text=True, timeout=600, cwd=APP_DIR)
     assert result.returncode == 0, result.stderr[-3000:]
     folders = sorted(path.parent for path in out.glob("*/summary.json"))
-    assert len(folders) == 3
+    assert len(folders) == 4
     for folder in folders:
         summary = json.loads((folder / "summary.json").read_text())
         config = json.loads((folder / "config.json").read_text())
         assert summary["status"] == "completed" and summary["rounds"] == 2
-        assert (config["strategy"], config["feddecorr-beta"]) == ("feddecorr", 0.2)
+        assert (config["feddecorr-beta"], config["fedlc-tau"]) == (0.2, 0.5)
         # Every sampled client built the plug-in's objective (an unknown objective fails the client).
         assert "client failures" not in result.stderr and summary["client-failures"] == 0
-    assert {json.loads((f / "config.json").read_text())["averaging"] for f in folders} == {"none", "ima", "wima"}
+    runs = {(json.loads((f / "config.json").read_text())["strategy"], json.loads((f / "config.json").read_text())[
+        "averaging"]) for f in folders}
+    assert runs == {("feddecorr", "none"), ("feddecorr", "ima"), ("fedlc", "none"), ("fedlc", "ima")}
     # A sweep file takes the plug-in's keys (validated as the sweep loads; it runs its runs
     # as the job above did).
     sweep = tmp_path / "plug-in.toml"

@@ -3,7 +3,7 @@
 import math
 
 import torch
-from basin_feddecorr import FedDecorr, decorrelation_loss
+from basin_feddecorr.objective import FedDecorr, decorrelation_loss
 
 
 def test_the_decorrelation_loss_of_a_small_batch_is_the_hand_computed_value():
