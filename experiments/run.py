@@ -76,13 +76,15 @@ def list_presets() -> str:
 
 def list_keys() -> str:
     """Every run-config key with its default and what it allows."""
+    from clients.model_plugins import BROKEN_MODELS
     from experiments.runtime.run_config import default_run_config
     from strategies.config import SCHEMA
     from strategies.methods import BROKEN_PLUGINS
 
     defaults = default_run_config()
     lines = [f"{key:26s} default {defaults[key]!r:12s} {option.allowed}" for key, option in SCHEMA.items()]
-    return "\n".join([*lines, *(f"error: {broken.line()}" for broken in BROKEN_PLUGINS.values())])
+    broken = [*BROKEN_PLUGINS.values(), *BROKEN_MODELS.values()]
+    return "\n".join([*lines, *(f"error: {plugin.line()}" for plugin in broken)])
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,6 +15,7 @@ from typing import Any
 
 from clients.faults import parse_faults
 from clients.model_names import MODEL_NAMES, REQUIRED_INPUT, SEQUENCE_MODELS, SLIMMABLE_MODELS, resolve_model_name
+from clients.model_plugins import BROKEN_MODELS, MODEL_OFFERS, MODEL_PLUGINS, ModelSpec
 from clients.options import ConfigError as ConfigError
 from clients.options import Option
 from clients.options import one_of as _one_of
@@ -87,6 +88,8 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Return a checked copy of the run config or raise :class:`ConfigError`."""
     for key in ("strategy", "averaging"):
         refuse_broken_plugin(key, run_config.get(key))
+    if (model := run_config.get("model")) in BROKEN_MODELS:
+        raise ConfigError(f"run config key 'model' = {model!r}: {BROKEN_MODELS[model].line()}")
     unknown = sorted(set(run_config) - set(SCHEMA))
     if unknown:
         guesses = [f"'{k}' (did you mean '{m[0]}'?)" if (m := difflib.get_close_matches(k, SCHEMA, n=1)) else f"'{k}'"
@@ -110,6 +113,8 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"{config['strategy']!r}, which needs a residual network with width-slimmable stages; "
             f"allowed: {', '.join(SLIMMABLE_MODELS)}"
         )
+    if model in MODEL_PLUGINS:
+        _check_model_plugin(MODEL_PLUGINS[model], config)
     if model in SEQUENCE_MODELS and (config["strategy"] in IMAGE_ONLY or config["augment"] != "none"):
         what = f"strategy = {config['strategy']!r}" if config["strategy"] in IMAGE_ONLY else f"augment = {config['augment']!r}"
         raise ConfigError(
@@ -197,6 +202,26 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"allowed: partitions 0..{config['num-clients'] - 1}"
         )
     return config
+
+
+def _check_model_plugin(spec: ModelSpec, config: Mapping[str, Any]) -> None:
+    """A model plug-in's declared inputs against the data set, and what it offers against
+    what the method needs (``model_needs = "image"``: a representation and a classifier)."""
+    images = config["dataset"] in INPUT_SHAPES  # the built-in sets are images; a hub set's kind is known once loaded
+    if spec.inputs == "sequence" and (images or config["augment"] != "none"):
+        raise ConfigError(
+            f"run config key 'model' = {spec.name!r} (a plug-in) takes token sequences; dataset {config['dataset']!r} "
+            f"with augment = {config['augment']!r} gives images; allowed: an image model, or a text data set"
+        )
+    needs = method(config["strategy"]).model_needs
+    lacking = sorted(set(MODEL_OFFERS) - set(spec.offers))
+    if needs == "image" and (spec.inputs != "image" or lacking):
+        what = "takes token sequences" if spec.inputs != "image" else f"does not offer {', '.join(lacking)}"
+        raise ConfigError(
+            f"run config key 'model' = {spec.name!r} (a plug-in) {what}, but strategy = {config['strategy']!r} works on "
+            f"one label per image with the model's representation and classifier; allowed: a model plug-in declaring "
+            f"inputs = 'image' and offers = {{{', '.join(MODEL_OFFERS)}}}, or one of Basin's models"
+        )
 
 
 def summary_horizon(config: Mapping[str, Any]) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from clients.faults import FAULT_FORMAT, parse_faults
 from clients.model_names import DEFAULT_MODEL, MODEL_NAMES
+from clients.model_plugins import MODEL_PLUGINS
 from clients.options import Option
 from clients.options import one_of as _one_of
 from partitions.client_dirichlet import CONCENTRATIONS as CLIENT_CONCENTRATIONS
@@ -53,8 +54,9 @@ DATA_AND_TRAINING: dict[str, Option] = {
     "dataset": Option(str, f"one of {', '.join(BUILTIN_DATASETS)} or 'hf:<hub id or local path>'", is_known_dataset),
     "data-dir": Option(str, "a directory path, or '' for the default location"),
     "model": Option(str, "'auto' (the data set's default: " + ", ".join(f"{data} {model}" for data, model in DEFAULT_MODEL.items())
-                    + ", any other cifar-cnn) or one of " + ", ".join(repr(name) for name in MODEL_NAMES),
-                    lambda v: v == "auto" or v in MODEL_NAMES, ("auto", *MODEL_NAMES)),
+                    + ", any other cifar-cnn) or one of " + ", ".join(repr(name) for name in (*MODEL_NAMES, *MODEL_PLUGINS))
+                    + (f" (plug-ins: {', '.join(map(repr, MODEL_PLUGINS))})" if MODEL_PLUGINS else ""),
+                    lambda v: v == "auto" or v in MODEL_NAMES or v in MODEL_PLUGINS, ("auto", *MODEL_NAMES, *MODEL_PLUGINS)),
     "partition": _one_of(*PARTITION_SCHEMES),
     "alpha": Option(float, "a number >= 0 (Dirichlet concentration; 0 = one class per client)", lambda v: v >= 0),
     "classes-per-client": Option(int, "an integer >= 1", lambda v: v >= 1),

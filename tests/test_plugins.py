@@ -22,6 +22,7 @@ from strategies.methods import BrokenPlugin, Plugin, load_registry
 
 EXAMPLE = APP_DIR / "examples" / "feddecorr"
 FEDLC = APP_DIR / "examples" / "fedlc"
+SMALL_CNN = APP_DIR / "examples" / "small-cnn"
 
 GOOD = '''
 from clients.declarations import objective_method
@@ -183,12 +184,13 @@ def test_a_plugin_that_declares_a_tensor_beside_its_model_is_refused_under_dp_in
 @pytest.mark.slow
 def test_the_example_plugins_installed_with_pip_run_end_to_end_with_and_without_averaging(tmp_path):
     """examples/feddecorr and examples/fedlc (a method that sees its client's label counts)
-    installed as a user would (pip, into a folder of their own), found by their entry points:
-    listed with their keys, loading no torch into the launcher, and run by `experiments.run
-    --compare` through Flower and Ray, alone and composed with IMA (one job: one Ray
-    cluster, the same client processes), with nothing in Basin edited."""
+    and examples/small-cnn (a model) installed as a user would (pip, into a folder of their
+    own), found by their entry points: listed with their keys, loading no torch into the
+    launcher, and run on the model plug-in by `experiments.run --compare` through Flower and
+    Ray, alone and composed with IMA (one job: one Ray cluster, the same client processes),
+    with nothing in Basin edited."""
     target = tmp_path / "site"
-    for example in (EXAMPLE, FEDLC):
+    for example in (EXAMPLE, FEDLC, SMALL_CNN):
         package = tmp_path / example.name
         shutil.copytree(example, package, ignore=shutil.ignore_patterns("__pycache__"))  # build files stay out of the repo
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
@@ -198,6 +200,7 @@ def test_the_example_plugins_installed_with_pip_run_end_to_end_with_and_without_
                           text=True, timeout=120, cwd=APP_DIR, check=True).stdout
     assert "'feddecorr'" in keys and any(line.startswith("feddecorr-beta ") for line in keys.splitlines())
     assert "'fedlc'" in keys and any(line.startswith("fedlc-tau ") for line in keys.splitlines())
+    assert "(plug-ins: 'small-cnn')" in keys
     launcher = ("import sys\nfrom strategies.config import validate_run_config\nfrom strategies.methods import listing\n"
                 "listing()\nprint('torch' in sys.modules)\n")
     assert subprocess.run([sys.executable, "-c", launcher], env=env, capture_output=True, text=True, timeout=120,
@@ -205,6 +208,7 @@ def test_the_example_plugins_installed_with_pip_run_end_to_end_with_and_without_
     out = tmp_path / "runs"
     result = subprocess.run(
         [sys.executable, "-m", "experiments.run", "--set", "feddecorr-beta=0.2", "--set", "fedlc-tau=0.5",
+         "--set", "model=small-cnn",
          "--set", "num-rounds=2", "--set", "num-clients=4", "--set", "window=2", "--set", "avg-start=2",
          "--compare", "strategy=feddecorr,fedlc", "--compare", "averaging=none,ima", "--out", str(out), "--quiet"],
         env=env, capture_output=True, text=True, timeout=600, cwd=APP_DIR)
@@ -215,7 +219,7 @@ def test_the_example_plugins_installed_with_pip_run_end_to_end_with_and_without_
         summary = json.loads((folder / "summary.json").read_text())
         config = json.loads((folder / "config.json").read_text())
         assert summary["status"] == "completed" and summary["rounds"] == 2
-        assert (config["feddecorr-beta"], config["fedlc-tau"]) == (0.2, 0.5)
+        assert (config["feddecorr-beta"], config["fedlc-tau"], config["model"]) == (0.2, 0.5, "small-cnn")
         # Every sampled client built the plug-in's objective (an unknown objective fails the client).
         assert "client failures" not in result.stderr and summary["client-failures"] == 0
     runs = {(json.loads((f / "config.json").read_text())["strategy"], json.loads((f / "config.json").read_text())[

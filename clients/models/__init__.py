@@ -19,6 +19,7 @@ from clients.model_names import (  # noqa: F401  (re-exported: the models by nam
     SLIMMABLE_MODELS,
     resolve_model_name,
 )
+from clients.model_plugins import MODEL_PLUGINS
 from clients.models.alexnet import AlexNetGn
 from clients.models.cnn import DigitFiveCnn, FemnistCnn, cifar_cnn, fmnist_cnn
 from clients.models.lstm import CharLstm
@@ -86,4 +87,6 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, proje
             )
         extra = {"projection": True} if projection_head else {}
         return _ANY_SIZE[name](num_classes, in_channels=input_shape[0], **extra)
-    raise ValueError(f"unknown model {name!r}; allowed: {', '.join(MODEL_NAMES)}")
+    if name in MODEL_PLUGINS:
+        return MODEL_PLUGINS[name](num_classes, input_shape)
+    raise ValueError(f"unknown model {name!r}; allowed: {', '.join((*MODEL_NAMES, *MODEL_PLUGINS))}")

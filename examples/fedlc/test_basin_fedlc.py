@@ -31,7 +31,7 @@ def test_the_loss_of_one_example_is_the_hand_computed_value():
     # Logits (1, 0, 2) for label 0; counts (16, 1, 0), τ = 1: calibrated (1 − ½, 0 − 1, −∞) = (½, −1, −∞);
     # loss = −log(e^{½} / (e^{½} + e^{−1})) = log(1 + e^{−3/2}).
     model = Linear([[1.0, 0.0], [0.0, 0.0], [2.0, 0.0]])
-    objective = LogitCalibration(1.0, 3, torch.device("cpu"))
+    objective = LogitCalibration(1.0, torch.device("cpu"))
     objective.see_client(ClientInfo(0, 17, (16, 1, 0), 3, "toy", 1))
     loss = objective.backward(model, torch.tensor([[1.0, 0.0]]), torch.tensor([0]))
     assert abs(loss.item() - math.log(1 + math.exp(-1.5))) < 1e-6

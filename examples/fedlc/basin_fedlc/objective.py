@@ -34,12 +34,13 @@ class LogitCalibration(LocalObjective):
     capturable = True  # one forward and backward of static shapes; the counts are round state
     round_state = ("offsets",)
 
-    def __init__(self, tau: float, num_classes: int, device: torch.device):
+    def __init__(self, tau: float, device: torch.device):
         self.tau = tau
-        self.offsets = torch.zeros(num_classes, device=device)  # τ·n^{−1/4}, set by see_client
+        self.device = device
+        self.offsets = torch.empty(0, device=device)  # τ·n^{−1/4}, one per class: set by see_client
 
     def see_client(self, client: ClientInfo) -> None:
-        self.offsets.copy_(calibration(client.label_count_tensor(), self.tau))
+        self.offsets = calibration(client.label_count_tensor(), self.tau).to(self.device)
 
     def backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = F.cross_entropy(model(x) - self.offsets, y)
@@ -48,6 +49,5 @@ class LogitCalibration(LocalObjective):
 
 
 def fedlc_objective(settings, model: nn.Module, state, rng, records) -> LogitCalibration:
-    """FedLC with the round's τ, for the model's classes."""
-    device = next(model.parameters()).device
-    return LogitCalibration(float(settings["fedlc-tau"]), model.classifier.out_features, device)
+    """FedLC with the round's τ, on the model's device."""
+    return LogitCalibration(float(settings["fedlc-tau"]), next(model.parameters()).device)
