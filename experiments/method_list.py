@@ -11,8 +11,120 @@ How a method is added: docs/extending.md.
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
 
-from strategies.methods import listing, write_docs, write_pyproject
+import tomli_w
+
+from clients.declarations import ImplementedIn, MethodSpec, TableRow
+from strategies.methods import BROKEN_PLUGINS, REGISTRY, Declaration, Plugin, declarations
+
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+BLOCK_START = ("# -- method keys: generated from the methods' declarations by "
+               "`.venv/bin/python -m experiments.method_list --write-pyproject`")
+BLOCK_END = "# -- end of method keys"
+
+
+def pyproject_block(with_plugins: bool = False) -> str:
+    """The method keys of ``[tool.flwr.app.config]``, from the declarations (Flower accepts
+    overrides only of keys that pyproject.toml declares): Basin's own, or with the installed
+    plug-ins' too (the pyproject.toml of a run's staged app)."""
+    lines, seen = [BLOCK_START], set()
+    for spec in declarations():
+        if spec.name in REGISTRY.plugins and not with_plugins:
+            continue
+        own = [key for key in spec.options if key not in seen]
+        seen.update(own)
+        if own:
+            lines.append(f"# {spec.display_name}" + (f" ({REGISTRY.plugins[spec.name].describe()})"
+                                                     if spec.name in REGISTRY.plugins else ""))
+            lines += tomli_w.dumps({key: spec.options[key].default for key in own}).splitlines()
+    return "\n".join([*lines, BLOCK_END])
+
+
+def write_pyproject(path: Path = PYPROJECT, with_plugins: bool = False) -> bool:
+    """Replace the generated block of ``path``; True when it changed."""
+    text = path.read_text()
+    pattern = re.compile(re.escape(BLOCK_START) + r".*?" + re.escape(BLOCK_END), re.DOTALL)
+    if not pattern.search(text):
+        raise ValueError(f"{path} has no generated block of method keys ({BLOCK_START!r} … {BLOCK_END!r})")
+    new = pattern.sub(lambda _: pyproject_block(with_plugins), text)
+    if new != text:
+        path.write_text(new)
+    return new != text
+
+
+def _source(module: str) -> str:
+    """A Basin module as its file's path from the repository's root; a plug-in's by its name."""
+    root = PYPROJECT.parent
+    path = root / Path(*module.split(".")).with_suffix(".py")
+    return str(path.relative_to(root)) if path.is_file() else module
+
+
+def _where(spec: Declaration) -> list[str]:
+    """The modules of a declaration and of its client half."""
+    halves = [*spec.client_components, *([spec.objective] if spec.objective is not None else [])] \
+        if isinstance(spec, MethodSpec) else []
+    modules = [REGISTRY.modules[spec.name],
+               *(half.module if isinstance(half, ImplementedIn) else half.__module__ for half in halves)]
+    return [_source(module) for module in dict.fromkeys(modules)]
+
+
+def methods_table(with_plugins: bool = False) -> str:
+    """docs/methods.md's table: a row per declaration with a ``table_row``, joined by the
+    declarations after it in its module that have none (FedYogi, FedAdagrad under FedAdam)."""
+    rows: list[tuple[str, list[str], TableRow, list[str]]] = []  # key, names, row, where
+    for spec in declarations():
+        if spec.name in REGISTRY.plugins and not with_plugins:
+            continue
+        key = "strategy" if isinstance(spec, MethodSpec) else "averaging"
+        joins = rows and spec.table_row is None and rows[-1][0] == key and \
+            REGISTRY.modules[rows[-1][1][0]] == REGISTRY.modules[spec.name]
+        if joins:
+            rows[-1][1].append(spec.name)
+            rows[-1][3].extend(source for source in _where(spec) if source not in rows[-1][3])
+        elif spec.table_row is None:
+            raise ValueError(f"{spec.name}: declares no table_row (docs/methods.md's line) and follows none in its module")
+        else:
+            rows.append((key, [spec.name], spec.table_row, _where(spec)))
+    lines = ["| key | method: paper, what is implemented | default variant (other options) | where |",
+             "| --- | --- | --- | --- |"]
+    lines += [f"| `{key} = {' / '.join(names)}` | {row.implements} | {row.variants} | "
+              f"{', '.join(f'`{source}`' for source in where)} |" for key, names, row, where in rows]
+    return "\n".join(lines)
+
+
+def _origin(plugin: Plugin) -> str:
+    torch = ("; its module imports torch into the launcher: name its torch code with ImplementedIn "
+             "(docs/extending.md)") if plugin.imports_torch else ""
+    return plugin.describe() + torch
+
+
+METHODS_PAGE = PYPROJECT.parent / "docs" / "methods.md"
+TABLE_START = "<!-- the methods table: generated from the declarations by `.venv/bin/python -m experiments.method_list --write-docs` -->"
+TABLE_END = "<!-- end of the methods table -->"
+
+
+def write_docs(path: Path = METHODS_PAGE) -> bool:
+    """Replace the generated table of ``path`` (Basin's own methods); True when it changed."""
+    text = path.read_text()
+    pattern = re.compile(re.escape(TABLE_START) + r".*?" + re.escape(TABLE_END), re.DOTALL)
+    if not pattern.search(text):
+        raise ValueError(f"{path} has no generated methods table ({TABLE_START!r} … {TABLE_END!r})")
+    new = pattern.sub(lambda _: f"{TABLE_START}\n{methods_table()}\n{TABLE_END}", text)
+    if new != text:
+        path.write_text(new)
+    return new != text
+
+
+def listing() -> str:
+    """Each method and averaging rule, a plug-in's origin beside it (and whether loading it
+    brought torch into the launcher), then the broken plug-ins."""
+    lines = [f"{spec.name:18s} {spec.display_name}" + (f"  [{_origin(REGISTRY.plugins[spec.name])}]"
+                                                       if spec.name in REGISTRY.plugins else "")
+             for spec in declarations()]
+    return "\n".join([*lines, *(f"{name:18s} error: {broken.line()}" for name, broken in BROKEN_PLUGINS.items())])
+
 
 
 def build_parser() -> argparse.ArgumentParser:

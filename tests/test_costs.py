@@ -13,7 +13,7 @@ from clients.local_round import LocalRound
 from clients.models import build_model
 from experiments import costs
 from experiments.measurement import method_costs
-from tests.fakes import NO_CLIENT  # noqa: E402
+from tests.fakes import NO_CLIENT
 
 MODEL, SHAPE, CLASSES, BATCH, STEPS = "resnet20-gn", (3, 16, 16), 10, 8, 2
 METHODS = ["fedprox", "scaffold", "moon", "fedsam", "gradaug-n1", "gradaug-n2", "fedalign"]

@@ -15,10 +15,7 @@ from clients.fedcm import fedcm_term
 from clients.local_round import LocalRound
 from strategies.checkpoint import load_checkpoint, save_checkpoint
 from strategies.fedcm import FedCm, fedcm_server_update
-from tests.fakes import (
-    COHORT,
-    NO_CLIENT,  # noqa: E402
-)
+from tests.fakes import COHORT, NO_CLIENT
 from tests.tiny_rounds import bound, configure, f32, replies
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py

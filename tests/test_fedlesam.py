@@ -11,13 +11,7 @@ from torch import nn
 
 from clients import protocol
 from clients.local_round import LocalRound
-from tests.fakes import (
-    COHORT,
-    NO_CLIENT,  # noqa: E402
-    FakeGrid,
-    bound_strategy,
-    train_reply,
-)
+from tests.fakes import COHORT, NO_CLIENT, FakeGrid, bound_strategy, train_reply
 from tests.tiny_rounds import bound, configure
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py

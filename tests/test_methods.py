@@ -16,8 +16,9 @@ import torch
 from torch.nn import functional as F
 
 from clients.declarations import ImplementedIn, MethodSpec
+from experiments.method_list import PYPROJECT, pyproject_block
 from strategies.config import SCHEMA, validate_run_config
-from strategies.methods import METHOD_MODULES, METHODS, PYPROJECT, method_options, pyproject_block
+from strategies.methods import METHOD_MODULES, METHODS, method_options
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("strategies", "clients", "partitions", "experiments")
@@ -74,7 +75,7 @@ def test_no_module_branches_on_an_averaging_rules_name():
 
 
 def test_the_methods_page_holds_the_table_the_declarations_generate():
-    from strategies.methods import METHODS_PAGE, TABLE_END, TABLE_START, methods_table
+    from experiments.method_list import METHODS_PAGE, TABLE_END, TABLE_START, methods_table
 
     assert f"{TABLE_START}\n{methods_table()}\n{TABLE_END}" in METHODS_PAGE.read_text(), \
         "run `python -m experiments.method_list --write-docs`"

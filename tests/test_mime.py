@@ -12,11 +12,7 @@ from torch import nn
 from clients import protocol
 from clients.local_round import LocalRound
 from strategies.checkpoint import load_checkpoint, save_checkpoint
-from tests.fakes import (
-    COHORT,
-    NO_CLIENT,  # noqa: E402
-    FakeGrid,
-)
+from tests.fakes import COHORT, NO_CLIENT, FakeGrid
 from tests.tiny_rounds import NODES, bound, configure, f32, replies
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py

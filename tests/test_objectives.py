@@ -26,11 +26,7 @@ from clients.objectives.stochastic_depth import StochasticDepth, drop_rates
 from clients.protocol import FEDDYN_CLIENT_GRADIENT, MOON_PREVIOUS_MODEL, MOSWA_CLIENT_CONTROL
 from clients.training import LocalObjective, LocalTrainingConfig, in_round_lrs, train_local
 from strategies.fedswa import FedSwa, moswa_control_update
-from tests.fakes import (
-    NO_CLIENT,  # noqa: E402
-    FakeGrid,
-    bound_strategy,
-)
+from tests.fakes import NO_CLIENT, FakeGrid, bound_strategy
 
 
 def _linear(weight: list[float]) -> nn.Linear:

@@ -201,7 +201,7 @@ def test_the_example_plugins_installed_with_pip_run_end_to_end_with_and_without_
     assert "'feddecorr'" in keys and any(line.startswith("feddecorr-beta ") for line in keys.splitlines())
     assert "'fedlc'" in keys and any(line.startswith("fedlc-tau ") for line in keys.splitlines())
     assert "(plug-ins: 'small-cnn')" in keys
-    launcher = ("import sys\nfrom strategies.config import validate_run_config\nfrom strategies.methods import listing\n"
+    launcher = ("import sys\nfrom strategies.config import validate_run_config\nfrom experiments.method_list import listing\n"
                 "listing()\nprint('torch' in sys.modules)\n")
     assert subprocess.run([sys.executable, "-c", launcher], env=env, capture_output=True, text=True, timeout=120,
                           cwd=APP_DIR, check=True).stdout.split() == ["False"]

@@ -28,6 +28,7 @@ from clients import flower_internals
 from clients.kept_processes import KEEP_CLIENT_PROCESSES
 from clients.log import log
 from clients.warm_simulation import command_socket_path, socket_path
+from experiments.method_list import write_pyproject
 from experiments.runtime.cli import NO_SPACE, DiskFull, is_disk_full
 from experiments.runtime.flower_log import follow_run, read_summary
 from experiments.runtime.machine import ClientResources, gpu_memory_advice
@@ -54,7 +55,7 @@ from experiments.runtime.warm_processes import (
 )
 from strategies.checkpoint import read_checkpoint
 from strategies.config import validate_run_config
-from strategies.methods import REGISTRY, write_pyproject
+from strategies.methods import REGISTRY
 from strategies.results import write_json_atomic
 
 # What `flwr run` packs: the ServerApp's and ClientApp's packages, the app's pyproject.toml and README.
