@@ -225,6 +225,13 @@ def test_the_example_plugins_installed_with_pip_run_end_to_end_with_and_without_
     runs = {(json.loads((f / "config.json").read_text())["strategy"], json.loads((f / "config.json").read_text())[
         "averaging"]) for f in folders}
     assert runs == {("feddecorr", "none"), ("feddecorr", "ima"), ("fedlc", "none"), ("fedlc", "ima")}
+    # The Python API takes them as the command line does.
+    api = ("from experiments.api import run\n"
+           f"job = run(set={{'strategy': 'fedlc', 'model': 'small-cnn', 'num-rounds': 2, 'num-clients': 4}}, "
+           f"out={str(tmp_path / 'api')!r}, progress=False)\n"
+           "print(job.summary['acc-final'].notna().all())\n")
+    done = subprocess.run([sys.executable, "-c", api], env=env, capture_output=True, text=True, timeout=300, cwd=APP_DIR)
+    assert done.returncode == 0 and done.stdout.split()[-1] == "True", done.stderr[-3000:]
     # A sweep file takes the plug-in's keys (validated as the sweep loads; it runs its runs
     # as the job above did).
     sweep = tmp_path / "plug-in.toml"
