@@ -136,8 +136,12 @@ def test_a_failing_tracker_is_one_warning_and_the_run_goes_on(tmp_path, monkeypa
 def test_a_missing_tracker_library_is_refused_before_flower_starts(monkeypatch):
     import importlib.util
 
+    import importlib.machinery
+
+    # tensorboard installed (as the tracking extra has it; the test extra alone has none), mlflow not
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else
+                        importlib.machinery.ModuleSpec(name, None) if name == "tensorboard" else real(name, *a))
     with pytest.raises(ConfigError, match=r"asks for mlflow, which is not installed; install the optional extra: .*"
                                           r"pip install -e \"\.\[tracking\]\""):
         check_trackers([resolve_config({"track": "tensorboard,mlflow"})])
