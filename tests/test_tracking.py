@@ -134,9 +134,8 @@ def test_a_failing_tracker_is_one_warning_and_the_run_goes_on(tmp_path, monkeypa
 
 
 def test_a_missing_tracker_library_is_refused_before_flower_starts(monkeypatch):
-    import importlib.util
-
     import importlib.machinery
+    import importlib.util
 
     # tensorboard installed (as the tracking extra has it; the test extra alone has none), mlflow not
     real = importlib.util.find_spec
