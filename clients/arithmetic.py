@@ -35,6 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from clients.memory_format import layout_name, memory_format
+from clients.model_names import resolve_model_name
+
 CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"
 # cuBLAS's documented setting for reproducible results (one of two it allows).
 CUBLAS_DETERMINISTIC_WORKSPACE = ":4096:8"
@@ -71,6 +74,9 @@ def arithmetic_record(device: torch.device, config: Mapping[str, Any], cuda_dete
         "torch": torch.__version__, "flwr": _version("flwr"), "numpy": np.__version__,
         "python": platform.python_version(), "machine": platform.machine(), "device": str(device),
         "torch-threads": config["torch-threads"], "server-torch-threads": torch.get_num_threads(),
+        # the clients' training layout (clients/memory_format.py)
+        "memory-format": layout_name(memory_format(resolve_model_name(str(config["model"]), str(config["dataset"])),
+                                                   device.type)),
     }
     if device.type == "cuda":
         record.update({

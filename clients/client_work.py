@@ -21,6 +21,7 @@ from clients.data import client_tensors
 from clients.faults import inject_faults
 from clients.halves import installed
 from clients.local_round import LocalRound, round_randomness
+from clients.memory_format import memory_format
 from clients.mime import full_gradient
 from clients.models import build_model, resolve_model_name, uses_projection_head
 from clients.protocol import partition_of
@@ -31,11 +32,12 @@ from partitions.datasets import load_dataset
 
 @lru_cache(maxsize=4)
 def _process_model(
-    name: str, input_shape: tuple[int, ...], num_classes: int, projection_head: bool, device: str
+    name: str, input_shape: tuple[int, ...], num_classes: int, projection_head: bool, device: str,
+    layout: torch.memory_format,
 ) -> torch.nn.Module:
-    """One model per client process, reused every round: each round overwrites all of its
-    weights with the received ones, so only the allocation is saved."""
-    return build_model(name, input_shape, num_classes, projection_head).to(device)
+    """One model per client process, in ``layout``, reused every round: each round overwrites
+    all of its weights with the received ones, so only the allocation is saved."""
+    return build_model(name, input_shape, num_classes, projection_head).to(device).to(memory_format=layout)
 
 
 def _received_model_and_data(
@@ -48,11 +50,12 @@ def _received_model_and_data(
     partition_id, num_partitions = partition_of(context)
     device = select_device(str(run_config["device"]))
     fix_arithmetic(int(run_config["torch-threads"]), device, bool(run_config["cuda-deterministic"]))
-    tensors = client_tensors(tuple(sorted(run_config.items())), partition_id, num_partitions, str(device))
-    data = load_dataset(str(run_config["dataset"]), str(run_config["data-dir"]), bool(run_config["normalize"]))
     model_name = resolve_model_name(str(run_config["model"]), str(run_config["dataset"]))
+    layout = memory_format(model_name, device.type)  # the model's and its inputs' alike
+    tensors = client_tensors(tuple(sorted(run_config.items())), partition_id, num_partitions, str(device), layout)
+    data = load_dataset(str(run_config["dataset"]), str(run_config["data-dir"]), bool(run_config["normalize"]))
     projection_head = uses_projection_head(model_name, str(run_config["strategy"]))
-    model = _process_model(model_name, data.input_shape, data.num_classes, projection_head, str(device))
+    model = _process_model(model_name, data.input_shape, data.num_classes, projection_head, str(device), layout)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     return device, model, tensors, data.num_classes
 

@@ -8,6 +8,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from clients.memory_format import in_layout
 from partitions.cache import cached_partition
 from partitions.datasets import load_dataset
 from partitions.feasibility import partition_settings
@@ -51,11 +52,13 @@ HELD_OUT_STREAM = 7
 
 
 @lru_cache(maxsize=256)
-def client_tensors(run_config_items: tuple, partition_id: int, num_partitions: int, device: str):
-    """(x, y, x_held_out, y_held_out) of one partition on ``device``; cached so each process
-    copies it once. With ``client-evaluation`` = f > 0 a seeded fraction f of the partition
-    (at least one sample, never all) is held out for evaluating the received model and
-    the client trains on the rest; with f = 0 (the default) nothing is held out."""
+def client_tensors(run_config_items: tuple, partition_id: int, num_partitions: int, device: str,
+                   layout: torch.memory_format = torch.contiguous_format):
+    """(x, y, x_held_out, y_held_out) of one partition on ``device``, images in ``layout``
+    (the model's: clients/memory_format.py); cached so each process copies it once. With
+    ``client-evaluation`` = f > 0 a seeded fraction f of the partition (at least one sample,
+    never all) is held out for evaluating the received model and the client trains on the
+    rest; with f = 0 (the default) nothing is held out."""
     cfg = dict(run_config_items)
     data = load_dataset(cfg["dataset"], cfg["data-dir"], bool(cfg["normalize"]))
     settings = partition_settings({**cfg, "num-clients": num_partitions})
@@ -64,10 +67,11 @@ def client_tensors(run_config_items: tuple, partition_id: int, num_partitions: i
     x, y = data.x_train[index], data.y_train[index]
     held_out = held_out_count(len(indices), float(cfg.get("client-evaluation", 0.0)))
     if not held_out:
-        return x.to(device), y.to(device), x[:0].to(device), y[:0].to(device)
+        return in_layout(x.to(device), layout), y.to(device), x[:0].to(device), y[:0].to(device)
     order = np.random.default_rng([int(cfg["seed"]), partition_id, HELD_OUT_STREAM]).permutation(len(indices))
     train, test = torch.from_numpy(np.sort(order[held_out:])), torch.from_numpy(np.sort(order[:held_out]))
-    return x[train].to(device), y[train].to(device), x[test].to(device), y[test].to(device)
+    return (in_layout(x[train].to(device), layout), y[train].to(device), in_layout(x[test].to(device), layout),
+            y[test].to(device))
 
 
 def held_out_count(samples: int, fraction: float) -> int:

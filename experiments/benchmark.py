@@ -7,6 +7,7 @@
     .venv/bin/python -m experiments.benchmark --startup              # the wait before round 1, stage by stage
     .venv/bin/python -m experiments.benchmark --methods              # client steps/s of every method, its step mode, × FedAvg
     .venv/bin/python -m experiments.benchmark --methods --modes      # measures nothing: the step mode of every method on CUDA
+    .venv/bin/python -m experiments.benchmark --layouts --threads 1  # every conv model's steps/s per memory layout, the ratio
 
 One invocation runs one setup twice, as a real ``flwr run`` simulation and as a bare
 PyTorch loop of the same client work in this process, and prints client steps per second,
@@ -76,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resnet", default="resnet20-gn", help="with --methods: the CIFAR-shaped ResNet (default resnet20-gn)")
     parser.add_argument("--steps", type=int, default=None, help="with --methods: timed steps per method (default 30)")
     parser.add_argument("--cohort", type=int, default=10, help="with --clients: clients per round (default 10)")
+    parser.add_argument("--layouts", nargs="?", const="all", default=None, metavar="all|M,M,…",
+                        help="instead: client steps/s of every convolutional model (or those named) in each memory "
+                             "layout (contiguous, channels-last) and their ratio, alternating in one process")
+    parser.add_argument("--threads", type=int, default=1, help="with --layouts: torch threads (default 1)")
+    parser.add_argument("--repeats", type=int, default=3, help="with --layouts: alternations per model (default 3)")
     parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/benchmark-<time>)")
     # The implementation (experiments/measurement/) reads these from the arguments: it does not import this module.
     parser.set_defaults(default_preset=DEFAULT_PRESET, no_preset=NO_PRESET)
@@ -94,6 +100,17 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--modes is not allowed alone; allowed: with --methods")
     if args.steps is not None and args.steps < 1:
         raise SystemExit(f"--steps {args.steps} is not allowed; allowed: a number of steps >= 1")
+    if args.layouts is not None:
+        from experiments.measurement.layout_speed import layouts_command
+
+        if args.threads < 1 or args.repeats < 1:
+            raise SystemExit("--threads and --repeats are not allowed below 1; allowed: integers >= 1")
+        args.steps = args.steps or 10
+        if args.out:
+            from experiments.runtime.output_dir import create_output_dir
+
+            args.out = create_output_dir(args.out, "--out")
+        return guarded(lambda: layouts_command(args))
     if args.methods is not None:
         from experiments.measurement.method_speed import methods_command
         from experiments.runtime.run_config import parse_overrides

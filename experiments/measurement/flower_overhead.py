@@ -25,6 +25,7 @@ from clients.client_info import ClientInfo
 from clients.data import client_tensors
 from clients.local_round import LocalRound, round_randomness
 from clients.log import log
+from clients.memory_format import memory_format
 from clients.models import build_run_model, resolve_model_name
 from clients.training import evaluate, select_device
 from experiments.runtime.cli import UsageError
@@ -86,7 +87,8 @@ def run_bare(config: dict[str, Any]) -> BareRun:
     x_test, y_test = data.x_test.to(device), data.y_test.to(device)
     torch.manual_seed(config["seed"])  # the ServerApp's initial model
     global_state = {k: v.to(device) for k, v in build_run_model(config, data.input_shape, data.num_classes).state_dict().items()}
-    model = build_run_model(config, data.input_shape, data.num_classes).to(device)
+    layout = memory_format(resolve_model_name(config["model"], config["dataset"]), device.type)
+    model = build_run_model(config, data.input_shape, data.num_classes).to(device).to(memory_format=layout)
     schedule = build_client_schedule(config)
     sampler = CohortSampling()
     sampler.bind_partitions({p: p for p in range(config["num-clients"])}, cohort_size(config), config["seed"])
@@ -104,7 +106,7 @@ def run_bare(config: dict[str, Any]) -> BareRun:
         sums = {key: torch.zeros_like(value, dtype=torch.float32) for key, value in global_state.items()}
         examples, steps = [], []
         for partition_id in sampler.sample_partitions(server_round):
-            x, y, _, _ = client_tensors(config_items, partition_id, config["num-clients"], str(device))
+            x, y, _, _ = client_tensors(config_items, partition_id, config["num-clients"], str(device), layout)
             model.load_state_dict(global_state)
             generator, rng = round_randomness(config["seed"], server_round, partition_id)
             client = ClientInfo.of(y, data.num_classes, partition_id, config["dataset"], server_round)

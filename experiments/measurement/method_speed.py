@@ -28,6 +28,7 @@ from clients.client_info import ClientInfo
 from clients.client_step import WARMUP_STEPS
 from clients.local_round import LocalRound
 from clients.log import log
+from clients.memory_format import in_layout, memory_format
 from clients.models import build_model, uses_projection_head
 from clients.training import select_device
 from experiments.measurement.method_costs import REFERENCE, method_config, training_content
@@ -67,9 +68,11 @@ def client_round(method: str, setup: Setup, device: str, overrides: Mapping[str,
     projection_head = uses_projection_head(setup.model, method)
     model = build_model(setup.model, setup.input_shape, 10, projection_head)
     content = training_content(config, ArrayRecord(model.state_dict()))
-    model = model.to(select_device(device))
+    layout = memory_format(setup.model, select_device(device).type)
+    model = model.to(select_device(device)).to(memory_format=layout)
     data = torch.Generator().manual_seed(config["seed"])
-    x = torch.randn(steps * setup.batch_size, *setup.input_shape, generator=data).to(next(model.parameters()).device)
+    x = in_layout(torch.randn(steps * setup.batch_size, *setup.input_shape, generator=data).to(next(model.parameters()).device),
+                  layout)
     y = torch.randint(10, (len(x),), generator=data).to(x.device)
     round_ = LocalRound(model, content, RecordDict(), np.random.default_rng(config["seed"]), ClientInfo.of(y, 10))
     return model, round_, x, y
