@@ -32,6 +32,8 @@ from clients import protocol
 from clients.arithmetic import arithmetic_record, fix_arithmetic
 from clients.data import partition_indices
 from clients.log import log
+from clients.memory_format import in_layout, memory_format
+from clients.model_names import resolve_model_name
 from clients.models import build_run_model
 from clients.simulation_engine import simulated_partitions
 from clients.state_store import CLIENT_STATE_DIR, discard_snapshots_after, remove_run_snapshots
@@ -143,14 +145,16 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
     """Client discovery, then every round from the initial model (or the checkpoint) to the
     final model; ``on_training_start`` is called once the clients are known, as training starts."""
     cka_inputs = data.x_test[:CKA_SAMPLES].to(device)  # the first test samples, in the data set's order
+    # The central evaluation in the clients' layout too (clients/memory_format.py): it runs every round.
+    layout = memory_format(resolve_model_name(config["model"], config["dataset"]), device.type)
     x_test, y_test, domains = test_split_by_domain(data)
-    x_test, y_test = x_test.to(device), y_test.to(device)
+    x_test, y_test = in_layout(x_test.to(device), layout), y_test.to(device)
     if domains:
         recorder.extend_columns(("domain-mean-accuracy", *domains))
     torch.manual_seed(config["seed"])
     model = build_run_model(config, data.input_shape, data.num_classes)
     arrays = ArrayRecord(model.state_dict())
-    model.to(device)
+    model.to(device).to(memory_format=layout)
 
     strategy = build_strategy(config)
     schedule = build_client_schedule(config)
