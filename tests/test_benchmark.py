@@ -212,3 +212,18 @@ def test_the_methods_speed_table_measures_each_method_against_fedavg_in_the_same
     # FedAlign needs a slimmable residual network: no figures on the CNN, and the reason.
     on_cnn = table[(table["setup"] == "fmnist-cnn 1x28x28") & (table["method"] == "fedalign")].iloc[0]
     assert on_cnn["mode"] == "n/a" and "needs a residual network" in on_cnn["why"]
+
+
+def test_the_layouts_mode_measures_each_model_in_both_layouts_and_prints_the_ratio(tmp_path, capsys):
+    from experiments.benchmark import main
+
+    assert main(["--layouts", "fmnist-cnn,vgg11-gn", "--repeats", "1", "--steps", "1", "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["model", "contiguous", "channels-last", "ratio", "used"]
+    fmnist, vgg = lines[2].split(), lines[3].split()
+    assert fmnist[0] == "fmnist-cnn" and fmnist[-1] == "channels-last" and vgg[-1] == "contiguous"
+    assert float(fmnist[3]) == pytest.approx(float(fmnist[2]) / float(fmnist[1]), rel=0.01)
+    rows = json.loads((tmp_path / "layouts.json").read_text())
+    assert [row["model"] for row in rows] == ["fmnist-cnn", "vgg11-gn"] and len(rows[0]["channels-last"]) == 1
+    with pytest.raises(SystemExit, match="--layouts: mlp is not allowed"):
+        main(["--layouts", "mlp"])
