@@ -245,3 +245,16 @@ def test_ci_runs_the_readmes_test_command_as_written():
     block = readme[readme.index("```bash\n") + len("```bash\n"):]
     test_command = block.splitlines()[1]
     assert "pytest" in test_command and test_command in (REPO / ".ci" / "run").read_text()
+
+
+# Phrases of pages that speak of how they were written (who had which machine, what "we"
+# did) instead of the project and its measurements: such history goes to CHANGELOG.md.
+HISTORY_PHRASES = ("the session that", "no gpu was lent", "we copied", "not tried here", "not kept",
+                   "seconds per load here", "the text we")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_the_docs_speak_of_the_project_not_of_how_they_were_written(page):
+    text = " ".join(page.read_text().lower().split())
+    found = [phrase for phrase in HISTORY_PHRASES if phrase in text]
+    assert not found, f"{page.name} says {found}: state the project's figure (machine, date), history in CHANGELOG.md"
