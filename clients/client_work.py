@@ -78,7 +78,11 @@ def train_reply(msg: Message, context: Context) -> Message:
     round_config = msg.content["config"]
     device, model, (x, y, x_held_out, y_held_out), num_classes = _received_model_and_data(msg, context)
     # client-evaluation: the received model on this client's held-out split, before it trains
-    held_out = {protocol.HELD_OUT_ACCURACY: evaluate(model, x_held_out, y_held_out)[1]} if len(y_held_out) else {}
+    held_out = {}
+    if len(y_held_out):
+        loss, accuracy = evaluate(model, x_held_out, y_held_out)
+        held_out = {protocol.HELD_OUT_ACCURACY: accuracy, protocol.HELD_OUT_LOSS: loss,
+                    protocol.HELD_OUT_EXAMPLES: len(y_held_out)}
 
     server_round = int(round_config["server-round"])
     snapshots = ClientStateStore.for_round(round_config, context.node_config, partition_id)

@@ -61,6 +61,8 @@ SOLVER_A_NORM = "fednova-a-norm"  # ‖a_i‖₁ of the client's local solver (F
 TRAIN_START = "train-start"  # wall clock (s since the epoch) when the client began the round's work
 TRAIN_END = "train-end"  # … and when it finished, before its reply is serialised
 HELD_OUT_ACCURACY = "held-out-accuracy"  # client-evaluation > 0: the received model's accuracy on its held-out part
+HELD_OUT_LOSS = "held-out-loss"  # … its mean cross-entropy there
+HELD_OUT_EXAMPLES = "held-out-examples"  # … and how many examples that part holds
 GPU_PEAK_MB = "gpu-peak-mb"  # the client process's peak CUDA memory allocated so far (MiB; CUDA only)
 
 # ArrayRecords.

@@ -33,6 +33,22 @@ class Job:
         return table[["run", *[c for c in table.columns if c != "run"]]]
 
     @property
+    def client_evaluation(self) -> pd.DataFrame:
+        """With ``client-evaluation`` > 0: one row per (run, round, client), the received model
+        on that client's held-out split: ``run``, round, partition, node, examples, accuracy
+        (a fraction), loss (the runs' client-evaluation.csv)."""
+        import pandas as pd
+
+        from strategies.results import CLIENT_EVALUATION_COLUMNS, CLIENT_EVALUATION_FILE
+
+        frames = [pd.read_csv(folder / CLIENT_EVALUATION_FILE).assign(run=label) for label, folder in self.runs.items()
+                  if (folder / CLIENT_EVALUATION_FILE).is_file()]
+        if not frames:
+            return pd.DataFrame(columns=["run", *CLIENT_EVALUATION_COLUMNS])
+        table = pd.concat(frames, ignore_index=True)
+        return table[["run", *CLIENT_EVALUATION_COLUMNS]]
+
+    @property
     def summary(self) -> pd.DataFrame:
         """One row per run (index ``run``): status, acc-last-k, k, best and final accuracy,
         round reaching the target, rounds, seconds, as the command line's table."""

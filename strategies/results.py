@@ -102,6 +102,12 @@ def summarize(rows: Sequence[Mapping[str, Any]], last_k: int, target: float) -> 
     }
 
 
+# With client-evaluation > 0: one row per accepted client and round, the received model on
+# that client's held-out split (accuracy a fraction, loss the mean cross-entropy).
+CLIENT_EVALUATION_FILE = "client-evaluation.csv"
+CLIENT_EVALUATION_COLUMNS = ("round", "partition", "node", "examples", "accuracy", "loss")
+
+
 class RunRecorder:
     """Writes a run's config, per-round rows and summary into ``directory``.
 
@@ -128,6 +134,9 @@ class RunRecorder:
         self.results_path = self.directory / "results.csv"
         self._given_rows = list(rows)
         self._write_rows()
+        self.clients_path = self.directory / CLIENT_EVALUATION_FILE if config.get("client-evaluation") else None
+        if self.clients_path is not None:
+            self._keep_client_rows_until(resumed_after or 0)
         self._write_summary("running")
 
     def extend_columns(self, extra: tuple[str, ...]) -> None:
@@ -153,6 +162,26 @@ class RunRecorder:
         if self.trackers is not None and row["round"] not in self.tracked_rounds:  # once, also when rewritten
             self.tracked_rounds.add(row["round"])
             self.trackers.log_round(row)
+
+    def append_client_evaluation(self, server_round: int, clients: Sequence[Mapping[str, Any]]) -> None:
+        """Add a round's per-client rows (client-evaluation) to ``client-evaluation.csv``."""
+        if self.clients_path is None:
+            return
+        with open(self.clients_path, "a", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerows([[server_round, *(client[c] for c in CLIENT_EVALUATION_COLUMNS[1:])] for client in clients])
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _keep_client_rows_until(self, server_round: int) -> None:
+        """The per-client file with its header and the rows of rounds up to ``server_round``
+        (a resumed run's checkpoint round: the later ones will be run again)."""
+        kept = []
+        if server_round and self.clients_path.exists():  # type: ignore[union-attr]
+            with open(self.clients_path, newline="") as f:  # type: ignore[arg-type]
+                kept = [row for row in list(csv.reader(f))[1:] if row and int(row[0]) <= server_round]
+        with open(self.clients_path, "w", newline="") as f:  # type: ignore[arg-type]
+            csv.writer(f).writerows([CLIENT_EVALUATION_COLUMNS, *kept])
 
     def describe(self, **entries: Any) -> None:
         """Keep ``entries`` in ``summary.json`` from now on (e.g. what fixed the arithmetic)."""

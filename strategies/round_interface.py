@@ -75,6 +75,8 @@ class RoundStrategy:
 
         def round_client_models(self, limit: int | None = None) -> dict[int, tuple[dict[str, np.ndarray], float]]: ...
 
+        def round_client_evaluation(self) -> list[dict[str, Any]]: ...
+
     @property
     def sends_average(self) -> bool:
         return False
@@ -142,6 +144,9 @@ class WrappingStrategy(RoundStrategy):
 
     def round_client_models(self, limit: int | None = None) -> dict[int, tuple[dict[str, np.ndarray], float]]:
         return self.wrapped.round_client_models(limit)
+
+    def round_client_evaluation(self) -> list[dict[str, Any]]:
+        return self.wrapped.round_client_evaluation()
 
 
 def wrapped_checkpoint_state(strategy: Any) -> dict[str, Any]:

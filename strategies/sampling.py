@@ -273,6 +273,21 @@ class CohortSampling(RoundStrategy):
         return models, [next(iter(r.content.metric_records.values())) for r in replies]
 
 
+    def round_client_evaluation(self) -> list[dict[str, Any]]:
+        """With client-evaluation: per accepted client of the last round (partition order), the
+        received model on its held-out split: partition, node, examples, accuracy, loss."""
+        partition = {**self.partition_of_node, **self.sent_to}
+        rows = []
+        for reply in self.round_replies:
+            metrics: dict[str, Any] = dict(next(iter(reply.content.metric_records.values())))
+            if protocol.HELD_OUT_ACCURACY in metrics:
+                node = reply.metadata.src_node_id
+                rows.append({"partition": partition[node], "node": node,
+                             "examples": int(metrics[protocol.HELD_OUT_EXAMPLES]),
+                             "accuracy": float(metrics[protocol.HELD_OUT_ACCURACY]),
+                             "loss": float(metrics[protocol.HELD_OUT_LOSS])})
+        return rows
+
     def round_client_models(self, limit: int | None = None) -> dict[int, tuple[dict[str, np.ndarray], float]]:
         """The last round's accepted client models (at most ``limit``, partition order):
         {partition id: (state dict, sample count n_k)}."""

@@ -239,6 +239,8 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
             "failures": "; ".join(map(str, strategy.round_failures)),
             **(indicators_of_round(strategy, model, cka_inputs) if config["round-indicators"] else {}),
         })
+        if config["client-evaluation"]:
+            recorder.append_client_evaluation(server_round, strategy.round_client_evaluation())
         if saves_round(config, server_round) and aggregated is not None:
             save_models_of_round(config, recorder.directory, server_round, strategy, arrays)
         if config["checkpoint-every"] and (
