@@ -274,11 +274,19 @@ def add_proximal_gradient(params, anchors: list[torch.Tensor], mu: float) -> Non
         param.grad.add_(param - anchor, alpha=mu)
 
 
+# Evaluation batches: on the CPU small enough that a batch's activations stay in the caches
+# (the FMNIST CNN's 10,000 test images on 2 threads, channels-last: 0.44 s in batches of 256,
+# 0.90 s in batches of 2,048; 2026-12-06), on a GPU large enough to fill it.
+EVALUATION_BATCH = {"cpu": 256, "cuda": 2048}
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 2048) -> tuple[float, float]:
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int | None = None) -> tuple[float, float]:
     """Mean cross-entropy and top-1 accuracy of ``model`` on (x, y), over the scored
     targets: every label of a classification set; every position but padding
-    (IGNORE_INDEX) of a next-character set, whose outputs are (N, classes, positions)."""
+    (IGNORE_INDEX) of a next-character set, whose outputs are (N, classes, positions);
+    in batches of ``batch_size`` (default: the device's ``EVALUATION_BATCH``)."""
+    batch_size = batch_size or EVALUATION_BATCH.get(x.device.type, 2048)
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=x.device)
     correct = torch.zeros((), dtype=torch.int64, device=x.device)
