@@ -18,6 +18,7 @@ torch-free; what that saves: docs/speed.md).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -46,7 +47,23 @@ MODEL_NEEDS = ("any", "image", "slimmable-residual")
 
 
 class DeclarationError(ValueError):
-    """A declaration (MethodSpec, AveragingSpec) that is malformed, raised as it is built."""
+    """A declaration (MethodSpec, AveragingSpec, ModelSpec) that is malformed, raised as it is built."""
+
+
+def import_plugin_module(module_name: str) -> Any:
+    """The module an entry point of a plug-in (a method's, a model's) names, imported; any
+    failure of it (``sys.exit`` included, but not KeyboardInterrupt) is the plug-in's, raised
+    as one line saying what went wrong."""
+    if ":" in module_name:
+        raise ValueError(f"the entry point's value must be a module (no ':'): {module_name!r}")
+    try:
+        return importlib.import_module(module_name)
+    except KeyboardInterrupt:
+        raise
+    except DeclarationError as error:
+        raise ValueError(f"a declaration of its module is malformed: {error}") from error
+    except BaseException as error:  # any failure of a researcher's module is that plug-in's
+        raise ImportError(f"importing it failed: {type(error).__name__}: {error}") from error
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,12 @@ raised when a run asks for it and shown by ``--list-keys``; every other model ru
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from clients.declarations import DeclarationError, ImplementedIn
+from clients.declarations import DeclarationError, ImplementedIn, import_plugin_module
 from clients.model_names import MODEL_NAMES
 
 ENTRY_POINT_GROUP = "basin.models"
@@ -69,17 +68,7 @@ class BrokenModel:
 
 
 def _declaration(name: str, module_name: str) -> ModelSpec:
-    if ":" in module_name:
-        raise ValueError(f"the entry point's value must be a module (no ':'): {module_name!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except KeyboardInterrupt:
-        raise
-    except DeclarationError as error:
-        raise ValueError(f"a declaration of its module is malformed: {error}") from error
-    except BaseException as error:  # any failure of a researcher's module, sys.exit included, is that plug-in's
-        raise ImportError(f"importing it failed: {type(error).__name__}: {error}") from error
-    declarations = getattr(module, "MODELS", ())
+    declarations = getattr(import_plugin_module(module_name), "MODELS", ())
     if not all(isinstance(d, ModelSpec) for d in declarations):
         raise ValueError("MODELS holds something other than a ModelSpec")
     named = [d for d in declarations if d.name == name]

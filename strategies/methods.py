@@ -29,7 +29,7 @@ from functools import cache
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from clients.declarations import DeclarationError, MethodSpec
+from clients.declarations import MethodSpec, import_plugin_module
 from clients.halves import ClientHalves, provide
 from clients.options import ConfigError, Option
 from strategies.averaging_spec import AveragingSpec
@@ -120,17 +120,7 @@ def installed_plugins() -> list[Plugin]:
 def _plugin_declaration(plugin: Plugin, entry_points_of_module: set[str]) -> Declaration:
     """The declaration a plug-in's entry point names, or an exception saying what is wrong
     (``entry_points_of_module``: the names of every entry point naming its module)."""
-    if ":" in plugin.module:
-        raise ValueError(f"the entry point's value must be a module (no ':'): {plugin.module!r}")
-    try:
-        module = importlib.import_module(plugin.module)
-    except KeyboardInterrupt:
-        raise
-    except DeclarationError as error:
-        raise ValueError(f"a declaration of its module is malformed: {error}") from error
-    except BaseException as error:  # any failure of a researcher's module, sys.exit included, is that plug-in's
-        raise ImportError(f"importing it failed: {type(error).__name__}: {error}") from error
-    declarations = _declarations_of(module)
+    declarations = _declarations_of(import_plugin_module(plugin.module))
     named = [d for d in declarations if d.name == plugin.name]
     if not named:
         declared = ", ".join(repr(d.name) for d in declarations) or "nothing (no METHODS or AVERAGINGS)"
