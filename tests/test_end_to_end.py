@@ -106,16 +106,19 @@ def _documented_run_files() -> set[str]:
     return {name for line in table.splitlines()[2:] for name in re.findall(r"`([^`]+)`", line.split(" | ")[0])}
 
 
-@pytest.mark.flower_runs("fedavg", "fedavg+ima-saved")
+@pytest.mark.flower_runs("fedavg", "fedavg+ima-saved", "fedavg+client-evaluation")
 def test_a_finished_run_folder_holds_exactly_the_documented_files(flower_runs):
-    """Nothing partial or temporary is left beside an atomic write, and nothing undocumented."""
+    """Nothing partial or temporary is left beside an atomic write, and nothing undocumented;
+    the per-client file only with client-evaluation."""
     documented = _documented_run_files()
-    assert {"config.json", "summary.json", "checkpoint.pt", "models/round-RRRR.pt"} <= documented
-    for name in ("fedavg", "fedavg+ima-saved"):
+    optional = {"models/round-RRRR.pt", "client-evaluation.csv"}
+    assert {"config.json", "summary.json", "checkpoint.pt"} | optional <= documented
+    for name, written in (("fedavg", set()), ("fedavg+ima-saved", set()),
+                          ("fedavg+client-evaluation", {"client-evaluation.csv"})):
         out = flower_runs[name].out
         found = {str(path.relative_to(out)) for path in out.rglob("*") if path.is_file()}
         saved = {path for path in found if path.startswith("models/")}
-        assert found - saved == documented - {"models/round-RRRR.pt"}, name
+        assert found - saved == documented - optional | written, name
         assert all(re.fullmatch(r"models/round-\d{4}\.pt", path) for path in saved), saved
     assert len([path for path in (flower_runs["fedavg+ima-saved"].out / "models").iterdir()]) == 4  # rounds 2, 4, 5, 6
 
@@ -161,6 +164,10 @@ def test_a_run_counts_its_traffic_and_on_request_each_clients_accuracy(flower_ru
     evaluated = flower_runs["fedavg+client-evaluation"].rows()
     assert evaluated[columns].notna().all().all() and evaluated[columns[:2]].stack().between(0, 1).all()
     assert (evaluated["client-accuracy-worst-10pct"] <= evaluated["client-accuracy-mean"]).all()
+    # … and each client's own score, through Flower, one row per accepted client and round.
+    clients = pd.read_csv(flower_runs["fedavg+client-evaluation"].out / "client-evaluation.csv")
+    assert clients.groupby("round").size().tolist() == evaluated["clients-ok"].tolist()
+    assert clients.groupby("round")["accuracy"].mean().tolist() == pytest.approx(evaluated[columns[0]].tolist())
 
 
 @pytest.mark.flower_runs("fedavg")
