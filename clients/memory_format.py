@@ -2,10 +2,11 @@
 (contiguous NCHW) or channels-last (NHWC), whichever ran its client steps faster.
 
 On the CPU, oneDNN's convolutions run in NHWC without reordering each layer's input and
-output: the FMNIST CNN's SGD step ran 1.36× as many steps/s in channels-last on one thread
-of a 2-core machine (`experiments.benchmark --layouts`; docs/speed.md has every model's
-ratio at 1 and 2 threads and the date), and eight of the eleven conv models were faster. A model, its client's training inputs and the
-captured step's static buffers (which copy the batch's layout) all take the model's layout.
+output: the FMNIST CNN's SGD step ran 1.37× as many steps/s in channels-last on one thread
+of a 2-core machine, and eight of the eleven conv models were faster (`experiments.benchmark
+--layouts`; docs/speed.md has every model's ratio at 1 and 2 threads and the date). A model,
+its client's training inputs, the captured step's static buffers (which copy the batch's
+layout) and the server's central evaluation all take the model's layout.
 
 The layout is part of the arithmetic (a convolution's reduction order differs): the same
 config on the same kind of machine gives the same bits, and the run's summary records it

@@ -139,7 +139,8 @@ class ServerSideDP(WrappingStrategy, DifferentialPrivacyServerSideFixedClipping)
         the private release); a failed reply goes on to the wrapped strategy, whose screening
         records it and aggregates the others (Flower's wrapper skips the round); a reply
         within the clipping norm keeps its bits; and the noise is seeded by (seed, round)."""
-        replies = [self._clipped(reply) for reply in replies]
+        sent = self.current_arrays.to_numpy_ndarrays()  # once a round, not once a reply
+        replies = [self._clipped(reply, sent) for reply in replies]
         aggregated, metrics = self.strategy.aggregate_train(server_round, replies)
         self.released = None
         if aggregated is not None:
@@ -152,9 +153,9 @@ class ServerSideDP(WrappingStrategy, DifferentialPrivacyServerSideFixedClipping)
                 np.random.set_state(outside)
         return self.released, metrics
 
-    def _clipped(self, reply: Message) -> Message:
-        """``reply`` with its model update clipped to the norm; an error reply in place of one
-        that carries tensors besides its model."""
+    def _clipped(self, reply: Message, sent: list[np.ndarray]) -> Message:
+        """``reply`` with its model update from ``sent`` clipped to the norm; an error reply in
+        place of one that carries tensors besides its model."""
         if reply.has_error():
             return reply
         others = sorted(set(reply.content.array_records) - {MODEL_RECORD})
@@ -166,6 +167,6 @@ class ServerSideDP(WrappingStrategy, DifferentialPrivacyServerSideFixedClipping)
         record = reply.content.array_records.get(MODEL_RECORD)
         if record is not None:
             arrays = record.to_numpy_ndarrays()
-            if clip_model_update(arrays, self.current_arrays.to_numpy_ndarrays(), self.clipping_norm):
+            if clip_model_update(arrays, sent, self.clipping_norm):
                 reply.content[MODEL_RECORD] = ArrayRecord(dict(zip(record.keys(), map(Array, arrays), strict=True)))
         return reply
