@@ -64,6 +64,12 @@ def full_gradient_reply(msg: Message, context: Context) -> Message:
     """MIME's extra exchange: this client's mean gradient over all of its examples at the
     received model, with no update (clients/mime.py)."""
     _, model, (x, y, _, _), _ = _received_model_and_data(msg, context)
+    return gradient_reply(msg, model, x, y)
+
+
+def gradient_reply(msg: Message, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Message:
+    """The reply to MIME's extra exchange from a model holding the received weights and the
+    client's training examples."""
     gradient = full_gradient(model, x, y)
     reply = RecordDict({protocol.FULL_GRADIENT_RECORD: ArrayRecord({k: v.cpu() for k, v in gradient.items()}),
                         "metrics": MetricRecord({"num-examples": len(y)})})
@@ -73,10 +79,18 @@ def full_gradient_reply(msg: Message, context: Context) -> Message:
 def train_reply(msg: Message, context: Context) -> Message:
     """Load the global model, run local SGD with the round's config, reply with the result."""
     started = time.time()
+    device, model, tensors, num_classes = _received_model_and_data(msg, context)
+    return training_reply(msg, context, started, device, model, tensors, num_classes)
+
+
+def training_reply(msg: Message, context: Context, started: float, device: torch.device, model: torch.nn.Module,
+                   tensors: tuple[torch.Tensor, ...], num_classes: int) -> Message:
+    """The reply to a training message from a model holding the received weights and this
+    client's training x, y and held-out x, y (``started``: when the client took the message)."""
     run_config = context.run_config
     partition_id, _ = partition_of(context)
     round_config = msg.content["config"]
-    device, model, (x, y, x_held_out, y_held_out), num_classes = _received_model_and_data(msg, context)
+    x, y, x_held_out, y_held_out = tensors
     # client-evaluation: the received model on this client's held-out split, before it trains
     held_out = {}
     if len(y_held_out):

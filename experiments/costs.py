@@ -1,4 +1,5 @@
-"""Cost of one client's local training, per method: FLOPs, parameters held, memory, time.
+"""Cost of one client's local training, per method: FLOPs, parameters held, memory, time, and
+the bytes it receives and sends each round.
 
     .venv/bin/python -m experiments.costs                     # FedAlign's ResNet-56 (BatchNorm), CIFAR-100 shape
     .venv/bin/python -m experiments.costs --model resnet56-bn --methods fedavg,fedprox,moon,gradaug-n1,gradaug-n2,fedalign \\
@@ -7,7 +8,9 @@
 For each method, on Basin's own client path (the real strategy's training message, the
 ClientApp's ``LocalRound``, synthetic data): forward and training GFLOPs per sample,
 parameters held during local training, peak GPU memory and seconds per step, each also
-as a ratio to FedAvg measured in the same process.
+as a ratio to FedAvg measured in the same process; and the bytes one client receives (down)
+and sends (up) in a round, every array of every message (SCAFFOLD's controls, MIME's extra
+exchange), measured on a round of the method's strategy with the ClientApp's own replies.
 
 In detail: docs/command-lines.md (``.venv/bin/python -m experiments.costs``)."""
 

@@ -14,44 +14,9 @@ import argparse
 import re
 from pathlib import Path
 
-import tomli_w
-
 from clients.declarations import ImplementedIn, MethodSpec, TableRow
+from experiments.runtime.method_keys import PYPROJECT, write_pyproject
 from strategies.methods import BROKEN_PLUGINS, REGISTRY, Declaration, Plugin, declarations
-
-PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
-BLOCK_START = ("# -- method keys: generated from the methods' declarations by "
-               "`.venv/bin/python -m experiments.method_list --write-pyproject`")
-BLOCK_END = "# -- end of method keys"
-
-
-def pyproject_block(with_plugins: bool = False) -> str:
-    """The method keys of ``[tool.flwr.app.config]``, from the declarations (Flower accepts
-    overrides only of keys that pyproject.toml declares): Basin's own, or with the installed
-    plug-ins' too (the pyproject.toml of a run's staged app)."""
-    lines, seen = [BLOCK_START], set()
-    for spec in declarations():
-        if spec.name in REGISTRY.plugins and not with_plugins:
-            continue
-        own = [key for key in spec.options if key not in seen]
-        seen.update(own)
-        if own:
-            lines.append(f"# {spec.display_name}" + (f" ({REGISTRY.plugins[spec.name].describe()})"
-                                                     if spec.name in REGISTRY.plugins else ""))
-            lines += tomli_w.dumps({key: spec.options[key].default for key in own}).splitlines()
-    return "\n".join([*lines, BLOCK_END])
-
-
-def write_pyproject(path: Path = PYPROJECT, with_plugins: bool = False) -> bool:
-    """Replace the generated block of ``path``; True when it changed."""
-    text = path.read_text()
-    pattern = re.compile(re.escape(BLOCK_START) + r".*?" + re.escape(BLOCK_END), re.DOTALL)
-    if not pattern.search(text):
-        raise ValueError(f"{path} has no generated block of method keys ({BLOCK_START!r} … {BLOCK_END!r})")
-    new = pattern.sub(lambda _: pyproject_block(with_plugins), text)
-    if new != text:
-        path.write_text(new)
-    return new != text
 
 
 def _source(module: str) -> str:
@@ -87,11 +52,29 @@ def methods_table(with_plugins: bool = False) -> str:
             raise ValueError(f"{spec.name}: declares no table_row (docs/methods.md's line) and follows none in its module")
         else:
             rows.append((key, [spec.name], spec.table_row, _where(spec)))
-    lines = ["| key | method: paper, what is implemented | default variant (other options) | where |",
-             "| --- | --- | --- | --- |"]
-    lines += [f"| `{key} = {' / '.join(names)}` | {row.implements} | {row.variants} | "
+    lines = ["| key | method: paper, what is implemented | default variant (other options) | "
+             "traffic per client and round: down, up (× the model) | where |",
+             "| --- | --- | --- | --- | --- |"]
+    lines += [f"| `{key} = {' / '.join(names)}` | {row.implements} | {row.variants} | {_traffic(key, names)} | "
               f"{', '.join(f'`{source}`' for source in where)} |" for key, names, row, where in rows]
     return "\n".join(lines)
+
+
+def _traffic(key: str, names: list[str]) -> str:
+    """The methods' measured traffic (experiments.costs's down × and up ×), one value where
+    the row's methods agree; an averaging rule sends what its base method sends."""
+    if key == "averaging":
+        return "its base method's"
+    # Measured on a round of each method's strategy: torch and Flower are imported only here.
+    from experiments.measurement.method_costs import traffic_in_models
+
+    def multiple(value: float) -> str:
+        return f"{value:.3f}".rstrip("0").rstrip(".")
+
+    cells = {name: ", ".join(map(multiple, traffic_in_models(name))) for name in names}
+    if len(set(cells.values())) == 1:
+        return next(iter(cells.values()))
+    return "; ".join(f"{name}: {cell}" for name, cell in cells.items())
 
 
 def _origin(plugin: Plugin) -> str:

@@ -14,13 +14,13 @@ import torch
 
 from clients.data import held_out_count, partition_indices
 from experiments.job_results import Job
+from experiments.measurement.in_process_grid import InProcessGrid
 from experiments.runtime.run_config import resolve_config
 from partitions import load_dataset
 from partitions.feasibility import partition_settings
 from strategies.config import summary_horizon
 from strategies.results import CLIENT_EVALUATION_FILE, RunRecorder
 from strategies.server_work import train_rounds
-from tests.in_process_grid import InProcessGrid
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
 

@@ -15,13 +15,13 @@ from clients.client_info import ClientInfo
 from clients.components import ClientComponent
 from clients.data import partition_indices
 from clients.training import CrossEntropy
+from experiments.measurement.in_process_grid import InProcessGrid
 from experiments.runtime.run_config import resolve_config
 from partitions import load_dataset
 from partitions.feasibility import partition_settings
 from strategies import methods
 from strategies.registry import build_client_schedule
 from strategies.server_work import round_train_config, train_rounds
-from tests.in_process_grid import InProcessGrid
 from tests.test_compositions import Rows
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py

@@ -2,7 +2,7 @@
 × each averaging rule and none × server-side DP off, inside and outside. Each either is
 refused by the launcher's validation in one line before Flower starts, or runs two real
 rounds in this process: the ServerApp's round loop (strategies/server_work.train_rounds)
-sends its messages through the ClientApp's real handlers (tests/in_process_grid.py) on the
+sends its messages through the ClientApp's real handlers (experiments/measurement/in_process_grid.py) on the
 8×8 digits, and the rounds' models are finite, their accounting is right (clients, the
 failed one, bytes both ways) and the averaging's invariant holds."""
 
@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from clients.options import ConfigError
+from experiments.measurement.in_process_grid import InProcessGrid
 from experiments.runtime.run_config import resolve_config
 from partitions import load_dataset
 from strategies.methods import AVERAGINGS, METHODS
 from strategies.model_store import load_round_models
 from strategies.server_work import train_rounds
-from tests.in_process_grid import InProcessGrid
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
 

@@ -16,7 +16,7 @@ import torch
 from torch.nn import functional as F
 
 from clients.declarations import ImplementedIn, MethodSpec
-from experiments.method_list import PYPROJECT, pyproject_block
+from experiments.runtime.method_keys import PYPROJECT, pyproject_block
 from strategies.config import SCHEMA, validate_run_config
 from strategies.methods import METHOD_MODULES, METHODS, method_options
 

@@ -18,11 +18,11 @@ from clients.declarations import ImplementedIn
 from clients.model_plugins import MODEL_PLUGINS, ModelSpec, load_model_plugins
 from clients.models import build_model
 from clients.options import ConfigError
+from experiments.measurement.in_process_grid import InProcessGrid
 from experiments.runtime.run_config import APP_DIR, resolve_config
 from partitions import load_dataset
 from strategies.model_store import load_round_models
 from strategies.server_work import train_rounds
-from tests.in_process_grid import InProcessGrid
 from tests.test_compositions import Rows
 
 SMALL_CNN = APP_DIR / "examples" / "small-cnn"

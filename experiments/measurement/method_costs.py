@@ -1,17 +1,16 @@
-"""Measuring what one client's local training costs, per method: the implementation behind
+"""Measuring what one client's local training costs, per method, and what it exchanges with
+the server each round (experiments/measurement/method_traffic.py): the implementation behind
 ``.venv/bin/python -m experiments.costs``. Its command line (experiments/costs.py) answers
 ``--help`` and usage errors before this module imports torch and Flower.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import logging
 import statistics
 import time
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,11 +23,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from clients import protocol
 from clients.client_info import ClientInfo
-from clients.flower_internals import task_identity
 from clients.local_round import LocalRound
 from clients.log import log
 from clients.models import MODEL_NAMES, build_model, uses_projection_head
 from clients.training import select_device
+from experiments.measurement.method_traffic import RoundTraffic, measure_traffic, server_side
 from experiments.runtime.cli import UsageError
 from experiments.runtime.output_dir import create_output_dir
 from experiments.runtime.run_config import parse_overrides, resolve_config
@@ -105,26 +104,26 @@ def method_config(method: str, model: str, input_shape: tuple[int, ...], batch_s
     )
 
 
+# The model on which docs/methods.md's traffic column is measured: the FMNIST CNN (a method
+# that needs a slimmable residual network, on ResNet-20-GN), synthetic examples of its shape.
+TRAFFIC_MODEL, TRAFFIC_RESIDUAL_MODEL, TRAFFIC_SHAPE, TRAFFIC_CLASSES = "fmnist-cnn", "resnet20-gn", (1, 28, 28), 10
+
+
+def traffic_in_models(method: str) -> tuple[float, float]:
+    """(down, up): the bytes one client of ``method`` receives and sends in a round, as
+    multiples of its model's (FedAvg: 1, 1), measured on ``TRAFFIC_MODEL``."""
+    model = TRAFFIC_RESIDUAL_MODEL if METHODS[method].model_needs == "slimmable-residual" else TRAFFIC_MODEL
+    traffic = measure_traffic(method_config(method, model, TRAFFIC_SHAPE, 32, "cpu", {}), model, TRAFFIC_SHAPE,
+                              TRAFFIC_CLASSES)
+    return traffic.down / traffic.model, traffic.up / traffic.model
+
+
 # -- the server side: the real training message ----------------------------------------------
 class _OneNodeGrid:
     """The part of a Grid that ``configure_train`` uses: the connected node ids."""
 
     def get_node_ids(self) -> list[int]:
         return [NODE_ID]
-
-
-@contextlib.contextmanager
-def server_side() -> Iterator[None]:
-    """Messages are stamped with the sender's ids, as inside a ServerApp; restored after.
-    Flower's INFO/WARNING lines (strategy settings, sampled nodes) are silenced meanwhile."""
-    flower_logger = logging.getLogger("flwr")
-    level = flower_logger.level
-    flower_logger.setLevel(logging.ERROR)
-    try:
-        with task_identity(run_id=1, node_id=0, task_id=1):
-            yield
-    finally:
-        flower_logger.setLevel(level)
 
 
 def training_content(config: Mapping[str, Any], arrays: ArrayRecord) -> RecordDict:
@@ -277,11 +276,14 @@ def measure(method: str, config: Mapping[str, Any], model_name: str, input_shape
     )
 
 
-def cost_table(costs: list[MethodCost], round_steps: int = 0) -> pd.DataFrame:
-    """One row per method, numeric columns; ratios relative to the FedAvg row."""
+def cost_table(costs: list[MethodCost], traffic: Mapping[str, RoundTraffic], round_steps: int = 0) -> pd.DataFrame:
+    """One row per method, numeric columns; ratios relative to the FedAvg row. ``traffic``:
+    each method's bytes per client and round, down and up."""
     reference = next(c for c in costs if c.method == REFERENCE)
+    reference_traffic = traffic[REFERENCE]
     rows = []
     for c in costs:
+        bytes_of = traffic[c.method]
         row = {
             "method": c.method,
             "fwd GFLOPs/sample": c.forward_flops / 1e9,
@@ -293,6 +295,10 @@ def cost_table(costs: list[MethodCost], round_steps: int = 0) -> pd.DataFrame:
             "peak MiB": c.peak_bytes / 2**20 if c.peak_bytes is not None else None,
             "s/step": c.seconds_per_step,
             "time ×": c.seconds_per_step / reference.seconds_per_step,
+            "down MiB/round": bytes_of.down / 2**20,
+            "down ×": bytes_of.down / reference_traffic.down,
+            "up MiB/round": bytes_of.up / 2**20,
+            "up ×": bytes_of.up / reference_traffic.up,
         }
         if round_steps:
             row["s/round"] = c.seconds_per_step * round_steps
@@ -304,7 +310,8 @@ def format_table(table: pd.DataFrame) -> str:
     formats = {
         "fwd GFLOPs/sample": "{:.4f}", "train GFLOPs/sample": "{:.4f}", "params held (M)": "{:.3f}",
         "fwd ×": "{:.3f}", "train ×": "{:.3f}", "params ×": "{:.2f}", "time ×": "{:.2f}",
-        "peak MiB": "{:.1f}", "s/step": "{:.4f}", "s/round": "{:.1f}",
+        "peak MiB": "{:.1f}", "s/step": "{:.4f}", "s/round": "{:.1f}", "down MiB/round": "{:.3f}", "down ×": "{:.2f}",
+        "up MiB/round": "{:.3f}", "up ×": "{:.2f}",
     }
     shown = table.copy().astype(object)
     for column, fmt in formats.items():
@@ -320,12 +327,13 @@ def run_costs(methods: list[str], model_name: str, input_shape: tuple[int, ...],
     methods = parse_methods(",".join(methods))
     configs = {m: method_config(m, model_name, input_shape, batch_size, device, overrides or {}) for m in methods}
     torch_device = select_device(device)
-    costs = []
+    costs, traffic = [], {}
     for method in methods:
         if progress:
             log.getChild("costs").info(f"{method} on {torch_device} …")
         costs.append(measure(method, configs[method], model_name, input_shape, num_classes, batch_size, steps, torch_device))
-    return cost_table(costs, round_steps)
+        traffic[method] = measure_traffic(configs[method], model_name, input_shape, num_classes)
+    return cost_table(costs, traffic, round_steps)
 
 
 # -- command line ---------------------------------------------------------------------------------

@@ -28,10 +28,10 @@ from clients import flower_internals
 from clients.kept_processes import KEEP_CLIENT_PROCESSES
 from clients.log import log
 from clients.warm_simulation import command_socket_path, socket_path
-from experiments.method_list import write_pyproject
 from experiments.runtime.cli import NO_SPACE, DiskFull, is_disk_full
 from experiments.runtime.flower_log import follow_run, read_summary
 from experiments.runtime.machine import ClientResources, gpu_memory_advice
+from experiments.runtime.method_keys import write_pyproject
 from experiments.runtime.output_dir import OutputLock, create_output_dir, record_holder
 from experiments.runtime.processes import (
     Guardian,

@@ -1,11 +1,13 @@
 """A Flower Grid whose nodes are Basin's ClientApp handlers called in this process: the
 server half's messages go through the client half's real code and back, with no SuperLink,
-no simulation engine and no Ray (tests/test_compositions.py)."""
+no simulation engine and no Ray. The tests' compositions (tests/test_compositions.py) run on
+it, and ``experiments.costs`` measures a round's traffic on it with a client that trains on
+synthetic examples (experiments/measurement/method_traffic.py)."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from flwr.app import Context, Error, Message, MessageType, RecordDict
@@ -18,7 +20,9 @@ from strategies.exchange import array_bytes
 # ClientApp error replies have a code and the exception as their reason.
 CLIENT_APP_EXCEPTION = 2
 
-HANDLERS = {
+Handler = Callable[[Message, Context], Message]
+# The ClientApp's handlers by message type (MIME's extra exchange is a query with an action).
+CLIENT_APP_HANDLERS: Mapping[str, Handler] = {
     MessageType.TRAIN: client_app.train,
     MessageType.QUERY: client_app.query,
     f"{MessageType.QUERY}.{protocol.FULL_GRADIENT_ACTION}": client_app.full_gradient_query,
@@ -27,15 +31,18 @@ HANDLERS = {
 
 class InProcessGrid:
     """Nodes ``100 + p`` for partitions p of ``num_partitions``, each with its own
-    ``context.state`` across rounds; ``bytes_sent`` and ``bytes_received`` count the
-    arrays of every message pushed and every reply pulled, as a round's traffic is counted."""
+    ``context.state`` across rounds, answering with ``handlers`` (default: the ClientApp's);
+    ``bytes_sent`` and ``bytes_received`` count the arrays of every message pushed and every
+    reply pulled, as a round's traffic is counted."""
 
-    def __init__(self, run_config: Mapping[str, Any], num_partitions: int) -> None:
+    def __init__(self, run_config: Mapping[str, Any], num_partitions: int,
+                 handlers: Mapping[str, Handler] = CLIENT_APP_HANDLERS) -> None:
         self.contexts = {
             100 + p: Context(run_id=1, node_id=100 + p, node_config={"partition-id": p, "num-partitions": num_partitions},
                              state=RecordDict(), run_config=dict(run_config))
             for p in range(num_partitions)
         }
+        self.handlers = handlers
         self.replies: dict[str, Message] = {}
         self.ids = itertools.count()
         self.bytes_sent = self.bytes_received = 0
@@ -51,7 +58,7 @@ class InProcessGrid:
             self.bytes_sent += array_bytes(message)
             context = self.contexts[message.metadata.dst_node_id]
             try:
-                reply = HANDLERS[message.metadata.message_type](message, context)
+                reply = self.handlers[message.metadata.message_type](message, context)
             except Exception as error:  # the ClientApp's error reply
                 reply = Message(Error(CLIENT_APP_EXCEPTION, f"{type(error).__name__}: {error}"), reply_to=message)
             self.replies[message_id] = reply
