@@ -130,5 +130,5 @@ def process_usage(started: float, device: torch.device) -> dict[str, float]:
     and, on CUDA, the peak memory its process has allocated (data, model and activations)."""
     usage = {protocol.TRAIN_START: started, protocol.TRAIN_END: time.time()}
     if device.type == "cuda":
-        usage[protocol.GPU_PEAK_MB] = torch.cuda.max_memory_allocated(device) / 2**20
+        usage[protocol.GPU_PEAK_MIB] = torch.cuda.max_memory_allocated(device) / 2**20
     return usage

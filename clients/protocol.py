@@ -63,7 +63,7 @@ TRAIN_END = "train-end"  # … and when it finished, before its reply is seriali
 HELD_OUT_ACCURACY = "held-out-accuracy"  # client-evaluation > 0: the received model's accuracy on its held-out part
 HELD_OUT_LOSS = "held-out-loss"  # … its mean cross-entropy there
 HELD_OUT_EXAMPLES = "held-out-examples"  # … and how many examples that part holds
-GPU_PEAK_MB = "gpu-peak-mb"  # the client process's peak CUDA memory allocated so far (MiB; CUDA only)
+GPU_PEAK_MIB = "gpu-peak-mib"  # the client process's peak CUDA memory allocated so far (MiB; CUDA only)
 
 # ArrayRecords.
 MODEL_RECORD = "arrays"  # both ways: the model (the ArrayRecord key of Flower's strategies)

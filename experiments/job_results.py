@@ -25,8 +25,10 @@ class Job:
         """One row per (run, round): ``run`` and every column of the runs' results.csv."""
         import pandas as pd
 
-        frames = [pd.read_csv(folder / "results.csv").assign(run=label) for label, folder in self.runs.items()
-                  if (folder / "results.csv").is_file()]
+        from strategies.results import RENAMED_ROUND_COLUMNS
+
+        frames = [pd.read_csv(folder / "results.csv").rename(columns=RENAMED_ROUND_COLUMNS).assign(run=label)
+                  for label, folder in self.runs.items() if (folder / "results.csv").is_file()]
         if not frames:
             return pd.DataFrame(columns=["run", "round"])
         table = pd.concat(frames, ignore_index=True)

@@ -138,14 +138,33 @@ def paired_gains(results: pd.DataFrame) -> pd.DataFrame:
     return gains
 
 
-def accuracy_table(results: pd.DataFrame) -> pd.DataFrame:
-    """Methods (each strategy's base row, then its averaged rows) × settings, cells like
-    ``85.30 ± 0.41 (+1.18)``: accuracy ×100, ± std over seeds if several, gain in points."""
+def accuracy_data(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per method and setting, in fractions like every file a run writes:
+    ``acc-last-k`` (mean over seeds), ``acc-last-k-std`` (ddof 0), ``seeds``, and ``gain``, the
+    mean over paired seeds of acc-last-k − its base run's (NaN for a base method or no pair)."""
     labelled = label_runs(_completed(results))
     accuracy = seed_stats(labelled, ["method", "setting"], "acc-last-k")
     # Unpaired seeds (e.g. a base run still pending) leave the gain to the paired ones.
     gains = paired_gains(results).dropna(subset=["gain"])
     gain = seed_stats(gains, ["method", "setting"], "gain").set_index(["method", "setting"])["mean"]
+    return pd.DataFrame({
+        "method": accuracy["method"], "setting": accuracy["setting"], "acc-last-k": accuracy["mean"],
+        "acc-last-k-std": accuracy["std"], "seeds": accuracy["n"],
+        "gain": [gain.get((m, s), float("nan")) for m, s in zip(accuracy["method"], accuracy["setting"])],
+    })
+
+
+ACCURACY_TABLE_UNITS = ("Last-k test accuracy in percent: mean ± std over seeds (ddof 0; one seed: no ±), and in "
+                        "brackets the gain of averaging over its base method in percentage points.")
+
+
+def accuracy_table(results: pd.DataFrame) -> pd.DataFrame:
+    """Methods (each strategy's base row, then its averaged rows) × settings, cells like
+    ``85.30 ± 0.41 (+1.18)``: accuracy in percent, ± std over seeds if several, gain in
+    points (``ACCURACY_TABLE_UNITS``); the numbers in fractions: :func:`accuracy_data`."""
+    labelled = label_runs(_completed(results))
+    accuracy = seed_stats(labelled, ["method", "setting"], "acc-last-k")
+    gain = accuracy_data(results).set_index(["method", "setting"])["gain"]
 
     def cell(row: pd.Series) -> str:
         text = f"{100 * row['mean']:.2f}" + (f" ± {100 * row['std']:.2f}" if row["n"] > 1 else "")
@@ -300,9 +319,8 @@ def write_report(directory: str | Path, out: str | Path | None = None) -> list[P
     from experiments.runtime.output_dir import create_output_dir
 
     out = create_output_dir(Path(out) if out is not None else Path(directory) / "report")
-    table = accuracy_table(results)
-    table.to_csv(out / "accuracy-table.csv")
-    (out / "accuracy-table.md").write_text(markdown(table))
+    accuracy_data(results).to_csv(out / "accuracy-table.csv", index=False)
+    (out / "accuracy-table.md").write_text(f"{ACCURACY_TABLE_UNITS}\n\n{markdown(accuracy_table(results))}")
     paired_gains(results).to_csv(out / "gains.csv", index=False)
     figures = [plot_gain_vs(results, key, out / f"gain-vs-{key}.png") for key in GAIN_KEYS]
     figures += [plot_rounds_to_target_vs_start(results, out / "rounds-to-target-vs-start.png"),

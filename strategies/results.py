@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 # receive next round ("base" or "averaged"); client-state-norm: mean norm of the state a
 # stateful client (SCAFFOLD's c_i) brought into the round, empty for stateless methods;
 # round-seconds = train-seconds (send, client work, aggregate) + eval-seconds (central
-# test); client-steps: local steps of the whole cohort; client-seconds: time some client of the cohort was computing; client-gpu-mb:
+# test); client-steps: local steps of the whole cohort; client-seconds: time some client of the cohort was computing; client-gpu-mib:
 # largest peak CUDA memory of a client process (empty on CPU); round-status: "aggregated" or
 # why the round was skipped (too few accepted replies: the global model stays as it was);
 # failures: each failed client of the round, "partition P (node N): reason", ";"-separated;
@@ -45,7 +45,7 @@ ROUND_COLUMNS = (
     "round", "lr", "local-epochs", "test-accuracy", "test-loss",
     "base-accuracy", "base-loss", "averaged-accuracy", "averaged-loss", "sent-model",
     "train-loss", "clients-ok", "clients-failed", "local-steps", "client-state-norm", "round-seconds",
-    "client-steps", "train-seconds", "eval-seconds", "client-seconds", "client-gpu-mb", "bytes-sent", "bytes-received",
+    "client-steps", "train-seconds", "eval-seconds", "client-seconds", "client-gpu-mib", "bytes-sent", "bytes-received",
     "client-accuracy-mean", "client-accuracy-worst-10pct", "client-accuracy-std", "round-status", "failures",
     "locality", "locality-mean", "client-cka",
 )
@@ -58,6 +58,8 @@ def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
 
 
 # Summary keys of earlier Basin releases → today's names (run folders written before keep working).
+# results.csv columns of older runs under today's names (MiB, 2²⁰ bytes, not MB).
+RENAMED_ROUND_COLUMNS = {"client-gpu-mb": "client-gpu-mib"}
 RENAMED_SUMMARY_KEYS = {"best-accuracy": "acc-best", "final-accuracy": "acc-final",
                         "round-reaching-target": "rounds-to-target"}
 

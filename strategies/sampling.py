@@ -305,7 +305,7 @@ def client_usage(replies: Iterable[Message]) -> dict[str, float]:
     did on their held-out splits: :func:`client_accuracy`): ``client-steps``, their local steps in all;
     ``client-seconds``, how long at least one of them was working (the union of their
     [train-start, train-end] intervals), so round time minus this is the time spent
-    outside client compute; ``client-gpu-mb``, the largest peak CUDA memory of a client
+    outside client compute; ``client-gpu-mib``, the largest peak CUDA memory of a client
     process (NaN on CPU)."""
     intervals, peaks, steps, accuracies = [], [], 0, []
     for reply in replies:
@@ -315,10 +315,10 @@ def client_usage(replies: Iterable[Message]) -> dict[str, float]:
             accuracies.append(float(metrics[protocol.HELD_OUT_ACCURACY]))
         if protocol.TRAIN_START in metrics and protocol.TRAIN_END in metrics:
             intervals.append((float(metrics[protocol.TRAIN_START]), float(metrics[protocol.TRAIN_END])))
-        if protocol.GPU_PEAK_MB in metrics:
-            peaks.append(float(metrics[protocol.GPU_PEAK_MB]))
+        if protocol.GPU_PEAK_MIB in metrics:
+            peaks.append(float(metrics[protocol.GPU_PEAK_MIB]))
     return {"client-steps": steps, "client-seconds": union_length(intervals),
-            "client-gpu-mb": max(peaks, default=float("nan")), **client_accuracy(accuracies)}
+            "client-gpu-mib": max(peaks, default=float("nan")), **client_accuracy(accuracies)}
 
 
 def client_accuracy(accuracies: Sequence[float]) -> dict[str, float]:

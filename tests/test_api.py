@@ -80,8 +80,9 @@ def test_bad_input_raises_before_anything_starts(tmp_path, call, error, message)
 def fake_run_folder(folder: Path, config: dict, accuracies: list[float]) -> None:
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(config))
-    pd.DataFrame({"round": range(1, len(accuracies) + 1), "test-accuracy": accuracies}).to_csv(
-        folder / "results.csv", index=False)
+    # An earlier release's names: client-gpu-mb (MiB all along), last-K-accuracy, …
+    pd.DataFrame({"round": range(1, len(accuracies) + 1), "test-accuracy": accuracies,
+                  "client-gpu-mb": [float("nan")] * len(accuracies)}).to_csv(folder / "results.csv", index=False)
     (folder / "summary.json").write_text(json.dumps({
         "status": "completed", "last-k": 2, "last-2-accuracy": sum(accuracies[-2:]) / 2,
         "best-accuracy": max(accuracies), "final-accuracy": accuracies[-1], "rounds": len(accuracies)}))
@@ -101,6 +102,7 @@ def test_load_run_reads_a_job_folder_in_its_order(tmp_path):
     assert job.summary["status"].tolist() == ["completed", "completed"]
     rounds = job.rounds
     assert list(rounds.columns[:2]) == ["run", "round"] and len(rounds) == 6
+    assert "client-gpu-mib" in rounds and "client-gpu-mb" not in rounds  # read under today's name
     assert rounds[rounds["run"] == "FedAvg"]["test-accuracy"].tolist() == [0.5, 0.6, 0.7]
     assert job.configs["FedAvg+IMA"]["averaging"] == "ima"
     single = api.load_run(job_dir / "ima")

@@ -140,7 +140,7 @@ def test_the_comparison_gives_values_differences_gains_and_verdicts(fake_table, 
     assert [f.name for f in files] == ["report.md", "report.csv", "report.png"]
     markdown = files[0].read_text()
     assert "9 of 11 cells run match the paper" in markdown
-    assert "| FedAvg | Dir(0.5) | + IMA | 84.0 | 88.00 ± 0.00 | 4.00 | differs | 4.00 | 7.00 | same sign |" in markdown
+    assert "| FedAvg | Dir(0.5) | + IMA | % | 84.0 | 88.00 ± 0.00 | 4.00 | differs | 4.00 | 7.00 | same sign |" in markdown
     assert len(pd.read_csv(files[1])) == 16
 
 
@@ -169,7 +169,7 @@ def test_a_rounds_cell_where_a_seed_missed_the_target_is_a_lower_bound_and_never
     assert report.loc[("FedAvg", "Rounds", "+ IMA")]["verdict"] == "differs"
     assert report.loc[("FedAvg", "Rounds", "+ IMA")]["basin"] == pytest.approx(2.5)
     markdown = report_markdown(fake_table, report.reset_index())
-    assert "| FedProx | Rounds |  | 3 | ≥ 3 (1 of 2 seeds reached) |  | open: 1 of 2 seeds reached the target |" in markdown
+    assert "| FedProx | Rounds |  | rounds | 3 | ≥ 3 (1 of 2 seeds reached) |  | open: 1 of 2 seeds reached the target |" in markdown
 
 
 def test_an_interrupted_cell_says_where_it_stopped_and_how_to_go_on(fake_table):
@@ -228,7 +228,9 @@ def test_reproduce_from_python_returns_the_report_and_refuses_bad_input_first(tm
     path.write_text(FAKE_TABLE)
     done = reproduce(str(path), out=tmp_path / "out", report_only=True, progress=False)
     assert isinstance(done.report, pd.DataFrame) and len(done.report) == 16
-    assert list(done.report.columns[:5]) == ["row", "column", "variant", "metric", "paper"]
+    assert list(done.report.columns[:6]) == ["row", "column", "variant", "metric", "unit", "paper"]
+    units = done.report.groupby("metric")["unit"].unique().map(list).to_dict()
+    assert units == {"acc-last-k": ["%"], "rounds-to-target": ["rounds"]}  # accuracy in percent, as the paper's
     assert done.headline.startswith("0 of 0 cells run match the paper (16 cells in the table")
     assert [f.name for f in done.files] == ["report.md", "report.csv"] and all(f.is_file() for f in done.files)
     cells = reproduce(str(path), only=["FedAvg"], dry_run=True)

@@ -63,14 +63,14 @@ def test_union_of_client_work_intervals():
 def test_round_records_the_cohorts_steps_busy_time_and_peak_gpu_memory():
     strategy = _strategy()
     replies = [
-        _reply(1000, [1.0], 1, **{"local-steps": 12, "train-start": 100.0, "train-end": 100.5, "gpu-peak-mb": 300.0}),
-        _reply(1007, [1.0], 1, **{"local-steps": 7, "train-start": 100.25, "train-end": 101.0, "gpu-peak-mb": 420.5}),
+        _reply(1000, [1.0], 1, **{"local-steps": 12, "train-start": 100.0, "train-end": 100.5, "gpu-peak-mib": 300.0}),
+        _reply(1007, [1.0], 1, **{"local-steps": 7, "train-start": 100.25, "train-end": 101.0, "gpu-peak-mib": 420.5}),
     ]
     strategy.aggregate_train(1, replies)
     assert strategy.round_clients == {"clients-ok": 2, "clients-failed": 0, "client-steps": 19,
-                                      "client-seconds": 1.0, "client-gpu-mb": 420.5}
+                                      "client-seconds": 1.0, "client-gpu-mib": 420.5}
     strategy.aggregate_train(2, [_reply(1000, [1.0], 1, **{"local-steps": 3})])  # a CPU client
-    assert strategy.round_clients["client-seconds"] == 0.0 and np.isnan(strategy.round_clients["client-gpu-mb"])
+    assert strategy.round_clients["client-seconds"] == 0.0 and np.isnan(strategy.round_clients["client-gpu-mib"])
 
 
 def test_summary_of_hand_made_rows():

@@ -120,8 +120,14 @@ def test_write_report_writes_tables_and_the_figures_that_apply(tmp_path):
     assert not (report / "gain-vs-participation.png").exists()
     assert all((report / n).stat().st_size > 1000 for n in names if n.endswith(".png"))
     table = (report / "accuracy-table.md").read_text()
-    assert table.startswith("| method | Dir(0.1) | Dir(0.5) |\n| --- | --- | --- |\n")
+    assert table.startswith("Last-k test accuracy in percent: mean ± std over seeds")  # the unit, said
+    assert "\n\n| method | Dir(0.1) | Dir(0.5) |\n| --- | --- | --- |\n" in table
     assert "| fedavg+ima | 64.00 ± 2.00 (+3.00) | 81.00 ± 0.00 (+1.00) |" in table
+    # The CSV holds the same numbers in fractions, as every file a run or a sweep writes.
+    data = pd.read_csv(report / "accuracy-table.csv").set_index(["method", "setting"])
+    assert list(data.columns) == ["acc-last-k", "acc-last-k-std", "seeds", "gain"]
+    assert data.loc[("fedavg+ima", "Dir(0.1)")].tolist() == pytest.approx([0.64, 0.02, 2, 0.03])
+    assert np.isnan(data.loc[("fedavg", "Dir(0.1)"), "gain"])
     assert len(pd.read_csv(report / "gains.csv")) == 8
 
 

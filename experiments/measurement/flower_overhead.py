@@ -49,7 +49,7 @@ class BareRun:
 
     round_seconds: list[float]  # per round: client training, aggregation and evaluation
     round_steps: list[int]  # per round: Σ local steps of the cohort
-    peak_gpu_mb: float | None
+    peak_gpu_mib: float | None
 
 
 def benchmark_config(preset: str, overrides: dict[str, Any], rounds: int, no_preset: str) -> dict[str, Any]:
@@ -124,7 +124,7 @@ def run_bare(config: dict[str, Any]) -> BareRun:
         run.round_seconds.append(time.perf_counter() - started)
         run.round_steps.append(sum(steps))
     if device.type == "cuda":
-        run.peak_gpu_mb = torch.cuda.max_memory_allocated(device) / 2**20
+        run.peak_gpu_mib = torch.cuda.max_memory_allocated(device) / 2**20
     return run
 
 
@@ -154,7 +154,7 @@ def report(config: dict[str, Any], rows: pd.DataFrame, launch_seconds: float, ba
     Flower run began, seconds after its launch; ``bare_graph``: the bare loop with
     graph-replayed steps, on CUDA)."""
     flower_steps = rows["client-steps"].tolist()
-    gpu_mb = rows["client-gpu-mb"].max()
+    gpu_mib = rows["client-gpu-mib"].max()
     return {
         "client-steps": {"flower": float(sum(flower_steps)), "bare": sum(bare.round_steps),
                          "per-round-agree": flower_steps == bare.round_steps},
@@ -163,7 +163,7 @@ def report(config: dict[str, Any], rows: pd.DataFrame, launch_seconds: float, ba
         "flower-startup-seconds": launch_seconds - float(rows["round-seconds"].sum()),
         "flower-launch-seconds": launch_seconds,
         "flower-startup-stages": startup_stages,
-        "peak-gpu-mb": {"flower-client": None if math.isnan(gpu_mb) else float(gpu_mb), "bare": bare.peak_gpu_mb},
+        "peak-gpu-mib": {"flower-client": None if math.isnan(gpu_mib) else float(gpu_mib), "bare": bare.peak_gpu_mib},
         "per-round": {"flower-round-seconds": rows["round-seconds"].tolist(),
                       "flower-overhead-seconds": (rows["train-seconds"] - rows["client-seconds"]).tolist(),
                       "bare-round-seconds": bare.round_seconds, "bare-steps": bare.round_steps},
@@ -216,7 +216,7 @@ def print_report(figures: dict[str, Any]) -> None:
     print(f"flower startup: {figures['flower-startup-seconds']:.1f} s (launch wall time − Σ round-seconds, once per run)")
     stages = figures["flower-startup-stages"]
     print("startup stages, seconds after the launch: " + ", ".join(f"{stage} {at:.1f}" for stage, at in stages.items()))
-    gpu = figures["peak-gpu-mb"]
+    gpu = figures["peak-gpu-mib"]
     if gpu["bare"] is not None:
         client = "n/a" if gpu["flower-client"] is None else f"{gpu['flower-client']:.0f}"
         print(f"peak GPU MiB: flower client process {client}, bare loop {gpu['bare']:.0f}")

@@ -54,8 +54,9 @@ def report_markdown(table: PaperTable, report: pd.DataFrame) -> str:
              f"Paper's seeds: {table.paper_seeds}. Basin's: the seeds finished per cell (column `seeds`)."]
     for line in setup_lines(table):
         lines += ["", line]
-    lines += ["", "| row | column | variant | paper | Basin | Basin − paper | verdict | paper gain | Basin gain | gain verdict |",
-              "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
+    lines += ["", "| row | column | variant | unit | paper | Basin | Basin − paper | verdict | paper gain | Basin gain | "
+                  "gain verdict |",
+              "| --- | --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
     notes: dict[str, int] = {}
     for _, r in report.iterrows():
         basin = basin_text(r)
@@ -65,7 +66,7 @@ def report_markdown(table: PaperTable, report: pd.DataFrame) -> str:
         if r.get("note"):
             paper += f" [{notes.setdefault(r['note'], len(notes) + 1)}]"
         lines.append(
-            f"| {r['row']} | {r['column']} | {r['variant']} | {paper} | {basin} | {_format(r['difference'])} | "
+            f"| {r['row']} | {r['column']} | {r['variant']} | {r['unit']} | {paper} | {basin} | {_format(r['difference'])} | "
             f"{r['verdict']} | {_format(r['paper gain'])} | {_format(r['basin gain'])} | {r['gain verdict']} |")
     if notes:
         lines += ["", "Notes:", "", *(f"{number}. {note}" for note, number in notes.items())]
@@ -188,6 +189,7 @@ def write_report(table: PaperTable, report: pd.DataFrame, out_dir: Path) -> list
 def printed_table(report: pd.DataFrame) -> str:
     shown = pd.DataFrame({
         "cell": [" | ".join(p for p in (r["row"], r["column"], r["variant"]) if p) for _, r in report.iterrows()],
+        "unit": report["unit"],
         "paper": report["paper"],
         "Basin": [basin_text(r) for _, r in report.iterrows()],
         "diff": [_format(v) for v in report["difference"]],

@@ -30,6 +30,10 @@ RUN_METRICS = ("acc-last-k", "rounds-to-target", "speed-up")
 COST_METRICS = ("mflops", "params-m")
 KEPT_METRICS = ("seconds", "gflops", "hessian")  # data only: a cell with one of these needs an `unsupported` reason
 METRICS = (*RUN_METRICS, *COST_METRICS, *KEPT_METRICS)
+# The unit of each metric's values in a table and in Basin's report beside it: accuracy in
+# percent, as the papers print it (every file a run or a sweep writes holds fractions).
+METRIC_UNITS = {"acc-last-k": "%", "rounds-to-target": "rounds", "speed-up": "×", "mflops": "MFLOPs",
+                "params-m": "M parameters", "seconds": "s", "gflops": "GFLOPs", "hessian": "eigenvalue"}
 TABLE_KEYS = {"paper", "table", "caption", "metric", "seeds", "paper-seeds", "variants", "pair", "preset", "set",
               "variant-set", "variant-metric", "columns", "rows", "cells", "values"}
 PART_KEYS = {"preset", "set", "metric", "unsupported", "note"}  # a column's, row's or cell's table

@@ -17,7 +17,15 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from experiments.reproduction.table_cells import COST_METRICS, NOT_THE_SETUP, RUN_METRICS, Cell, PaperTable, cell_status
+from experiments.reproduction.table_cells import (
+    COST_METRICS,
+    METRIC_UNITS,
+    NOT_THE_SETUP,
+    RUN_METRICS,
+    Cell,
+    PaperTable,
+    cell_status,
+)
 
 # ---- comparing ------------------------------------------------------------------------
 
@@ -151,6 +159,7 @@ def compare(table: PaperTable, results: pd.DataFrame, runs_of: Mapping[str, list
                        basin.note if basin.note.startswith("interrupted") else f"not run: {basin.note}")
         row = {
             "row": cell.row, "column": cell.column, "variant": cell.variant, "metric": cell.metric,
+            "unit": METRIC_UNITS[cell.metric],
             "paper": cell.paper.text, "paper value": cell.paper.value, "paper ±": cell.paper.spread,
             "basin": basin.value, "seeds": basin.seeds,
             "basin std": basin.std if basin.seeds > 1 and not basin.censored and basin.reached is None else None,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # results.csv columns that measure the machine, not the computation.
-MACHINE_COLUMNS = ("client-gpu-mb",)
+MACHINE_COLUMNS = ("client-gpu-mib",)
 
 
 def _is_machine_column(column: str) -> bool:

@@ -42,7 +42,7 @@ from experiments.runtime.run_endings import RunFailed, end_summary, interrupted_
 from experiments.runtime.sweep_definition import Sweep, SweepRun
 from strategies.checkpoint import CheckpointError, read_checkpoint
 from strategies.config import cohort_size
-from strategies.results import current_summary, write_json_atomic
+from strategies.results import RENAMED_ROUND_COLUMNS, current_summary, write_json_atomic
 
 # The summary.json keys the results table has a column of, under the same names.
 SUMMARY_COLUMNS = ("acc-last-k", "acc-best", "best-round", "acc-final", "rounds-to-target", "rounds", "wall-seconds",
@@ -165,7 +165,7 @@ def collect(sweep: Sweep, out_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
             row.update(status=outcome["status"], error=outcome["error"], **{"run-seconds": outcome["run-seconds"]})
             row.update(_summary_columns(run_dir))
             try:
-                curves.append(pd.read_csv(run_dir / "results.csv").assign(run=run.run_id))
+                curves.append(pd.read_csv(run_dir / "results.csv").rename(columns=RENAMED_ROUND_COLUMNS).assign(run=run.run_id))
             except (OSError, pd.errors.EmptyDataError):
                 pass
         row["run-dir"] = str(run_dir.relative_to(out_dir))
