@@ -161,3 +161,51 @@ def test_the_listing_reads_every_tables_cells_without_building_their_partitions(
         assert listing.loc[name, "needs data"] == counts.get("needs data", 0)
     load_table("ima-table1")  # a table loaded to run builds them
     assert built
+
+
+NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
+
+
+def test_the_papers_the_docs_count_are_the_tables_papers():
+    """docs/reproducing.md's "the N papers it reproduces" is the number of papers the table files hold."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reproducing.md").read_text()
+    stated = re.search(r"tables of the (\w+) papers it reproduces", text).group(1)
+    assert NUMBER_WORDS[stated] == len({load_table(name, build_partitions=False).paper for name in table_names()})
+
+
+def test_the_presets_the_readme_names_as_in_no_table_are_those_no_table_runs_as_they_are():
+    """README: every preset holds a paper table's setup but those it names. A preset holds one
+    where some table's cell runs on it with its own data set and number of rounds."""
+    import re
+
+    from experiments.runtime.run_config import load_preset
+
+    root = Path(__file__).resolve().parents[1]
+    held = set()
+    for name in table_names():
+        for cell in load_table(name, build_partitions=False).cells:
+            if cell.config is None or not cell.recipe.startswith("preset "):
+                continue
+            preset = cell.recipe.split()[1]
+            own = load_preset(preset)
+            if all(cell.config[key] == own.get(key, cell.config[key]) for key in ("dataset", "num-rounds")):
+                held.add(preset)
+    presets = {path.stem for path in (root / "experiments" / "presets").glob("*.toml")}
+    sentence = re.search(r"A preset holds a paper table's setup \(all but (.*?):", (root / "README.md").read_text(),
+                         re.S).group(1)
+    assert set(re.findall(r"`([a-z0-9.-]+)`", sentence)) == presets - held
+
+
+def test_the_seeds_per_sweep_the_docs_state_are_the_sweep_files():
+    """docs/sweeps.md: "The comparisons use 3 seeds (N of the M files)"."""
+    import re
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    files = sorted((root / "experiments" / "sweep_files").glob("*.toml"))
+    seeds = [len(tomllib.loads(path.read_text()).get("grid", {}).get("seed", [0])) for path in files]
+    stated = re.search(r"use 3 seeds \((\d+) of the (\d+) files\)", (root / "docs" / "sweeps.md").read_text())
+    assert (int(stated.group(1)), int(stated.group(2))) == (seeds.count(3), len(files))
+    assert set(seeds) == {1, 3}  # the others, one seed: the sentence's "one (seed 0)"
