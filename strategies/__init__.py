@@ -6,7 +6,7 @@ included, in a user's own ServerApp::
     from flwr.serverapp.strategy import FedAvg
     from strategies import IMA
 
-    result = IMA(FedAvg(), window=5, start_round=150).start(grid=grid, initial_arrays=arrays, num_rounds=200)
+    result = IMA(FedAvg(), window=5, avg_start=150).start(grid=grid, initial_arrays=arrays, num_rounds=200)
 
 Importing Basin changes nothing in Flower: its engine replacements
 (clients/simulation_engine.py) go in only where Basin's own simulation command runs.

@@ -1,12 +1,28 @@
 """IMA, WIMA and server SWA as classes around any Flower strategy, for a user's own ServerApp
 (``from strategies import IMA``): the averaging component (strategies/averaging.py) with each
-paper's settings, refusing a base whose clients must be Basin's unless the app says they are."""
+paper's settings, refusing a base whose clients must be Basin's unless the app says they are.
+Their keywords are the run config's keys: ``window``, ``avg_start`` (t_s), ``avg_feedback``,
+``avg_subset``, ``swa_cycle``."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from flwr.serverapp.strategy import Strategy
 
 from strategies.averaging import ModelAveraging
+
+# The wrappers' keywords are the run config's keys, hyphens as underscores (avg-start:
+# avg_start); the names of earlier releases, each refused naming its new name.
+EARLIER_NAMES = {"start_round": "avg_start", "subset": "avg_subset", "feedback": "avg_feedback", "cycle": "swa_cycle"}
+
+
+def _refuse_other_keywords(name: str, keywords: dict[str, Any]) -> None:
+    for keyword in keywords:
+        renamed = EARLIER_NAMES.get(keyword)
+        raise TypeError(f"{name}(…, {keyword}=…): " + (
+            f"the keyword is {renamed} now, the run config's {renamed.replace('_', '-')}" if renamed else
+            "no such keyword") + "; see docs/your-own-app.md")
 
 
 def _checked_base(strategy: Strategy, basin_clients: bool, name: str) -> Strategy:
@@ -25,11 +41,11 @@ def _checked_base(strategy: Strategy, basin_clients: bool, name: str) -> Strateg
 class IMA(ModelAveraging):
     """IMA (Zhou, Lin, Zhang, Tsang, "Understanding and Improving Model Averaging in Federated
     Learning on Heterogeneous Data", IEEE TMC 2024, eq. 4) around any Flower strategy: from
-    ``start_round`` (t_s) on, the clients receive the mean of the last ``window`` (P) global
+    ``avg_start`` (t_s) on, the clients receive the mean of the last ``window`` (P) global
     models the strategy produced, w_IMA^t = (1/P) Σ_{i<P} w^{t−i}.
 
     Memory: ``window`` copies of the model (the window fills from round t_s − P + 1).
-    Use with Flower's loop: ``IMA(FedAvg(...), window=5, start_round=150).start(grid=grid,
+    Use with Flower's loop: ``IMA(FedAvg(...), window=5, avg_start=150).start(grid=grid,
     initial_arrays=arrays, num_rounds=200)``; the result's arrays are the last model sent,
     the average from t_s on. On Basin's FedAdam/FedYogi/FedAdagrad the window mean is the
     target of the optimiser's step (the authors' ordering); on Flower's own, the window of
@@ -51,10 +67,11 @@ class IMA(ModelAveraging):
     optimiser's outputs and their mean is sent, as for any other base.
     """
 
-    def __init__(self, strategy: Strategy, window: int = 5, start_round: int = 1, subset: str = "all",
-                 basin_clients: bool = False) -> None:
-        super().__init__(_checked_base(strategy, basin_clients, "IMA"), window, start_round, feedback=True,
-                         subset=subset, optimizer_target=hasattr(strategy, "step_target"))
+    def __init__(self, strategy: Strategy, window: int = 5, avg_start: int = 1, avg_subset: str = "all",
+                 basin_clients: bool = False, **other: Any) -> None:
+        _refuse_other_keywords("IMA", other)
+        super().__init__(_checked_base(strategy, basin_clients, "IMA"), window, avg_start, feedback=True,
+                         subset=avg_subset, optimizer_target=hasattr(strategy, "step_target"))
 
 
 class WIMA(ModelAveraging):
@@ -62,28 +79,31 @@ class WIMA(ModelAveraging):
     Generalization in Heterogeneous Federated Learning", ICCV Workshops 2023, eq. 4) around any
     Flower strategy: from round ``window`` (W) on, a server-side shadow model, the mean of the
     last W global models; the clients keep receiving the strategy's own model unless
-    ``feedback``.
+    ``avg_feedback``.
 
     Memory: ``window`` copies of the model. With Flower's loop the result's arrays are the
     strategy's last model; :meth:`final_arrays` (or ``averaged_arrays``) gives the shadow.
     """
 
-    def __init__(self, strategy: Strategy, window: int = 5, feedback: bool = False, subset: str = "all",
-                 basin_clients: bool = False) -> None:
-        super().__init__(_checked_base(strategy, basin_clients, "WIMA"), window, window, feedback=feedback, subset=subset)
+    def __init__(self, strategy: Strategy, window: int = 5, avg_feedback: bool = False, avg_subset: str = "all",
+                 basin_clients: bool = False, **other: Any) -> None:
+        _refuse_other_keywords("WIMA", other)
+        super().__init__(_checked_base(strategy, basin_clients, "WIMA"), window, window, feedback=avg_feedback,
+                         subset=avg_subset)
 
 
 class ServerSWA(ModelAveraging):
     """Server-side SWA (Caldarola, Caputo, Ciccone, "Improving Generalization in Federated
     Learning by Seeking Flat Minima", ECCV 2022) around any Flower strategy: from
-    ``start_round`` on, at the end of each lr cycle of ``cycle`` rounds, w_SWA ← (n·w_SWA +
+    ``avg_start`` on, at the end of each lr cycle of ``swa_cycle`` rounds, w_SWA ← (n·w_SWA +
     w)/(n + 1); evaluation only (the clients receive the strategy's model).
 
     Memory: one copy of the model (a running mean). :meth:`final_arrays` gives w_SWA. The
     cyclic client lr of the paper is the clients' business.
     """
 
-    def __init__(self, strategy: Strategy, start_round: int = 1, cycle: int = 1, subset: str = "all",
-                 basin_clients: bool = False) -> None:
-        super().__init__(_checked_base(strategy, basin_clients, "ServerSWA"), None, start_round, feedback=False,
-                         sample_every=cycle, subset=subset)
+    def __init__(self, strategy: Strategy, avg_start: int = 1, swa_cycle: int = 1, avg_subset: str = "all",
+                 basin_clients: bool = False, **other: Any) -> None:
+        _refuse_other_keywords("ServerSWA", other)
+        super().__init__(_checked_base(strategy, basin_clients, "ServerSWA"), None, avg_start, feedback=False,
+                         sample_every=swa_cycle, subset=avg_subset)

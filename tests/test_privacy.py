@@ -138,14 +138,14 @@ def test_flowers_accountant_counts_the_inside_orders_releases_and_refuses_the_ou
 
     private = DifferentialPrivacyServerSideFixedClipping(flowers_fedavg(), noise_multiplier=1.0, clipping_norm=1.0,
                                                          num_sampled_clients=3, accountant=accountant())
-    strategy = IMA(private, window=2, start_round=2)
+    strategy = IMA(private, window=2, avg_start=2)
     sent = [0.0, 0.0]
     for server_round in (1, 2):
         sent = _round(strategy, sent, [[1.0, 0.0]] * 3, server_round, weights=(1, 1, 1))[1]
     spent = private.privacy_spent()
     assert spent.num_releases == 2 and 0 < spent.epsilon < float("inf") and spent.delta == 1e-5
     with pytest.raises(ValueError, match="requires a strategy using FedAvg.aggregate_train"):
-        DifferentialPrivacyServerSideFixedClipping(IMA(flowers_fedavg(), window=2, start_round=2), noise_multiplier=1.0,
+        DifferentialPrivacyServerSideFixedClipping(IMA(flowers_fedavg(), window=2, avg_start=2), noise_multiplier=1.0,
                                                    clipping_norm=1.0, num_sampled_clients=3, accountant=accountant())
 
 

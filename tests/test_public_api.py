@@ -83,7 +83,7 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    strategy = IMA(FedAvg(fraction_evaluate=0.0, min_available_nodes={NODES}), window={WINDOW}, start_round={START})
+    strategy = IMA(FedAvg(fraction_evaluate=0.0, min_available_nodes={NODES}), window={WINDOW}, avg_start={START})
     def log(server_round, arrays):
         base = strategy.base_arrays if server_round else arrays
         torch.save({{"sent": arrays.to_torch_state_dict(), "base": base.to_torch_state_dict()}},
@@ -188,12 +188,12 @@ def test_a_method_that_needs_basins_clients_says_so_when_wrapped():
 
 
 def test_the_wrappers_are_the_papers_settings_and_checkpoint_their_window():
-    ima, wima, swa = IMA(FedAvg(), window=3, start_round=5), WIMA(FedAvg(), window=4), ServerSWA(FedAvg(), 10, cycle=2)
+    ima, wima, swa = IMA(FedAvg(), window=3, avg_start=5), WIMA(FedAvg(), window=4), ServerSWA(FedAvg(), 10, swa_cycle=2)
     assert (ima.window_size, ima.start_round, ima.feedback) == (3, 5, True)
     assert (wima.window_size, wima.start_round, wima.feedback) == (4, 4, False)
     assert (swa.window_size, swa.start_round, swa.sample_every, swa.feedback) == (None, 10, 2, False)
     ima._sample({"w": np.ones(2, np.float32)})
-    restored = IMA(FedAvg(), window=3, start_round=5)
+    restored = IMA(FedAvg(), window=3, avg_start=5)
     restored.load_state_dict(ima.state_dict())
     assert len(restored.window) == 1 and restored.window[0]["w"].tolist() == [1.0, 1.0]
 
@@ -239,3 +239,20 @@ def test_importing_every_basin_module_leaves_flowers_engine_as_it_was():
     assert result.returncode == 0, result.stderr[-2000:]
     count, _, changed = result.stdout.strip().partition(" modules; changed: ")
     assert int(count) > 150 and changed == "[]", result.stdout
+
+
+def test_the_wrappers_keywords_are_the_run_configs_keys_and_an_earlier_name_says_its_new_one():
+    import inspect
+
+    from strategies.config import SCHEMA
+
+    for wrapper in (IMA, WIMA, ServerSWA):
+        keywords = [name for name, parameter in inspect.signature(wrapper).parameters.items()
+                    if parameter.kind is parameter.POSITIONAL_OR_KEYWORD and name not in ("strategy", "basin_clients")]
+        assert keywords and all(name.replace("_", "-") in SCHEMA for name in keywords), (wrapper.__name__, keywords)
+    with pytest.raises(TypeError, match=r"IMA\(…, start_round=…\): the keyword is avg_start now, the run config's avg-start"):
+        IMA(FedAvg(), window=3, start_round=5)
+    with pytest.raises(TypeError, match="ServerSWA.*cycle=….*swa_cycle"):
+        ServerSWA(FedAvg(), 10, cycle=2)
+    with pytest.raises(TypeError, match="no such keyword"):
+        WIMA(FedAvg(), windw=3)

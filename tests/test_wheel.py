@@ -47,7 +47,7 @@ def test_basins_wheel_in_a_fresh_environment_runs_the_example_app_with_ima(tmp_p
     assert where.returncode == 0, where.stderr[-2000:]
     assert all(Path(path).is_relative_to(packages) for path in where.stdout.split()), where.stdout
     run = subprocess.run([str(env / "bin" / "python"), "ima-quickstart/run.py", "--run-config",
-                          "num-server-rounds=3 start-round=2 window=2", "--num-supernodes", "2"],
+                          "num-server-rounds=3 avg-start=2 window=2", "--num-supernodes", "2"],
                          cwd=elsewhere, env=clean, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert "IMA's model after the last round" in run.stdout + run.stderr

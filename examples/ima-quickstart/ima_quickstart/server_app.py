@@ -14,7 +14,7 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = context.run_config
-    strategy = IMA(FedAvg(fraction_evaluate=0.0), window=int(config["window"]), start_round=int(config["start-round"]))
+    strategy = IMA(FedAvg(fraction_evaluate=0.0), window=int(config["window"]), avg_start=int(config["avg-start"]))
     _, test_loader = load_data(0, 1)
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
