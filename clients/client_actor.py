@@ -6,7 +6,7 @@ method for method (``VirtualClientEngineActor.run`` and ``terminate``, and the
 ``on_actor_init_fn`` hook), defined here so that a client process does not import
 ``flwr.simulation`` and with it Flower's simulation runner and CLI; the simulation engine
 (clients/simulation_engine.py) has Flower's Ray backend build its pool of it, through
-clients/flower_internals.py, only on a checked Flower release.
+clients/flower_internals/, only on a checked Flower release.
 
 On a job's own Ray cluster (experiments/runtime/ray_cluster.py: a job's runs, one after
 another) the client processes are kept from one run to the next (:class:`KeptClientActors`):

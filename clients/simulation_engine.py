@@ -16,7 +16,7 @@ Each does what Flower's function does, sooner or once instead of many times:
 They are installed before Flower's engine starts, by Basin's own simulation command only
 (:func:`run_flower_simulation`, the run's ``flwr-simulation``): importing Basin, in a
 user's own Flower app too, changes nothing in Flower. Flower's private names are touched
-only through clients/flower_internals.py, which checks the installed release's sources:
+only through clients/flower_internals/, which checks the installed release's sources:
 on any other, or with ``BASIN_SPEEDUPS=off`` or ``BASIN_ENGINE_WAKEUP=off``, the engine
 runs unchanged. What each saves, measured: docs/speed.md ("The engine's replacements").
 """

@@ -11,7 +11,7 @@ A method overrides what it does differently:
   what clients receive; :meth:`round_models` and :meth:`final_arrays` read them.
 - :meth:`state_dict` / :meth:`load_state_dict`: the state a method carries across rounds
   (FedDyn's h, FedSWA's momentum, …), for checkpoints; by default none beyond the
-  attributes Flower's strategies keep it in (clients/flower_internals.py) and SCAFFOLD's
+  attributes Flower's strategies keep it in (clients/flower_internals/) and SCAFFOLD's
   ``control``, which :meth:`checkpoint_state` adds.
 
 Every strategy the registry builds is one (strategies/sampling.CohortSampling and

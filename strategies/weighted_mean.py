@@ -98,7 +98,7 @@ class InPlaceFedAvg(FlowerFedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Flower 1.41's ``FedAvg.aggregate_train``: the same checks, the same mean (on
-        another Flower release, Flower's own: clients/flower_internals.py)."""
+        another Flower release, Flower's own: clients/flower_internals/)."""
         if not flower_internals.speed_up_available("in-place mean"):
             return super().aggregate_train(server_round, replies)
         contents = self.checked_contents(replies)

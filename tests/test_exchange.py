@@ -154,7 +154,7 @@ def test_on_another_flower_a_deployments_replies_are_pulled_by_flowers_own_code(
 
     grid = DeploymentGrid(healthy_after=0.0)
     grid.grid.pull_messages = lambda message_ids: ["Flower's pull"]
-    monkeypatch.setattr(flower_internals, "installed_flower", lambda: "9.9.9")
+    monkeypatch.setattr(flower_internals.releases, "installed_flower", lambda: "9.9.9")
     flower_internals.bounded_reply_pulls_available.cache_clear()
     try:
         assert flower_internals.pull_replies(grid.grid, ["m0"], time.monotonic()) == ["Flower's pull"]

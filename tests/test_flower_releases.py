@@ -1,7 +1,7 @@
 """Basin beside the Flower a researcher has: the speed-ups that reach into Flower's private
 code run on the releases they were checked against, and on any other release, or with
 ``BASIN_SPEEDUPS=off``, Flower's own commands run, decided before anything private is
-imported (clients/flower_internals.py). A real run with the speed-ups off:
+imported (clients/flower_internals/). A real run with the speed-ups off:
 tests/test_end_to_end.py; the other release's fast tier and main job: .ci/run."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from experiments.runtime.run_config import resolve_config
     ("1.40.1", "on", "this is flwr 1.40.1, not 1.41.0 or 1.42.0"),
 ])
 def test_the_speed_ups_run_on_the_checked_releases_unless_switched_off(monkeypatch, installed, switch, reason):
-    monkeypatch.setattr(flower_internals, "installed_flower", lambda: installed)
+    monkeypatch.setattr(flower_internals.releases, "installed_flower", lambda: installed)
     if switch is None:
         monkeypatch.delenv(flower_internals.SPEED_UPS_SWITCH, raising=False)
     else:
@@ -55,7 +55,7 @@ def test_with_the_speed_ups_off_a_launch_runs_flowers_own_commands(tmp_path, mon
     if why == "switch":
         monkeypatch.setenv(flower_internals.SPEED_UPS_SWITCH, "off")
     else:
-        monkeypatch.setattr(flower_internals, "installed_flower", lambda: "1.43.0")
+        monkeypatch.setattr(flower_internals.releases, "installed_flower", lambda: "1.43.0")
     seen = {}
 
     def follow_run(process, out_dir, *args, **kwargs):

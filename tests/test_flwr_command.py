@@ -148,8 +148,9 @@ def _fake_app(tmp_path: Path, simulation_engine: str) -> Path:
     (app / "clients").mkdir(parents=True)
     (app / "clients" / "__init__.py").write_text("")
     (app / "clients" / "simulation_engine.py").write_text(simulation_engine)
-    for module in ("warm_simulation.py", "flower_internals.py", "log.py"):
+    for module in ("warm_simulation.py", "log.py"):
         shutil.copy(Path(__file__).parents[1] / "clients" / module, app / "clients")
+    shutil.copytree(Path(__file__).parents[1] / "clients" / "flower_internals", app / "clients" / "flower_internals")
     (app / "preloaded.py").write_text("")
     return app
 

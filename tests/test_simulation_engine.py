@@ -79,7 +79,7 @@ def test_another_flower_runs_the_engine_unchanged_and_says_so_once(monkeypatch, 
         f"{flower_internals.ENGINE_MODULE}:add_messages_to_queue"))
     monkeypatch.setattr(vce_api, "_register_node_info_stores", flower_internals.original(
         f"{flower_internals.ENGINE_MODULE}:_register_node_info_stores"))
-    monkeypatch.setattr(flower_internals, "installed_flower", lambda: "1.43.0")
+    monkeypatch.setattr(flower_internals.releases, "installed_flower", lambda: "1.43.0")
     flower_internals.speed_up_available.cache_clear()
     try:
         assert not install_engine_wakeup() and not install_engine_wakeup()
