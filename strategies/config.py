@@ -23,17 +23,17 @@ from partitions.datasets import INPUT_SHAPES
 from partitions.stats import LABEL_SCHEMES
 from strategies.averaging_spec import averaging_start_round as averaging_start_round
 from strategies.general_keys import AVERAGING_AND_RUN, DATA_AND_TRAINING
-from strategies.methods import AVERAGINGS, METHODS, method, method_options, refuse_broken_plugin
+from strategies.methods import AVERAGINGS_BY_NAME, METHODS_BY_NAME, method, method_options, refuse_broken_plugin
 
 # Every declared method (strategies/methods.py): server-side methods, then methods that only
 # change the clients' local objective.
-STRATEGY_NAMES = tuple(METHODS)
+STRATEGY_NAMES = tuple(METHODS_BY_NAME)
 # Methods that need a residual network with width-slimmable stages; methods whose objective
 # works on one label per image (a representation per sample, mixed images), which excludes
 # sequence models (next-character prediction).
-RESIDUAL_ONLY = tuple(name for name, spec in METHODS.items() if spec.model_needs == "slimmable-residual")
-IMAGE_ONLY = tuple(name for name, spec in METHODS.items() if spec.model_needs != "any")
-AVERAGING_NAMES = ("none", *AVERAGINGS)
+RESIDUAL_ONLY = tuple(name for name, spec in METHODS_BY_NAME.items() if spec.model_needs == "slimmable-residual")
+IMAGE_ONLY = tuple(name for name, spec in METHODS_BY_NAME.items() if spec.model_needs != "any")
+AVERAGING_NAMES = ("none", *AVERAGINGS_BY_NAME)
 # crop-flip pads 4 pixels (of the papers' 32-pixel CIFAR images): smaller images lose too much.
 MIN_CROP_FLIP_SIDE = 24
 # Flower carries run-config integers as signed 64-bit values.
@@ -43,7 +43,7 @@ INT64_RANGE = (-(2**63), 2**63 - 1)
 def _server_lr_defaults() -> str:
     """The methods whose server-lr = 0 means something other than 1, grouped by value."""
     by_value: dict[float, list[str]] = {}
-    for name, spec in METHODS.items():
+    for name, spec in METHODS_BY_NAME.items():
         if spec.default_server_lr != 1.0:
             by_value.setdefault(spec.default_server_lr, []).append(name)
     return ", ".join(f"{value:g} for {'/'.join(names)}" for value, names in by_value.items())
@@ -188,7 +188,7 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"run config key 'avg-start' = {config['avg-start']!r} is not allowed; allowed: a fraction in (0, 1) "
             f"or a whole round number between 1 and num-rounds = {config['num-rounds']}"
         )
-    if config["averaging"] != "none" and (rule := AVERAGINGS[config["averaging"]]).check is not None:
+    if config["averaging"] != "none" and (rule := AVERAGINGS_BY_NAME[config["averaging"]]).check is not None:
         rule.check(config)
     if config["min-replies"] > cohort_size(config):
         raise ConfigError(

@@ -188,8 +188,12 @@ def load_registry(plugins: Iterable[Plugin] | None = None) -> Registry:
             others = ", ".join(p.distribution for p in same_name[1:])
             broken[name] = BrokenPlugin(plugin, f"its name is also a plug-in of {others}")
             continue
-        if name in methods or name in averagings or name == "none":
+        if name in methods or name in averagings:
             broken[name] = BrokenPlugin(plugin, "its name is one of Basin's own methods")
+            continue
+        if name == "none":
+            broken[name] = BrokenPlugin(plugin, "its name is the value that means no averaging rule "
+                                                "(averaging = \"none\"); name it after the method")
             continue
         had_torch = "torch" in sys.modules
         try:
@@ -212,18 +216,18 @@ def load_registry(plugins: Iterable[Plugin] | None = None) -> Registry:
 
 
 REGISTRY = load_registry()
-METHODS: dict[str, MethodSpec] = REGISTRY.methods
-AVERAGINGS: dict[str, AveragingSpec] = REGISTRY.averagings
+METHODS_BY_NAME: dict[str, MethodSpec] = REGISTRY.methods
+AVERAGINGS_BY_NAME: dict[str, AveragingSpec] = REGISTRY.averagings
 BROKEN_PLUGINS: dict[str, BrokenPlugin] = REGISTRY.broken
 
 
 def declarations() -> list[Declaration]:
-    return [*METHODS.values(), *AVERAGINGS.values()]
+    return [*METHODS_BY_NAME.values(), *AVERAGINGS_BY_NAME.values()]
 
 
 def method(name: str) -> MethodSpec:
     """The declaration of method ``name`` (a validated ``strategy`` value)."""
-    return METHODS[name]
+    return METHODS_BY_NAME[name]
 
 
 def refuse_broken_plugin(key: str, value: Any) -> None:
@@ -252,9 +256,9 @@ def plugin_defaults() -> dict[str, Any]:
 def end_to_end_runs() -> dict[str, dict[str, Any]]:
     """Every declared smoke run (tests/test_end_to_end.py): name → run-config overrides."""
     runs: dict[str, dict[str, Any]] = {}
-    for spec in METHODS.values():
+    for spec in METHODS_BY_NAME.values():
         runs.update(spec.end_to_end_runs())
-    for rule in AVERAGINGS.values():
+    for rule in AVERAGINGS_BY_NAME.values():
         runs.update({name: dict(overrides) for name, overrides in rule.smoke_runs.items()})
     return runs
 
@@ -264,20 +268,20 @@ def client_components() -> tuple[Builder, ...]:
     """Every declared client-component builder, each once. A message asks for one method's
     components only, so their order across methods does not matter; within a method it is
     its declaration's."""
-    return tuple(dict.fromkeys(build for spec in METHODS.values() for build in spec.client_components))
+    return tuple(dict.fromkeys(build for spec in METHODS_BY_NAME.values() for build in spec.client_components))
 
 
 @cache
 def objective_builders() -> dict[str, ObjectiveBuilder]:
     """Local objectives by the name a round config sends (its method's name)."""
-    return {spec.name: spec.objective for spec in METHODS.values() if spec.objective is not None}
+    return {spec.name: spec.objective for spec in METHODS_BY_NAME.values() if spec.objective is not None}
 
 
 def client_halves() -> ClientHalves:
     """What the client side needs of every method: objectives, components, who wants a projection head."""
     return ClientHalves(objective_builders(), client_components(),
-                        frozenset(name for name, spec in METHODS.items() if spec.projection_head),
-                        {name: tuple(spec.options) for name, spec in METHODS.items()})
+                        frozenset(name for name, spec in METHODS_BY_NAME.items() if spec.projection_head),
+                        {name: tuple(spec.options) for name, spec in METHODS_BY_NAME.items()})
 
 
 def hand_over_client_halves() -> None:

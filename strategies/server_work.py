@@ -48,7 +48,6 @@ from strategies.exchange import TRAFFIC, send_and_receive
 from strategies.indicators import CKA_SAMPLES, round_indicators
 from strategies.methods import hand_over_client_halves, method
 from strategies.model_store import discard_rounds_after, save_round_models, saves_round
-from strategies.registry import build_client_schedule, build_strategy
 from strategies.reply_screening import (
     ClientOutOfGpuMemory,
     ClientProcessesDied,
@@ -61,6 +60,7 @@ from strategies.results import RunRecorder
 from strategies.round_interface import RoundStrategy
 from strategies.sampling import discover_partitions
 from strategies.schedules import ClientSchedule
+from strategies.strategy_builder import build_client_schedule, build_strategy
 from strategies.tracking import Trackers
 
 

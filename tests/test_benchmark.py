@@ -189,13 +189,13 @@ def test_the_startup_mode_refuses_no_repeats(capsys):
 def test_the_modes_of_every_shipped_method_on_cuda_without_a_gpu():
     """`--methods --modes` runs nothing: every shipped method, with and without crop + flip, and
     the mode its step takes on CUDA; only GradAug is eager, and augmentation is no reason."""
-    from strategies.methods import METHODS
+    from strategies.methods import METHODS_BY_NAME
 
     result = subprocess.run([sys.executable, "-m", "experiments.benchmark", "--methods", "--modes"],
                             capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line.split(maxsplit=3) for line in result.stdout.splitlines()[1:]]
-    assert {(row[0], row[1]) for row in rows} == {(m, a) for m in METHODS for a in ("none", "crop-flip")}
+    assert {(row[0], row[1]) for row in rows} == {(m, a) for m in METHODS_BY_NAME for a in ("none", "crop-flip")}
     eager = [row for row in rows if row[2] != "graph"]
     assert [(row[0], row[2]) for row in eager] == [("gradaug", "eager"), ("gradaug", "eager")]
     assert all("widths" in row[3] and "augment" not in row[3] for row in eager)

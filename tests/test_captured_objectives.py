@@ -25,7 +25,7 @@ from clients.objectives.moon import Moon
 from clients.objectives.sam import SharpnessAware
 from clients.objectives.stochastic_depth import StochasticDepth
 from clients.training import CrossEntropy, LocalTrainingConfig, train_local
-from strategies.methods import METHODS
+from strategies.methods import METHODS_BY_NAME
 
 ROUNDS = 3
 SHAPE = (1, 8, 8)
@@ -77,12 +77,12 @@ def _declared(spec: MethodSpec):
 
 
 # Every declared objective (a plug-in's included), captured, by the name of its method.
-DECLARED = {name for name, spec in METHODS.items() if spec.objective is not None} - NOT_CAPTURED
+DECLARED = {name for name, spec in METHODS_BY_NAME.items() if spec.objective is not None} - NOT_CAPTURED
 
 
 def _case(name: str):
     """The round's objective of a case: the table's, else the declaration's from its defaults."""
-    return OBJECTIVES[name] if name in OBJECTIVES else _declared(METHODS[name])
+    return OBJECTIVES[name] if name in OBJECTIVES else _declared(METHODS_BY_NAME[name])
 
 
 def _train(name: str, mode: str, augment: bool, device: str = "cpu") -> list[tuple]:

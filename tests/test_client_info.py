@@ -20,8 +20,8 @@ from experiments.runtime.run_config import resolve_config
 from partitions import load_dataset
 from partitions.feasibility import partition_settings
 from strategies import methods
-from strategies.registry import build_client_schedule
 from strategies.server_work import round_train_config, train_rounds
+from strategies.strategy_builder import build_client_schedule
 from tests.test_compositions import Rows
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
@@ -57,9 +57,9 @@ def test_a_method_that_declares_label_counts_gets_them_in_every_reply_and_no_oth
     config = resolve_config({}, ONE_CLASS_EACH)
     schedule = build_client_schedule(config)
     assert protocol.REPORT_LABEL_COUNTS not in round_train_config(config, schedule, 1)
-    declared = dataclasses.replace(methods.METHODS["fedavg"],
+    declared = dataclasses.replace(methods.METHODS_BY_NAME["fedavg"],
                                    reply_records={protocol.LABEL_COUNTS_RECORD: "its label counts"})
-    monkeypatch.setitem(methods.METHODS, "fedavg", declared)
+    monkeypatch.setitem(methods.METHODS_BY_NAME, "fedavg", declared)
     round_config = round_train_config(config, schedule, 1)
     assert round_config[protocol.REPORT_LABEL_COUNTS] is True
     from flwr.app import ArrayRecord, Message, MessageType, RecordDict

@@ -20,7 +20,7 @@ from clients.options import ConfigError
 from experiments.measurement.in_process_grid import InProcessGrid
 from experiments.runtime.run_config import resolve_config
 from partitions import load_dataset
-from strategies.methods import AVERAGINGS, METHODS
+from strategies.methods import AVERAGINGS_BY_NAME, METHODS_BY_NAME
 from strategies.model_store import load_round_models
 from strategies.server_work import train_rounds
 
@@ -37,7 +37,7 @@ SMALL = {
 
 def _in_both_cohorts() -> int:
     """A partition that the seeded sampling puts in rounds 1 and 2 (it depends only on seed and round)."""
-    from strategies.registry import build_strategy
+    from strategies.strategy_builder import build_strategy
 
     config = resolve_config({}, {**SMALL, "strategy": "fedavg"})
     strategy = build_strategy(config)
@@ -80,13 +80,13 @@ class Rows(list):
 
 def compositions() -> list[tuple[str, str, str]]:
     """(method, averaging, privacy) for every declared method and rule (AVERAGING must name each)."""
-    return list(itertools.product(METHODS, ["none", *AVERAGINGS], PRIVACY))
+    return list(itertools.product(METHODS_BY_NAME, ["none", *AVERAGINGS_BY_NAME], PRIVACY))
 
 
 def run_config(method: str, averaging: str, privacy: str) -> dict[str, Any]:
     """The validated run config of a composition (ConfigError where the launcher refuses it),
     on the digits' MLP or, for a method that needs one, a slimmable residual network."""
-    model = {"model": "resnet20-gn"} if METHODS[method].model_needs == "slimmable-residual" else {}
+    model = {"model": "resnet20-gn"} if METHODS_BY_NAME[method].model_needs == "slimmable-residual" else {}
     return resolve_config({}, {**SMALL, **model, "strategy": method, **AVERAGING[averaging], **PRIVACY[privacy]})
 
 
@@ -101,10 +101,10 @@ def expected_average(config: dict[str, Any], bases: list[dict[str, torch.Tensor]
     return None
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", list(METHODS_BY_NAME))
 def test_every_composition_runs_two_rounds_through_the_client_handlers_or_is_refused_in_one_line(method, tmp_path,
                                                                                                  record_property):
-    assert set(AVERAGING) == {"none", *AVERAGINGS}, "a declared averaging rule has no setting here"
+    assert set(AVERAGING) == {"none", *AVERAGINGS_BY_NAME}, "a declared averaging rule has no setting here"
     data = load_dataset("digits", "", True)
     ran, refused = [], {}
     for _, averaging, privacy in [c for c in compositions() if c[0] == method]:
@@ -133,7 +133,7 @@ def test_every_composition_runs_two_rounds_through_the_client_handlers_or_is_ref
         for model in saved:
             assert all(torch.isfinite(t).all() for t in model["base"].values()), what
         average = expected_average(config, [saved[0]["base"], saved[1]["base"]])
-        fma_target = config["averaging"] == "ima" and hasattr(METHODS[method], "build") and _steps_toward_a_target(config)
+        fma_target = config["averaging"] == "ima" and hasattr(METHODS_BY_NAME[method], "build") and _steps_toward_a_target(config)
         if average is not None and not fma_target:
             for key, value in average.items():
                 torch.testing.assert_close(saved[1]["averaged"][key], value, rtol=1e-5, atol=1e-6, msg=what)
@@ -150,7 +150,7 @@ def test_every_composition_runs_two_rounds_through_the_client_handlers_or_is_ref
 def _steps_toward_a_target(config: dict[str, Any]) -> bool:
     """IMA on a server optimiser in its fma-target ordering: the window averages the FMAs
     and the step moves toward their mean (tests/test_averaging.py checks that arithmetic)."""
-    from strategies.registry import build_base_strategy
+    from strategies.strategy_builder import build_base_strategy
 
     return config["ima-server-opt"] == "fma-target" and hasattr(build_base_strategy(config), "step_target")
 
@@ -158,8 +158,8 @@ def _steps_toward_a_target(config: dict[str, Any]) -> bool:
 # -- the clients' schedule under each rule, through its declaration and a resolved run config --
 def _round_schedule(keys: dict[str, Any], rounds: range) -> list[tuple[float, int]]:
     """(lr, local-epochs) that the ServerApp sends each round's clients for run config ``keys``."""
-    from strategies.registry import build_client_schedule
     from strategies.server_work import round_train_config
+    from strategies.strategy_builder import build_client_schedule
 
     config = resolve_config({}, {"num-rounds": 60, "lr": 0.1, "lr-decay": 0.9, "local-epochs": 5, **keys})
     schedule = build_client_schedule(config)

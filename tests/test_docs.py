@@ -228,11 +228,11 @@ def test_every_method_and_averaging_rule_has_its_paper_in_the_references():
 
     import yaml
 
-    from strategies.methods import AVERAGINGS, METHODS, REGISTRY
+    from strategies.methods import AVERAGINGS_BY_NAME, METHODS_BY_NAME, REGISTRY
 
     text = (REPO / "docs" / "references.md").read_text()
     cited = set(re.findall(r"`([a-z0-9-]+)`", text)) | set(re.findall(r"`averaging = ([a-z]+)`", text))
-    missing = [name for name in [*METHODS, *AVERAGINGS] if name not in REGISTRY.plugins and name not in cited]
+    missing = [name for name in [*METHODS_BY_NAME, *AVERAGINGS_BY_NAME] if name not in REGISTRY.plugins and name not in cited]
     assert not missing, f"methods without a reference: {missing}"
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     citation = yaml.safe_load((REPO / "CITATION.cff").read_text())

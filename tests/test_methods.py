@@ -18,7 +18,7 @@ from torch.nn import functional as F
 from clients.declarations import ImplementedIn, MethodSpec
 from experiments.runtime.method_keys import PYPROJECT, pyproject_block
 from strategies.config import SCHEMA, validate_run_config
-from strategies.methods import METHOD_MODULES, METHODS, method_options
+from strategies.methods import METHOD_MODULES, METHODS_BY_NAME, method_options
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("strategies", "clients", "partitions", "experiments")
@@ -49,7 +49,7 @@ def test_a_method_is_named_only_by_the_module_that_declares_it():
                           if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
                           and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
             for node in ast.walk(tree):
-                if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in METHODS
+                if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in METHODS_BY_NAME
                         and node.value != "fedavg" and id(node) not in docstrings
                         and path.resolve() not in declaring[node.value]):
                     found.append(f"{path.relative_to(REPO)}:{node.lineno} names {node.value!r}")
@@ -60,7 +60,7 @@ def test_no_module_branches_on_an_averaging_rules_name():
     """The clients' schedule and every other rule-specific behaviour come from the rule's
     declaration (AveragingSpec.client_schedule …): no `config["averaging"] == "ima"` outside
     the rule's own module."""
-    from strategies.methods import AVERAGINGS, REGISTRY
+    from strategies.methods import AVERAGINGS_BY_NAME, REGISTRY
 
     found = []
     for package in PACKAGES:
@@ -68,7 +68,7 @@ def test_no_module_branches_on_an_averaging_rules_name():
             module = ".".join(path.relative_to(REPO).with_suffix("").parts)
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Compare):
-                    names = {c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)} & set(AVERAGINGS)
+                    names = {c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)} & set(AVERAGINGS_BY_NAME)
                     found += [f"{module}:{node.lineno} compares with {name!r}" for name in names
                               if REGISTRY.modules[name] != module]
     assert not found, "\n".join(found)
@@ -84,13 +84,13 @@ def test_the_methods_page_holds_the_table_the_declarations_generate():
 
 
 def test_every_declared_method_and_averaging_rule_runs_in_a_real_flower_run():
-    from strategies.methods import AVERAGINGS
+    from strategies.methods import AVERAGINGS_BY_NAME
     from tests.test_checkpoint_resume import RESUMED_METHODS
     from tests.test_end_to_end import RUNS
 
     configs = [*RUNS.values(), *RESUMED_METHODS.values()]
-    assert set(METHODS) - {config.get("strategy", "fedavg") for config in configs} == set()
-    assert set(AVERAGINGS) - {config.get("averaging", "ima") for config in RESUMED_METHODS.values()} \
+    assert set(METHODS_BY_NAME) - {config.get("strategy", "fedavg") for config in configs} == set()
+    assert set(AVERAGINGS_BY_NAME) - {config.get("averaging", "ima") for config in RESUMED_METHODS.values()} \
         - {config.get("averaging") for config in RUNS.values()} == set()
 
 
@@ -100,15 +100,15 @@ def test_every_table_is_derived_from_the_declarations():
     from strategies.config import STRATEGY_NAMES
     from strategies.methods import client_components, objective_builders
 
-    assert STRATEGY_NAMES == tuple(METHODS) and SCHEMA["strategy"].choices == tuple(METHODS)
+    assert STRATEGY_NAMES == tuple(METHODS_BY_NAME) and SCHEMA["strategy"].choices == tuple(METHODS_BY_NAME)
     assert set(method_options()) <= set(SCHEMA)
-    assert set(objective_builders()) == {name for name, spec in METHODS.items() if spec.objective}
+    assert set(objective_builders()) == {name for name, spec in METHODS_BY_NAME.items() if spec.objective}
     assert all(callable(build) for build in client_components())
     assert default_methods().split(",")[:2] == ["fedavg", "fedavg+crop-flip"] and "gradaug-n2" in default_methods()
     from clients.models import uses_projection_head
 
-    assert [name for name in METHODS if uses_projection_head("resnet56-bn", name)] == ["moon"]
-    assert issubclass(ClientComponent, object) and all(isinstance(spec, MethodSpec) for spec in METHODS.values())
+    assert [name for name in METHODS_BY_NAME if uses_projection_head("resnet56-bn", name)] == ["moon"]
+    assert issubclass(ClientComponent, object) and all(isinstance(spec, MethodSpec) for spec in METHODS_BY_NAME.values())
 
 
 def test_pyproject_holds_the_declared_method_keys_with_their_defaults():
@@ -121,14 +121,14 @@ def test_pyproject_holds_the_declared_method_keys_with_their_defaults():
     assert {key: defaults[key] for key in method_options()} == {key: o.default for key, o in method_options().items()}
 
 
-@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("name", METHODS_BY_NAME)
 def test_every_method_builds_its_strategy_from_the_default_config(name):
     defaults = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
     overrides = {"strategy": name, "momentum": 0.0}
-    if METHODS[name].model_needs == "slimmable-residual":
+    if METHODS_BY_NAME[name].model_needs == "slimmable-residual":
         overrides["model"] = "resnet20-gn"
     config = validate_run_config({**defaults, **overrides})
-    strategy = METHODS[name].build(config)
+    strategy = METHODS_BY_NAME[name].build(config)
     assert hasattr(strategy, "configure_train") and hasattr(strategy, "aggregate_train")
 
 
@@ -136,8 +136,8 @@ def test_a_key_shared_by_two_methods_is_one_declaration():
     from strategies.fedcm import FEDCM_OPTIONS
     from strategies.sam import SAM_RHO
 
-    assert METHODS["fedsam"].options["sam-rho"] is METHODS["mofedsam"].options["sam-rho"] is SAM_RHO
-    assert METHODS["mofedsam"].options["fedcm-alpha"] is FEDCM_OPTIONS["fedcm-alpha"]
+    assert METHODS_BY_NAME["fedsam"].options["sam-rho"] is METHODS_BY_NAME["mofedsam"].options["sam-rho"] is SAM_RHO
+    assert METHODS_BY_NAME["mofedsam"].options["fedcm-alpha"] is FEDCM_OPTIONS["fedcm-alpha"]
 
 
 def test_the_launchers_checks_load_no_torch(tmp_path):
@@ -159,9 +159,9 @@ from experiments.runtime.launch import launch
 from experiments.runtime.finished_runs import method_label
 from experiments.runtime.run_config import resolve_config
 from strategies.checkpoint import read_checkpoint
-from strategies.methods import METHODS, client_halves
+from strategies.methods import METHODS_BY_NAME, client_halves
 configs = []
-for name, spec in METHODS.items():
+for name, spec in METHODS_BY_NAME.items():
     overrides = {{"strategy": name, "momentum": 0.0}}
     if spec.model_needs == "slimmable-residual":
         overrides["model"] = "resnet20-gn"
@@ -196,7 +196,7 @@ def test_a_client_half_named_where_it_is_defined_is_imported_at_its_first_call(t
     from strategies.methods import client_components
 
     proximal = ImplementedIn("clients.components:proximal")
-    assert METHODS["fedprox"].client_components == METHODS["fedacg"].client_components == (proximal,)
+    assert METHODS_BY_NAME["fedprox"].client_components == METHODS_BY_NAME["fedacg"].client_components == (proximal,)
     assert client_components().count(proximal) == 1
 
 
@@ -248,7 +248,7 @@ def test_the_ema_is_beta_times_the_average_plus_one_minus_beta_times_the_model()
 def test_the_cosine_lr_schedule_is_the_same_under_every_method():
     """lr-schedule = cosine: lr_t = lr₀(1 + cos(π(t−1)/R))/2 for any strategy (the FedSWA comparison)."""
     from experiments.runtime.run_config import resolve_config
-    from strategies.registry import build_client_schedule
+    from strategies.strategy_builder import build_client_schedule
 
     for strategy in ("fedavg", "scaffold", "fedswa", "fedmoswa", "fedlesam"):
         config = resolve_config({"strategy": strategy, "lr-schedule": "cosine", "lr": 0.1, "num-rounds": 10,

@@ -63,7 +63,7 @@ def test_each_kind_of_broken_plugin_is_one_line_naming_it_its_distribution_and_t
         Plugin("malformed", malformed, "dist-c"), Plugin("fedavg", twice, "dist-d"),
         Plugin("key-clash", clashing_key, "dist-e"), Plugin("general-key", general_key, "dist-i"),
         Plugin("twice", twice, "dist-f"), Plugin("twice", twice, "dist-g"),
-        Plugin("colon", "plugin_twice:METHODS", "dist-h"),
+        Plugin("colon", "plugin_twice:METHODS", "dist-h"), Plugin("none", twice, "dist-j"),
     ])
     assert _problem(registry, "failing") == (
         "plug-in 'failing' (distribution dist-a, module plugin_failing) cannot be used: importing it failed: "
@@ -72,6 +72,7 @@ def test_each_kind_of_broken_plugin_is_one_line_naming_it_its_distribution_and_t
     assert "dist-c" in _problem(registry, "malformed") and "MethodSpec or AveragingSpec" in _problem(registry, "malformed")
     assert "dist-d" in registry.broken["fedavg"].line() and "one of Basin's own methods" in registry.broken["fedavg"].line()
     assert registry.methods["fedavg"].display_name == "FedAvg"  # Basin's own is kept
+    assert "means no averaging rule" in _problem(registry, "none") and "own methods" not in _problem(registry, "none")
     assert "run-config key 'prox-mu' is declared differently" in _problem(registry, "key-clash")
     assert "run-config key 'lr' is one of Basin's general keys" in _problem(registry, "general-key")
     assert "also a plug-in of dist-g" in _problem(registry, "twice")

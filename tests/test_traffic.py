@@ -16,7 +16,7 @@ from experiments.measurement.method_traffic import measure_traffic
 from experiments.runtime.run_config import resolve_config
 from partitions import load_dataset
 from strategies.exchange import array_bytes
-from strategies.methods import METHODS
+from strategies.methods import METHODS_BY_NAME
 from strategies.server_work import train_rounds
 from tests.test_compositions import Rows
 
@@ -31,7 +31,7 @@ REAL_ROUNDS = {
 
 
 def config_of(method: str) -> dict:
-    model = {"model": "resnet20-gn"} if METHODS[method].model_needs == "slimmable-residual" else {}
+    model = {"model": "resnet20-gn"} if METHODS_BY_NAME[method].model_needs == "slimmable-residual" else {}
     return resolve_config({}, {**REAL_ROUNDS, **model, "strategy": method})
 
 
@@ -61,7 +61,7 @@ def test_the_traffic_of_a_round_is_the_model_each_way_and_what_the_method_sends_
     assert fedfa.down == fedfa.up and weights < fedfa.up <= weights + anchors + 256
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", list(METHODS_BY_NAME))
 def test_the_measured_traffic_is_what_a_real_round_of_the_method_counts(method, tmp_path):
     config = config_of(method)
     rows = Rows(tmp_path)

@@ -38,9 +38,9 @@ from experiments.runtime.run_endings import RunFailed
 from partitions import load_dataset
 from strategies.config import ConfigError, cohort_size
 from strategies.methods import hand_over_client_halves
-from strategies.registry import build_client_schedule
 from strategies.sampling import CohortSampling
 from strategies.server_work import round_train_config
+from strategies.strategy_builder import build_client_schedule
 
 
 @dataclasses.dataclass

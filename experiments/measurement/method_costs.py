@@ -33,9 +33,9 @@ from experiments.runtime.output_dir import create_output_dir
 from experiments.runtime.run_config import parse_overrides, resolve_config
 from partitions.datasets import INPUT_SHAPES
 from strategies.general_keys import DEVICES
-from strategies.methods import METHODS, hand_over_client_halves
-from strategies.registry import build_client_schedule, build_strategy
+from strategies.methods import METHODS_BY_NAME, hand_over_client_halves
 from strategies.server_work import round_train_config
+from strategies.strategy_builder import build_client_schedule, build_strategy
 
 AUGMENTED = "+crop-flip"
 REFERENCE = "fedavg"
@@ -46,7 +46,7 @@ SYNTHETIC_DATASET = "hf:synthetic"  # config placeholder when no built-in set ha
 # -- methods and their run configs ---------------------------------------------------------
 def default_methods() -> str:
     """The methods' own cost-table entries (``MethodSpec.cost_table``), in declaration order."""
-    return ",".join(entry for spec in METHODS.values() for entry in spec.cost_table)
+    return ",".join(entry for spec in METHODS_BY_NAME.values() for entry in spec.cost_table)
 
 
 def method_overrides(method: str) -> dict[str, Any]:
@@ -55,12 +55,12 @@ def method_overrides(method: str) -> dict[str, Any]:
     ``+crop-flip`` (the same with on-device crop and flip augmentation)."""
     if method.endswith(AUGMENTED):
         return {**method_overrides(method.removesuffix(AUGMENTED)), "augment": "crop-flip"}
-    entries = {entry: (spec, keys) for spec in METHODS.values() for entry, keys in spec.cost_table.items()}
-    spec, keys = entries.get(method, (METHODS.get(method), {}))
+    entries = {entry: (spec, keys) for spec in METHODS_BY_NAME.values() for entry, keys in spec.cost_table.items()}
+    spec, keys = entries.get(method, (METHODS_BY_NAME.get(method), {}))
     if spec is None:
         raise UsageError(
-            f"--methods: unknown method {method!r}; allowed: {', '.join(METHODS)}, or a cost-table entry "
-            f"({', '.join(e for e in entries if e not in METHODS)}), each optionally followed by {AUGMENTED}"
+            f"--methods: unknown method {method!r}; allowed: {', '.join(METHODS_BY_NAME)}, or a cost-table entry "
+            f"({', '.join(e for e in entries if e not in METHODS_BY_NAME)}), each optionally followed by {AUGMENTED}"
         )
     # The methods derived from plain SGD are costed as their papers run them (no client momentum;
     # a plain_sgd that depends on the variant is true of the default one: FedMoSWA's paper variant).
@@ -112,7 +112,7 @@ TRAFFIC_MODEL, TRAFFIC_RESIDUAL_MODEL, TRAFFIC_SHAPE, TRAFFIC_CLASSES = "fmnist-
 def traffic_in_models(method: str) -> tuple[float, float]:
     """(down, up): the bytes one client of ``method`` receives and sends in a round, as
     multiples of its model's (FedAvg: 1, 1), measured on ``TRAFFIC_MODEL``."""
-    model = TRAFFIC_RESIDUAL_MODEL if METHODS[method].model_needs == "slimmable-residual" else TRAFFIC_MODEL
+    model = TRAFFIC_RESIDUAL_MODEL if METHODS_BY_NAME[method].model_needs == "slimmable-residual" else TRAFFIC_MODEL
     traffic = measure_traffic(method_config(method, model, TRAFFIC_SHAPE, 32, "cpu", {}), model, TRAFFIC_SHAPE,
                               TRAFFIC_CLASSES)
     return traffic.down / traffic.model, traffic.up / traffic.model

@@ -32,7 +32,7 @@ from clients.memory_format import in_layout, memory_format
 from clients.models import build_model, uses_projection_head
 from clients.training import select_device
 from experiments.measurement.method_costs import REFERENCE, method_config, training_content
-from strategies.methods import METHODS, hand_over_client_halves
+from strategies.methods import METHODS_BY_NAME, hand_over_client_halves
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def setups(resnet: str) -> list[Setup]:
 
 def shipped_methods() -> list[str]:
     """Every method Basin ships, FedAvg first."""
-    return [REFERENCE, *(name for name in METHODS if name != REFERENCE)]
+    return [REFERENCE, *(name for name in METHODS_BY_NAME if name != REFERENCE)]
 
 
 def client_round(method: str, setup: Setup, device: str, overrides: Mapping[str, Any], steps: int
@@ -156,12 +156,12 @@ def methods_command(args, overrides: Mapping[str, Any]) -> int:
     """``--methods [LIST] [--modes]`` (see the module docstring)."""
     methods = shipped_methods() if args.methods == "all" else [REFERENCE, *(
         m for m in dict.fromkeys(m.strip() for m in args.methods.split(",")) if m and m != REFERENCE)]
-    unknown = [m for m in methods if m not in METHODS]
+    unknown = [m for m in methods if m not in METHODS_BY_NAME]
     if unknown:
         from experiments.runtime.cli import UsageError
 
         raise UsageError(f"--methods: {', '.join(unknown)} not known; allowed: all, or a comma-separated list of "
-                         f"{', '.join(METHODS)}")
+                         f"{', '.join(METHODS_BY_NAME)}")
     if args.modes:
         print(format_modes(modes_table(methods, args.resnet, overrides)))
         return 0

@@ -46,11 +46,11 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
 
 def method_label(config: Mapping[str, Any], extra_keys: Iterable[str] = ()) -> str:
     """What ran, as the papers write it: "FedAvg+IMA", then ``extra_keys`` as key=value."""
-    from strategies.methods import AVERAGINGS, METHODS  # every method's declaration: only when asked for
+    from strategies.methods import AVERAGINGS_BY_NAME, METHODS_BY_NAME  # every method's declaration: only when asked for
 
-    name = METHODS[config["strategy"]].display_name if config["strategy"] in METHODS else config["strategy"]
+    name = METHODS_BY_NAME[config["strategy"]].display_name if config["strategy"] in METHODS_BY_NAME else config["strategy"]
     if config["averaging"] != "none":
-        rule = AVERAGINGS.get(config["averaging"])
+        rule = AVERAGINGS_BY_NAME.get(config["averaging"])
         name += "+" + (rule.display_name if rule else config["averaging"])
     extras = [f"{k}={_config_value(config[k])}" for k in extra_keys]
     return ", ".join([name, *extras])
@@ -73,11 +73,11 @@ def setup_title(config: Mapping[str, Any]) -> str:
 
 def averaging_start(config: Mapping[str, Any]) -> int | None:
     """The first round whose reported model is an average (None without averaging)."""
-    from strategies.methods import AVERAGINGS
+    from strategies.methods import AVERAGINGS_BY_NAME
 
     if config["averaging"] == "none":
         return None
-    return AVERAGINGS[config["averaging"]].first_average(config)
+    return AVERAGINGS_BY_NAME[config["averaging"]].first_average(config)
 
 
 def accuracy_figure(curves: Mapping[str, pd.DataFrame], title: str = "", starts: Mapping[str, int | None] | None = None):

@@ -12,7 +12,7 @@ from typing import Any, cast
 from flwr.serverapp.strategy import Strategy
 
 from strategies.config import cohort_size
-from strategies.methods import AVERAGINGS, method
+from strategies.methods import AVERAGINGS_BY_NAME, method
 from strategies.privacy import ServerSideDP
 from strategies.round_interface import RoundStrategy
 from strategies.schedules import ClientSchedule
@@ -35,7 +35,7 @@ def build_strategy(config: Mapping[str, Any]) -> RoundStrategy:
     if private and config["dp-order"] == "inside":
         strategy = private_strategy(strategy, config)
     if config["averaging"] != "none":
-        strategy = AVERAGINGS[config["averaging"]].build(cast(Strategy, strategy), config)
+        strategy = AVERAGINGS_BY_NAME[config["averaging"]].build(cast(Strategy, strategy), config)
     if private and config["dp-order"] == "outside":
         strategy = private_strategy(strategy, config)
     return strategy
@@ -57,6 +57,6 @@ def build_client_schedule(config: Mapping[str, Any]) -> ClientSchedule:
         # The FedSWA comparison's cosine over the rounds (every method of it), else lr-decay.
         cosine_rounds=config["num-rounds"] if config["lr-schedule"] == "cosine" else 0,
     )
-    if config["averaging"] == "none" or (rule := AVERAGINGS[config["averaging"]]).client_schedule is None:
+    if config["averaging"] == "none" or (rule := AVERAGINGS_BY_NAME[config["averaging"]]).client_schedule is None:
         return schedule
     return rule.client_schedule(config, schedule)
