@@ -31,8 +31,6 @@ STRATEGY_NAMES = tuple(METHODS_BY_NAME)
 # Methods that need a residual network with width-slimmable stages; methods whose objective
 # works on one label per image (a representation per sample, mixed images), which excludes
 # sequence models (next-character prediction).
-RESIDUAL_ONLY = tuple(name for name, spec in METHODS_BY_NAME.items() if spec.model_needs == "slimmable-residual")
-IMAGE_ONLY = tuple(name for name, spec in METHODS_BY_NAME.items() if spec.model_needs != "any")
 AVERAGING_NAMES = ("none", *AVERAGINGS_BY_NAME)
 # crop-flip pads 4 pixels (of the papers' 32-pixel CIFAR images): smaller images lose too much.
 MIN_CROP_FLIP_SIDE = 24
@@ -107,7 +105,8 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"run config key 'model' = {config['model']!r} needs {needed} inputs but dataset "
             f"{config['dataset']!r} has {has}; allowed for it: 'auto' or a model that fits"
         )
-    if config["strategy"] in RESIDUAL_ONLY and model not in SLIMMABLE_MODELS:
+    needs = METHODS_BY_NAME[config["strategy"]].model_needs  # what its declaration says it needs of a model
+    if needs == "slimmable-residual" and model not in SLIMMABLE_MODELS:
         raise ConfigError(
             f"run config key 'model' = {config['model']!r} (resolved to {model!r}) cannot run strategy = "
             f"{config['strategy']!r}, which needs a residual network with width-slimmable stages; "
@@ -115,11 +114,12 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
         )
     if model in MODEL_PLUGINS:
         _check_model_plugin(MODEL_PLUGINS[model], config)
-    if model in SEQUENCE_MODELS and (config["strategy"] in IMAGE_ONLY or config["augment"] != "none"):
-        what = f"strategy = {config['strategy']!r}" if config["strategy"] in IMAGE_ONLY else f"augment = {config['augment']!r}"
+    if model in SEQUENCE_MODELS and (needs != "any" or config["augment"] != "none"):
+        what = f"strategy = {config['strategy']!r}" if needs != "any" else f"augment = {config['augment']!r}"
+        image_only = [name for name, spec in METHODS_BY_NAME.items() if spec.model_needs != "any"]
         raise ConfigError(
             f"run config key 'model' = {model!r} (next-character prediction) cannot run {what}, which works on one "
-            f"label per image; allowed: a strategy other than {', '.join(IMAGE_ONLY)}, augment = 'none'"
+            f"label per image; allowed: a strategy other than {', '.join(image_only)}, augment = 'none'"
         )
     if config["dp-noise-multiplier"] > 0 and config["dp-clipping-norm"] == 0:
         raise ConfigError(
