@@ -163,13 +163,11 @@ def accuracy_table(results: pd.DataFrame) -> pd.DataFrame:
     ``85.30 ± 0.41 (+1.18)``: accuracy in percent, ± std over seeds if several, gain in
     points (``ACCURACY_TABLE_UNITS``); the numbers in fractions: :func:`accuracy_data`."""
     labelled = label_runs(_completed(results))
-    accuracy = seed_stats(labelled, ["method", "setting"], "acc-last-k")
-    gain = accuracy_data(results).set_index(["method", "setting"])["gain"]
+    accuracy = accuracy_data(results)
 
     def cell(row: pd.Series) -> str:
-        text = f"{100 * row['mean']:.2f}" + (f" ± {100 * row['std']:.2f}" if row["n"] > 1 else "")
-        g = gain.get((row["method"], row["setting"]), float("nan"))
-        return text + (f" ({100 * g:+.2f})" if pd.notna(g) else "")
+        text = f"{100 * row['acc-last-k']:.2f}" + (f" ± {100 * row['acc-last-k-std']:.2f}" if row["seeds"] > 1 else "")
+        return text + (f" ({100 * row['gain']:+.2f})" if pd.notna(row["gain"]) else "")
 
     accuracy["cell"] = accuracy.apply(cell, axis=1)
     strategy_rank = {s: i for i, s in enumerate(labelled["strategy"].unique())}

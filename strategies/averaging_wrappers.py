@@ -18,11 +18,13 @@ EARLIER_NAMES = {"start_round": "avg_start", "subset": "avg_subset", "feedback":
 
 
 def _refuse_other_keywords(name: str, keywords: dict[str, Any]) -> None:
-    for keyword in keywords:
-        renamed = EARLIER_NAMES.get(keyword)
-        raise TypeError(f"{name}(…, {keyword}=…): " + (
-            f"the keyword is {renamed} now, the run config's {renamed.replace('_', '-')}" if renamed else
-            "no such keyword") + "; see docs/your-own-app.md")
+    """Raise TypeError for the first keyword the wrapper does not take, naming its new name."""
+    if not keywords:
+        return
+    keyword = next(iter(keywords))
+    renamed = EARLIER_NAMES.get(keyword)
+    why = f"the keyword is {renamed} now, the run config's {renamed.replace('_', '-')}" if renamed else "no such keyword"
+    raise TypeError(f"{name}(…, {keyword}=…): {why}; see docs/your-own-app.md")
 
 
 def _checked_base(strategy: Strategy, basin_clients: bool, name: str) -> Strategy:
