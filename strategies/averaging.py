@@ -39,6 +39,7 @@ from clients.declarations import TableRow
 from clients.options import ConfigError
 from strategies.arrays import to_arrays, to_numpy
 from strategies.averaging_spec import AveragingSpec, averaging_start_round
+from strategies.general_keys import AVERAGING_SUBSETS
 from strategies.round_interface import (
     RoundStrategy,
     WrappingStrategy,
@@ -49,9 +50,6 @@ from strategies.schedules import ClientSchedule
 
 if TYPE_CHECKING:
     from strategies.fedopt import ServerOptimizer
-
-AVERAGING_SUBSETS = ("all", "features", "classifier")
-
 
 def window_mean(models: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Element-wise mean of models (same keys, shapes and dtypes)."""

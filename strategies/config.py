@@ -21,7 +21,7 @@ from clients.options import Option
 from clients.options import one_of as _one_of
 from partitions.datasets import INPUT_SHAPES
 from partitions.stats import LABEL_SCHEMES
-from strategies.averaging_spec import averaging_start_round as averaging_start_round
+from strategies.cohort import cohort_size
 from strategies.general_keys import AVERAGING_AND_RUN, DATA_AND_TRAINING
 from strategies.methods import AVERAGINGS_BY_NAME, METHODS_BY_NAME, method, method_options, refuse_broken_plugin
 
@@ -229,8 +229,3 @@ def summary_horizon(config: Mapping[str, Any]) -> int:
     (its presets and sweeps), never of the method, so every run of one comparison reports
     the same metric (WIMA's paper averages the last 100 rounds for all its methods)."""
     return config["summary-last-k"]
-
-
-def cohort_size(config: Mapping[str, Any]) -> int:
-    """Clients sampled per round: participation · K rounded, at least one."""
-    return max(1, round(config["participation"] * config["num-clients"]))

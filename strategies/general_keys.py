@@ -17,7 +17,6 @@ from partitions.client_dirichlet import CONCENTRATIONS as CLIENT_CONCENTRATIONS
 from partitions.client_dirichlet import EXHAUSTIONS as CLIENT_EXHAUSTIONS
 from partitions.datasets import BUILTIN_DATASETS, is_known_dataset
 from partitions.stats import PARTITION_SCHEMES
-from strategies.averaging import AVERAGING_SUBSETS
 from strategies.privacy import DP_ORDERS
 from strategies.schedules import EXPLORATIONS, LR_SCHEDULES
 from strategies.tracking import TRACKERS, tracker_names
@@ -25,6 +24,8 @@ from strategies.tracking import TRACKERS, tracker_names
 # IMA on FedAdam/FedYogi/FedAdagrad: the window of FMA aggregates is the target of the
 # optimiser's step (the IMA authors' code), or the window of the optimiser's outputs is sent.
 IMA_SERVER_OPT_ORDERINGS = ("fma-target", "output-window")
+# Which parameters an averaging rule averages (strategies/averaging.py); the others are the newest base model's.
+AVERAGING_SUBSETS = ("all", "features", "classifier")
 DEVICES = ("auto", "cpu", "cuda")
 # Local data augmentation: none, or random crop (padding 4) + horizontal flip (clients/augmentation.py).
 AUGMENTATIONS = ("none", "crop-flip")

@@ -43,7 +43,8 @@ from partitions.feasibility import check_no_empty_clients, partition_settings
 from partitions.stats import partition_notation
 from strategies.arrays import to_numpy
 from strategies.checkpoint import CHECKPOINT_FILE, read_checkpoint, restore_checkpoint, write_checkpoint
-from strategies.config import cohort_size, summary_horizon, validate_run_config
+from strategies.cohort import cohort_size
+from strategies.config import summary_horizon, validate_run_config
 from strategies.exchange import TRAFFIC, send_and_receive
 from strategies.indicators import CKA_SAMPLES, round_indicators
 from strategies.methods import hand_over_client_halves, method

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from flwr.serverapp.strategy import Strategy
 
-from strategies.config import cohort_size
+from strategies.cohort import cohort_size
 from strategies.methods import AVERAGINGS_BY_NAME, method
 from strategies.privacy import ServerSideDP
 from strategies.round_interface import RoundStrategy

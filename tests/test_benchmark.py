@@ -103,7 +103,7 @@ def test_the_clients_mode_holds_the_cohort_and_each_clients_work_fixed_across_k(
     from experiments import benchmark
     from experiments.measurement import many_clients
     from experiments.runtime.cli import UsageError
-    from strategies.config import cohort_size
+    from strategies.cohort import cohort_size
 
     args = benchmark.build_parser().parse_args(["--clients", "100,10000", "--set", "data-dir=/nowhere"])
     assert args.clients == (100, 10000) and args.cohort == 10 and args.preset is None

@@ -25,7 +25,7 @@ from experiments.runtime.machine import ClientResources, machine_cpus
 from experiments.runtime.ray_cluster import LocalRayCluster
 from experiments.runtime.reproducible import compare_runs
 from experiments.runtime.run_config import resolve_config
-from strategies.config import cohort_size
+from strategies.cohort import cohort_size
 
 # The digits job, small: 8 clients, 4 a round, 3 rounds of 2 local epochs.
 CONFIG = {"num-clients": 8, "participation": 0.5, "num-rounds": 3, "local-epochs": 2, "device": "cpu"}

@@ -36,7 +36,8 @@ from experiments.runtime.output_dir import OutputLock, create_output_dir, unique
 from experiments.runtime.run_config import default_run_config, load_preset, parse_overrides, resolve_config
 from experiments.runtime.run_endings import RunFailed
 from partitions import load_dataset
-from strategies.config import ConfigError, cohort_size
+from strategies.cohort import cohort_size
+from strategies.config import ConfigError
 from strategies.methods import hand_over_client_halves
 from strategies.sampling import CohortSampling
 from strategies.server_work import round_train_config

@@ -26,7 +26,7 @@ from experiments.runtime.processes import processes_of_home
 from experiments.runtime.run_config import load_preset, parse_overrides, resolve_config
 from experiments.runtime.run_endings import RunFailed
 from partitions import load_dataset
-from strategies.config import cohort_size
+from strategies.cohort import cohort_size
 
 # --clients: the setup whose cost should depend on the cohort only. Every client holds 300
 # Fashion-MNIST images (6 steps of 50) at every K: a near-IID client-wise Dirichlet with

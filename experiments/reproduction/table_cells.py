@@ -23,7 +23,8 @@ from typing import Any
 
 from experiments.runtime.machine import data_problem_of
 from experiments.runtime.run_config import default_run_config, load_preset, named_toml, read_toml, resolve_config
-from strategies.config import ConfigError, cohort_size
+from strategies.cohort import cohort_size
+from strategies.config import ConfigError
 
 TABLES_DIR = Path(__file__).resolve().parents[1] / "paper_tables"
 RUN_METRICS = ("acc-last-k", "rounds-to-target", "speed-up")

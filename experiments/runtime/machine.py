@@ -14,7 +14,8 @@ from typing import Any
 from clients.log import log
 from partitions.availability import data_problem
 from partitions.datasets import FASHION_MNIST_DEFAULT_DIR
-from strategies.config import ConfigError, cohort_size
+from strategies.cohort import cohort_size
+from strategies.config import ConfigError
 
 
 @dataclass(frozen=True)

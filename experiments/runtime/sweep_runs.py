@@ -41,7 +41,7 @@ from experiments.runtime.run_config import tracked_in
 from experiments.runtime.run_endings import RunFailed, end_summary, interrupted_reason
 from experiments.runtime.sweep_definition import Sweep, SweepRun
 from strategies.checkpoint import CheckpointError, read_checkpoint
-from strategies.config import cohort_size
+from strategies.cohort import cohort_size
 from strategies.results import RENAMED_ROUND_COLUMNS, current_summary, write_json_atomic
 
 # The summary.json keys the results table has a column of, under the same names.
