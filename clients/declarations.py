@@ -1,49 +1,34 @@
-"""What a method declares, in the words both its halves share: the declaration types that
-the server half (strategies/) and the client half (clients/) of a method both use.
+"""What every plug-in declaration (a method's, a model's) shares in the client layer: the
+error a malformed one raises, the import of a plug-in's module, and :class:`ImplementedIn`,
+a client half named by where it is defined.
 
-Each method's own module ends with ``METHODS = (MethodSpec(...), ...)``; strategies/methods.py,
-the registry above both halves, lists those modules, and every table that used to name
-methods (config validation and ``--list-keys``, the checkpoint, reports, the cost table,
-the clients' objectives and components) iterates over the declarations instead. A method
-whose only change is the clients' objective is declared with :func:`objective_method` in
-its own torch-free module (strategies/moon.py, its objective in clients/objectives/moon.py);
-the registry gives it its server (FedAvg sending the
-objective, strategies/client_objective.py), so clients/ never imports strategies/.
+The declaration types themselves sit with what reads them: a method's (``MethodSpec``,
+``objective_method``, ``TableRow``) and an averaging rule's (``AveragingSpec``) in
+strategies/methods/, a model's (``ModelSpec``) in clients/model_plugins.py.
 
-The client half is named where it is defined (:class:`ImplementedIn`, ``module:name``) and
-imported when first called: a declaration loads no torch, so the launcher validates a run
-against every declaration before Flower starts without importing it (a test keeps it
-torch-free; what that saves: docs/speed.md).
+A client half is imported when first called: a declaration loads no torch, so the
+launcher validates a run against every declaration before Flower starts without
+importing it (a test keeps it torch-free; what that saves: docs/speed.md).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from clients.flower_internals import resolve
-from clients.options import Option
 
-if TYPE_CHECKING:
-    import numpy as np
-    from flwr.app import RecordDict
-    from torch import nn
+# Where the method declaration types went, for a plug-in that imports them from here.
+MOVED_TO_STRATEGIES_METHODS = ("MethodSpec", "TableRow", "objective_method")
 
-    from clients.components import Builder
-    from clients.training import LocalObjective
 
-    # The server strategy a declaration builds (strategies.round_interface.RoundStrategy);
-    # named here only as a type, so clients/ need not import strategies/.
-    RoundStrategy = Any
-
-    # (the objective's settings from the round config, model, client state, rng, the message's content)
-    ObjectiveBuilder = Callable[[Mapping[str, Any], nn.Module, RecordDict, np.random.Generator, Mapping[str, Any]],
-                                LocalObjective]
-
-MODEL_NEEDS = ("any", "image", "slimmable-residual")
+def __getattr__(name: str) -> Any:
+    if name in MOVED_TO_STRATEGIES_METHODS:
+        raise ImportError(f"{name} is in strategies.methods now: from strategies.methods import {name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class DeclarationError(ValueError):
@@ -72,7 +57,7 @@ class ImplementedIn:
     ``"module:name"``; with ``arguments``, the named function makes the builder
     (``control_variate(server key)``). The module is imported at the first call. Equal
     when they name the same builder, so a builder two methods share is built once per
-    message (:func:`strategies.methods.client_components`)."""
+    message (:func:`strategies.methods.registry.client_components`)."""
 
     target: str
     arguments: tuple[Any, ...] = ()
@@ -91,107 +76,3 @@ def _implementation(target: str, arguments: tuple[Any, ...]) -> Callable[..., An
     return implementation(*arguments) if arguments else implementation
 
 
-@dataclass(frozen=True)
-class TableRow:
-    """A method's line in docs/methods.md's table (generated: ``python -m experiments.method_list
-    --write-docs``): what it implements (paper, equation, its keys) and its default variant
-    with the other options."""
-
-    implements: str
-    variants: str = "—"
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """One method's declaration:
-
-    - ``name`` (the ``strategy`` value) and ``display_name`` (as its paper writes it);
-    - ``build``: the validated run config → the server strategy (Flower's Message API); the
-      strategies use ``strategies.cohort.COHORT`` for the arguments every Basin strategy shares;
-    - ``options``: the run-config keys it adds, each an :class:`~clients.options.Option`
-      with its default (``pyproject.toml``'s table of method keys is generated from these:
-      ``python -m experiments.method_list --write-pyproject``); a key two methods share is the same
-      ``Option`` object, declared by one and imported by the other;
-    - ``check``: constraints on other keys, raising :class:`~clients.options.ConfigError`;
-    - its client half: ``objective`` (what each client minimises, sent by name with the values
-      of ``objective_keys``) and ``client_components`` (builders of
-      :class:`~clients.components.ClientComponent`); ``client_state`` when clients keep
-      state across rounds (checkpoints then snapshot it);
-    - ``reply_records``: what its clients send the server besides their model, record name →
-      what it holds (SCAFFOLD's Δc_i, FedFA's anchors, MIME's full-batch gradients). This is
-      information leaving each client: a deployment reads here what its clients send.
-      Server-side DP clips and noises the model update only, so a run with
-      ``dp-clipping-norm`` > 0 refuses a method that declares any (strategies/config.py);
-    - what it needs: ``plain_sgd`` (its paper steps with plain SGD: no client momentum),
-      ``model_needs`` ("image": one label per image; "slimmable-residual"), and
-      ``default_server_lr`` (``server-lr = 0``);
-    - ``projection_head``: on the models that have one to add (FedAlign's ResNet-56), train
-      with a two-layer projection head (MOON);
-    - ``cost_table``: its rows in ``python -m experiments.costs``'s default table, each a name
-      and the run-config keys it sets besides ``strategy`` (GradAug's n = 1 and n = 2);
-    - ``table_row``: its line in docs/methods.md (None: it shares the line of the declaration
-      before it in its module, FedYogi FedAdam's);
-    - ``smoke_runs``: its real ``flwr run`` jobs in tests/test_end_to_end.py, each a name and
-      the run-config keys it sets besides ``strategy`` on the suite's small setting (4
-      clients, 3 rounds, the 8×8 digits); the smallest that still run every part of the
-      method. Default: one run with nothing else set.
-    """
-
-    name: str
-    display_name: str
-    # None for a method that only changes the clients' objective: the registry
-    # (strategies/methods.py) gives it its server, FedAvg sending the objective.
-    build: Callable[[Mapping[str, Any]], RoundStrategy] | None
-    options: Mapping[str, Option] = field(default_factory=dict)
-    check: Callable[[Mapping[str, Any]], None] | None = None
-    objective: ObjectiveBuilder | None = None
-    objective_keys: tuple[str, ...] = ()
-    # An objective-only method's values sent beside its keys (None: the keys' run-config
-    # values), and a gradient-norm clip of its own (FedAlign's 10) sent for the run's.
-    objective_settings: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
-    objective_grad_clip: Callable[[Mapping[str, Any]], float] | None = None
-    client_components: tuple[Builder, ...] = ()
-    client_state: bool = False
-    reply_records: Mapping[str, str] = field(default_factory=dict)
-    plain_sgd: bool | Callable[[Mapping[str, Any]], bool] = False
-    model_needs: str = "any"
-    default_server_lr: float = 1.0
-    projection_head: bool = False
-    cost_table: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    smoke_runs: Mapping[str, Mapping[str, Any]] | None = None
-    table_row: TableRow | None = None
-
-    def __post_init__(self) -> None:
-        if self.build is None and self.objective is None:
-            raise DeclarationError(f"{self.name}: declares neither a server (build) nor a client objective")
-        if self.model_needs not in MODEL_NEEDS:
-            raise DeclarationError(f"{self.name}: model_needs = {self.model_needs!r}; allowed: {', '.join(MODEL_NEEDS)}")
-        missing = [key for key, option in self.options.items() if option.default is None]
-        if missing:
-            raise DeclarationError(f"{self.name}: option(s) {', '.join(missing)} declare no default")
-
-    def end_to_end_runs(self) -> dict[str, dict[str, Any]]:
-        """Its smoke runs' run-config overrides, ``strategy`` included."""
-        runs = {self.name: {}} if self.smoke_runs is None else self.smoke_runs
-        return {name: {"strategy": self.name, **overrides} for name, overrides in runs.items()}
-
-    def steps_plain_sgd(self, config: Mapping[str, Any]) -> bool:
-        """Whether this run of the method steps with plain SGD (client momentum must be 0)."""
-        return self.plain_sgd(config) if callable(self.plain_sgd) else self.plain_sgd
-
-    def server_lr(self, config: Mapping[str, Any]) -> float:
-        """``server-lr``, or the method's default when it is 0."""
-        return config["server-lr"] or self.default_server_lr
-
-
-def objective_method(
-    name: str, display_name: str, objective: ObjectiveBuilder, objective_keys: tuple[str, ...] = (),
-    settings: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
-    grad_clip: Callable[[Mapping[str, Any]], float] | None = None, **declaration: Any,
-) -> MethodSpec:
-    """The declaration of a method that only changes the clients' objective: its server is
-    FedAvg sending ``objective_keys`` each round (``settings`` resolves their values from
-    the run config when they need more than a copy, ``grad_clip`` a clip of the method's
-    own), given by the registry; ``declaration`` holds the other :class:`MethodSpec` fields."""
-    return MethodSpec(name, display_name, None, objective=objective, objective_keys=objective_keys,
-                      objective_settings=settings, objective_grad_clip=grad_clip, **declaration)

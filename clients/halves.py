@@ -1,9 +1,9 @@
 """Every method's client half, handed to the client side at start-up.
 
 clients/ never imports strategies/ (the layers: partitions → clients → strategies →
-experiments). The registry that joins a method's two halves, strategies/methods.py, sits
-above both. What runs client code hands the registry's client halves over here
-(``strategies.methods.hand_over_client_halves``: the ServerApp, the commands that train
+experiments). The registry that joins a method's two halves, strategies/methods/registry.py,
+sits above both. What runs client code hands the registry's client halves over here
+(``strategies.methods.registry.hand_over_client_halves``: the ServerApp, the commands that train
 in-process, the test suite), never by being imported; the ClientApp that Flower loads
 (strategies/client_app.py) provides a loader of the registry without importing it, so a
 client process imports the methods (and torch) only with its first training message. The client code (clients/local_round.py,
@@ -14,11 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
+    from flwr.app import RecordDict
+    from torch import nn
+
     from clients.components import Builder
-    from clients.declarations import ObjectiveBuilder
+    from clients.training import LocalObjective
+
+    # A method's local objective, built per round from (the objective's settings from the round
+    # config, model, client state, rng, the message's content).
+    ObjectiveBuilder = Callable[[Mapping[str, Any], nn.Module, RecordDict, np.random.Generator, Mapping[str, Any]],
+                                LocalObjective]
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,7 @@ def installed() -> ClientHalves:
     global _halves
     if _halves is None:
         if _loader is None:
-            raise RuntimeError("the methods' client halves were not handed over: import strategies.methods (the "
-                               "registry above both halves) before running client code")
+            raise RuntimeError("the methods' client halves were not handed over: import strategies.methods.registry "
+                               "(the registry above both halves) before running client code")
         _halves = _loader()
     return _halves

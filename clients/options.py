@@ -1,7 +1,7 @@
 """Run-config keys: what each allows, and the error a bad value raises.
 
 The building blocks of the run config: the general keys (strategies/config.py) and every
-method's own keys (its :class:`~clients.declarations.MethodSpec`) are :class:`Option` values.
+method's own keys (its :class:`~strategies.methods.MethodSpec`) are :class:`Option` values.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ import argparse
 import re
 from pathlib import Path
 
-from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from experiments.runtime.method_keys import PYPROJECT, write_pyproject
-from strategies.methods import BROKEN_PLUGINS, REGISTRY, Declaration, Plugin, declarations
+from strategies.methods import ImplementedIn, MethodSpec, TableRow
+from strategies.methods.registry import BROKEN_PLUGINS, REGISTRY, Declaration, Plugin, declarations
 
 
 def _source(module: str) -> str:

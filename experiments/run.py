@@ -79,7 +79,7 @@ def list_keys() -> str:
     from clients.model_plugins import BROKEN_MODELS
     from experiments.runtime.run_config import default_run_config
     from strategies.config import SCHEMA
-    from strategies.methods import BROKEN_PLUGINS
+    from strategies.methods.registry import BROKEN_PLUGINS
 
     defaults = default_run_config()
     lines = [f"{key:26s} default {defaults[key]!r:12s} {option.allowed}" for key, option in SCHEMA.items()]

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option, one_of
 from clients.protocol import ADABEST_MEAN_EXAMPLES_PER_STEP, ADABEST_MU, ADABEST_OFFICIAL_CODE
 from strategies.arrays import counter_mean, is_float, to_numpy
 from strategies.cohort import COHORT
+from strategies.methods import ImplementedIn, MethodSpec, TableRow
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

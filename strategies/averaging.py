@@ -12,7 +12,7 @@ averages of the global models the base produces — never of its own outputs:
   is averaged (their Table 5); the other parameters are the base model's.
 - **Server SWA** (Caldarola et al. 2022; §1.3): from the start round on, at the end of
   each lr cycle of length c: w_SWA ← (n·w_SWA + w)/(n + 1); evaluation-only. The
-  authors' code (``swa-variant = official-code``, built in strategies/strategy_builder.py) samples
+  authors' code (``swa-variant = official-code``, built in strategies/methods/strategy_builder.py) samples
   instead after rounds S + c, S + 2c, … of its start round S: the first round of each
   cycle in the lr schedule's phase, with the first sample c rounds after the start.
 
@@ -35,11 +35,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from clients.declarations import TableRow
 from clients.options import ConfigError
 from strategies.arrays import to_arrays, to_numpy
-from strategies.averaging_spec import AveragingSpec, averaging_start_round
 from strategies.general_keys import AVERAGING_SUBSETS
+from strategies.methods import AveragingSpec, TableRow, averaging_start_round
 from strategies.round_interface import (
     RoundStrategy,
     WrappingStrategy,

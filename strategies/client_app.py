@@ -22,7 +22,7 @@ app = ClientApp()
 
 
 def _client_halves() -> ClientHalves:
-    from strategies.methods import client_halves
+    from strategies.methods.registry import client_halves
 
     return client_halves()
 

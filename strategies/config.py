@@ -23,9 +23,9 @@ from partitions.datasets import INPUT_SHAPES
 from partitions.stats import LABEL_SCHEMES
 from strategies.cohort import cohort_size
 from strategies.general_keys import AVERAGING_AND_RUN, DATA_AND_TRAINING
-from strategies.methods import AVERAGINGS_BY_NAME, METHODS_BY_NAME, method, method_options, refuse_broken_plugin
+from strategies.methods.registry import AVERAGINGS_BY_NAME, METHODS_BY_NAME, method, method_options, refuse_broken_plugin
 
-# Every declared method (strategies/methods.py): server-side methods, then methods that only
+# Every declared method (strategies/methods/registry.py): server-side methods, then methods that only
 # change the clients' local objective.
 STRATEGY_NAMES = tuple(METHODS_BY_NAME)
 # Methods that need a residual network with width-slimmable stages; methods whose objective

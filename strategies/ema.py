@@ -18,10 +18,9 @@ from typing import Any
 import numpy as np
 from flwr.serverapp.strategy import Strategy
 
-from clients.declarations import TableRow
 from clients.options import Option
 from strategies.averaging import ModelAveraging
-from strategies.averaging_spec import AveragingSpec, averaging_start_round
+from strategies.methods import AveragingSpec, TableRow, averaging_start_round
 
 
 def ema_update(average: dict[str, np.ndarray], model: dict[str, np.ndarray], decay: float) -> dict[str, np.ndarray]:

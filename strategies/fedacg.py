@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option, one_of
 from strategies.arrays import counter_mean, is_float, to_arrays, to_numpy
 from strategies.cohort import COHORT
+from strategies.methods import ImplementedIn, MethodSpec, TableRow
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

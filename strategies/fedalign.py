@@ -5,8 +5,8 @@ Lipschitz-alignment term of a slim sub-network (clients/objectives/fedalign.py).
 
 from __future__ import annotations
 
-from clients.declarations import ImplementedIn, TableRow, objective_method
 from clients.options import Option
+from strategies.methods import ImplementedIn, TableRow, objective_method
 
 METHODS = (
     objective_method(

@@ -4,8 +4,8 @@ Flower's FedAvg (its weighted mean read in place: strategies/weighted_mean.py), 
 seeded cohort sampling and partition-ordered aggregation.
 """
 
-from clients.declarations import MethodSpec, TableRow
 from strategies.cohort import COHORT
+from strategies.methods import MethodSpec, TableRow
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

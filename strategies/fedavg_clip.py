@@ -19,10 +19,10 @@ import math
 
 import numpy as np
 
-from clients.declarations import MethodSpec, TableRow
 from clients.options import Option
 from strategies.arrays import is_float
 from strategies.cohort import COHORT
+from strategies.methods import MethodSpec, TableRow
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

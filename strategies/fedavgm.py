@@ -11,9 +11,9 @@ the copy is refreshed from the arrays sent each round.
 
 from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
 
-from clients.declarations import MethodSpec, TableRow
 from clients.options import Option
 from strategies.cohort import COHORT
+from strategies.methods import MethodSpec, TableRow
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

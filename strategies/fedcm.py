@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option, one_of
 from clients.protocol import FEDCM_ALPHA, FEDCM_DIRECTION, FEDCM_SCALE
 from strategies.arrays import counter_mean, is_float, to_numpy, with_record
 from strategies.cohort import COHORT
+from strategies.methods import ImplementedIn, MethodSpec, TableRow
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option, one_of
 from clients.protocol import FEDFA_ANCHOR_LOSS, FEDFA_ANCHORS, FEDFA_CALIBRATE, OBJECTIVE_RECORD
 from strategies.arrays import with_record
-from strategies.client_objective import ClientObjectiveFedAvg
 from strategies.cohort import COHORT
+from strategies.methods import ImplementedIn, MethodSpec, TableRow
+from strategies.methods.objective_server import ClientObjectiveFedAvg
 
 FEDFA_VARIANTS = ("paper", "fedfa-ima")
 CLASSIFIER_WEIGHT = "classifier.weight"  # (C, d): every Basin model's linear head

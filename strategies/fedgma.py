@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import MethodSpec, TableRow
 from clients.options import Option
 from strategies.cohort import COHORT
+from strategies.methods import MethodSpec, TableRow
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import one_of
 from clients.protocol import FEDLESAM_UPDATE
 from strategies.arrays import counter_mean, is_float, to_arrays, to_numpy, with_record
-from strategies.client_objective import ClientObjectiveFedAvg
 from strategies.cohort import COHORT
+from strategies.methods import ImplementedIn, MethodSpec, TableRow
+from strategies.methods.objective_server import ClientObjectiveFedAvg
 from strategies.sam import SAM_RHO
 
 FEDLESAM_DEFAULT_RHO = 0.1

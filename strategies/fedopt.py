@@ -34,11 +34,11 @@ from flwr.serverapp.strategy import FedAdagrad as FlowerFedAdagrad
 from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 
-from clients.declarations import MethodSpec, TableRow
 from clients.options import Option
 from strategies.arrays import to_arrays, to_numpy
 from strategies.cohort import COHORT
 from strategies.fedavgm import SERVER_MOMENTUM
+from strategies.methods import MethodSpec, TableRow
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -6,9 +6,9 @@ proximal term is added by the client's training loop (clients/training.py).
 
 from flwr.serverapp.strategy import FedProx as FlowerFedProx
 
-from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option
 from strategies.cohort import COHORT
+from strategies.methods import ImplementedIn, MethodSpec, TableRow
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option, one_of
 from clients.protocol import (
     CONTROL_AFTER_CLIP,
@@ -43,6 +42,7 @@ from clients.protocol import (
 )
 from strategies.arrays import to_arrays, to_numpy, with_record
 from strategies.cohort import COHORT
+from strategies.methods import ImplementedIn, MethodSpec, TableRow
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

@@ -1,9 +1,9 @@
 """Basin's general run-config keys: what each allows, whatever the method.
 
-Every key except the methods' own (their declarations hold those: strategies/methods.py)
+Every key except the methods' own (their declarations hold those: strategies/methods/)
 and ``strategy``, ``server-lr`` and ``averaging``, whose allowed values come from the
 declarations; strategies/config.py puts them all together into ``SCHEMA``. A plug-in may
-not declare any of them (``GENERAL_KEY_NAMES``): strategies/methods.py refuses it.
+not declare any of them (``GENERAL_KEY_NAMES``): strategies/methods/registry.py refuses it.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ whose clients distil into random-width sub-networks (clients/objectives/gradaug.
 
 from __future__ import annotations
 
-from clients.declarations import ImplementedIn, TableRow, objective_method
 from clients.options import Option
+from strategies.methods import ImplementedIn, TableRow, objective_method
 
 METHODS = (
     objective_method(

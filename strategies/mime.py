@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
-from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.options import Option, one_of
 from clients.protocol import (
     FULL_GRADIENT_ACTION,
@@ -44,6 +43,7 @@ from clients.protocol import (
 from strategies.arrays import counter_mean, is_float, to_numpy, with_record
 from strategies.cohort import COHORT
 from strategies.exchange import send_and_receive
+from strategies.methods import ImplementedIn, MethodSpec, TableRow
 from strategies.sampling import ServerUpdate
 from strategies.weighted_mean import InPlaceFedAvg
 

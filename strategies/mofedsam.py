@@ -19,10 +19,10 @@ means it), α = 0.1 (``fedcm-alpha``), η_g = 1. FedSWA's code hard-codes ρ = 0
 
 from __future__ import annotations
 
-from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.protocol import OBJECTIVE
 from strategies.cohort import COHORT
 from strategies.fedcm import FEDCM_OPTIONS, FedCm
+from strategies.methods import ImplementedIn, MethodSpec, TableRow
 from strategies.sam import SAM_RHO
 
 MOFEDSAM_DEFAULT_RHO = 0.1

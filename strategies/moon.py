@@ -6,8 +6,8 @@ reads this declaration without importing torch.
 
 from __future__ import annotations
 
-from clients.declarations import ImplementedIn, TableRow, objective_method
 from clients.options import Option
+from strategies.methods import ImplementedIn, TableRow, objective_method
 
 METHODS = (
     objective_method(

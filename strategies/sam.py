@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from clients.declarations import ImplementedIn, TableRow, objective_method
 from clients.model_names import resolve_model_name
 from clients.options import Option
+from strategies.methods import ImplementedIn, TableRow, objective_method
 
 # Models the SAM papers call CNNs (their larger ASAM radius applies to them).
 SAM_CNN_MODELS = ("mlp", "fmnist-cnn", "cifar-cnn")

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import ArrayRecord
 
-from clients.declarations import ImplementedIn, MethodSpec, TableRow
 from clients.protocol import SCAFFOLD_DELTA_CONTROL, SCAFFOLD_SERVER_CONTROL
 from strategies.arrays import to_numpy, with_record
 from strategies.cohort import COHORT
+from strategies.methods import ImplementedIn, MethodSpec, TableRow
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 

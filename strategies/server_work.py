@@ -47,7 +47,8 @@ from strategies.cohort import cohort_size
 from strategies.config import summary_horizon, validate_run_config
 from strategies.exchange import TRAFFIC, send_and_receive
 from strategies.indicators import CKA_SAMPLES, round_indicators
-from strategies.methods import hand_over_client_halves, method
+from strategies.methods.registry import hand_over_client_halves, method
+from strategies.methods.strategy_builder import build_client_schedule, build_strategy
 from strategies.model_store import discard_rounds_after, save_round_models, saves_round
 from strategies.reply_screening import (
     ClientOutOfGpuMemory,
@@ -61,7 +62,6 @@ from strategies.results import RunRecorder
 from strategies.round_interface import RoundStrategy
 from strategies.sampling import discover_partitions
 from strategies.schedules import ClientSchedule
-from strategies.strategy_builder import build_client_schedule, build_strategy
 from strategies.tracking import Trackers
 
 

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
-from strategies.methods import hand_over_client_halves
+from strategies.methods.registry import hand_over_client_halves
 from tests.time_checks import SecondsPerTest, check_time
 
 hand_over_client_halves()  # tests run client code in this process, as the ClientApp's entry does in a client's

@@ -47,7 +47,7 @@ def bound_strategy(keys: dict, num_clients: int = 3):
     """The strategy the registry builds for run-config ``keys``, its partitions bound to
     nodes 100, 101, … (every client each round)."""
     from experiments.runtime.run_config import resolve_config
-    from strategies.strategy_builder import build_strategy
+    from strategies.methods.strategy_builder import build_strategy
 
     strategy = build_strategy(resolve_config({"num-clients": num_clients, "participation": 1.0, **keys}))
     strategy.bind_partitions({100 + i: i for i in range(num_clients)}, num_clients, 0)

@@ -92,7 +92,7 @@ def test_swa_official_code_samples_c_rounds_after_its_start_in_the_starts_phase(
     # fedsam's main.py with 0-based i, s = 2 (Basin round 3), c = 2: updates after i = 4, 6
     # (rounds 5, 7), the first with weight 1/(0 + 1) = 1: the SWA model is that round's model.
     from experiments.runtime.run_config import resolve_config
-    from strategies.strategy_builder import build_strategy
+    from strategies.methods.strategy_builder import build_strategy
 
     config = resolve_config({"averaging": "swa", "avg-start": 3, "swa-cycle": 2, "swa-variant": "official-code",
                              "num-rounds": 8})
@@ -224,7 +224,7 @@ def test_ima_exploration_and_swa_schedules():
 # -- IMA on adaptive server optimisers: the IMA authors' ordering ------------------------
 def _ima_on(strategy: str, **keys):
     from experiments.runtime.run_config import resolve_config
-    from strategies.strategy_builder import build_strategy
+    from strategies.methods.strategy_builder import build_strategy
 
     config = resolve_config({"strategy": strategy, "averaging": "ima", "window": 2, "avg-start": 3, "num-rounds": 5,
                              "server-lr": 0.1, **keys})

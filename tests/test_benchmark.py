@@ -189,7 +189,7 @@ def test_the_startup_mode_refuses_no_repeats(capsys):
 def test_the_modes_of_every_shipped_method_on_cuda_without_a_gpu():
     """`--methods --modes` runs nothing: every shipped method, with and without crop + flip, and
     the mode its step takes on CUDA; only GradAug is eager, and augmentation is no reason."""
-    from strategies.methods import METHODS_BY_NAME
+    from strategies.methods.registry import METHODS_BY_NAME
 
     result = subprocess.run([sys.executable, "-m", "experiments.benchmark", "--methods", "--modes"],
                             capture_output=True, text=True, timeout=600, cwd=REPO)

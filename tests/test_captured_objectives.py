@@ -13,7 +13,6 @@ import torch
 from flwr.app import RecordDict
 
 from clients.augmentation import CropFlip
-from clients.declarations import MethodSpec
 from clients.mime import MimeObjective
 from clients.models import build_model
 from clients.objectives.fedalign import FedAlign
@@ -25,7 +24,8 @@ from clients.objectives.moon import Moon
 from clients.objectives.sam import SharpnessAware
 from clients.objectives.stochastic_depth import StochasticDepth
 from clients.training import CrossEntropy, LocalTrainingConfig, train_local
-from strategies.methods import METHODS_BY_NAME
+from strategies.methods import MethodSpec
+from strategies.methods.registry import METHODS_BY_NAME
 
 ROUNDS = 3
 SHAPE = (1, 8, 8)

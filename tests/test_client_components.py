@@ -13,7 +13,7 @@ from clients import protocol
 from clients.components import ClientComponent
 from clients.models import build_model
 from strategies.config import STRATEGY_NAMES
-from strategies.methods import client_components
+from strategies.methods.registry import client_components
 
 REPO = Path(__file__).resolve().parents[1]
 # Every builder the methods declare (MethodSpec.client_components).

@@ -19,9 +19,9 @@ from experiments.measurement.in_process_grid import InProcessGrid
 from experiments.runtime.run_config import resolve_config
 from partitions import load_dataset
 from partitions.feasibility import partition_settings
-from strategies import methods
+from strategies.methods import registry as methods
+from strategies.methods.strategy_builder import build_client_schedule
 from strategies.server_work import round_train_config, train_rounds
-from strategies.strategy_builder import build_client_schedule
 from tests.test_compositions import Rows
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py

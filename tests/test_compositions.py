@@ -20,7 +20,7 @@ from clients.options import ConfigError
 from experiments.measurement.in_process_grid import InProcessGrid
 from experiments.runtime.run_config import resolve_config
 from partitions import load_dataset
-from strategies.methods import AVERAGINGS_BY_NAME, METHODS_BY_NAME
+from strategies.methods.registry import AVERAGINGS_BY_NAME, METHODS_BY_NAME
 from strategies.model_store import load_round_models
 from strategies.server_work import train_rounds
 
@@ -37,7 +37,7 @@ SMALL = {
 
 def _in_both_cohorts() -> int:
     """A partition that the seeded sampling puts in rounds 1 and 2 (it depends only on seed and round)."""
-    from strategies.strategy_builder import build_strategy
+    from strategies.methods.strategy_builder import build_strategy
 
     config = resolve_config({}, {**SMALL, "strategy": "fedavg"})
     strategy = build_strategy(config)
@@ -150,7 +150,7 @@ def test_every_composition_runs_two_rounds_through_the_client_handlers_or_is_ref
 def _steps_toward_a_target(config: dict[str, Any]) -> bool:
     """IMA on a server optimiser in its fma-target ordering: the window averages the FMAs
     and the step moves toward their mean (tests/test_averaging.py checks that arithmetic)."""
-    from strategies.strategy_builder import build_base_strategy
+    from strategies.methods.strategy_builder import build_base_strategy
 
     return config["ima-server-opt"] == "fma-target" and hasattr(build_base_strategy(config), "step_target")
 
@@ -158,8 +158,8 @@ def _steps_toward_a_target(config: dict[str, Any]) -> bool:
 # -- the clients' schedule under each rule, through its declaration and a resolved run config --
 def _round_schedule(keys: dict[str, Any], rounds: range) -> list[tuple[float, int]]:
     """(lr, local-epochs) that the ServerApp sends each round's clients for run config ``keys``."""
+    from strategies.methods.strategy_builder import build_client_schedule
     from strategies.server_work import round_train_config
-    from strategies.strategy_builder import build_client_schedule
 
     config = resolve_config({}, {"num-rounds": 60, "lr": 0.1, "lr-decay": 0.9, "local-epochs": 5, **keys})
     schedule = build_client_schedule(config)

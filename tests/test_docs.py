@@ -228,7 +228,7 @@ def test_every_method_and_averaging_rule_has_its_paper_in_the_references():
 
     import yaml
 
-    from strategies.methods import AVERAGINGS_BY_NAME, METHODS_BY_NAME, REGISTRY
+    from strategies.methods.registry import AVERAGINGS_BY_NAME, METHODS_BY_NAME, REGISTRY
 
     text = (REPO / "docs" / "references.md").read_text()
     cited = set(re.findall(r"`([a-z0-9-]+)`", text)) | set(re.findall(r"`averaging = ([a-z]+)`", text))

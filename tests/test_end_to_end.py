@@ -16,7 +16,7 @@ from experiments.runtime.flower_log import startup_stage
 from experiments.runtime.launch import launch
 from experiments.runtime.run_config import load_preset
 from experiments.runtime.run_endings import RunFailed
-from strategies.methods import end_to_end_runs
+from strategies.methods.registry import end_to_end_runs
 
 pytestmark = pytest.mark.slow  # real `flwr run` jobs: the second tier (.ci/run)
 

@@ -98,7 +98,7 @@ def confusable_names(root: Path = REPO) -> list[tuple[str, str]]:
     """Pairs of modules or folders of Basin's packages whose names are the same or one letter
     apart, but methods' modules: a method's two halves share its name (strategies/fedfa.py,
     clients/objectives/fedfa.py), and methods are named by their papers (fedavg, fedacg)."""
-    from strategies.methods import AVERAGING_MODULES, METHOD_MODULES
+    from strategies.methods.registry import AVERAGING_MODULES, METHOD_MODULES
 
     method_names = {module.rpartition(".")[2] for module in (*METHOD_MODULES, *AVERAGING_MODULES)}
     entries = sorted(path.relative_to(root).as_posix() for package in PACKAGES for path in (root / package).rglob("*")

@@ -1,4 +1,4 @@
-"""Methods are declared once (strategies/averaging_spec.py, strategies/methods.py): every table is
+"""Methods are declared once (strategies/methods/: method_spec.py, averaging_spec.py, registry.py): every table is
 derived from the declarations, no module names a method it does not declare, every
 declared method runs end to end, and the worked examples of docs/extending.md hold to
 their equations."""
@@ -15,10 +15,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from clients.declarations import ImplementedIn, MethodSpec
 from experiments.runtime.method_keys import PYPROJECT, pyproject_block
 from strategies.config import SCHEMA, validate_run_config
-from strategies.methods import METHOD_MODULES, METHODS_BY_NAME, method_options
+from strategies.methods import ImplementedIn, MethodSpec
+from strategies.methods.registry import METHOD_MODULES, METHODS_BY_NAME, method_options
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("strategies", "clients", "partitions", "experiments")
@@ -60,7 +60,7 @@ def test_no_module_branches_on_an_averaging_rules_name():
     """The clients' schedule and every other rule-specific behaviour come from the rule's
     declaration (AveragingSpec.client_schedule …): no `config["averaging"] == "ima"` outside
     the rule's own module."""
-    from strategies.methods import AVERAGINGS_BY_NAME, REGISTRY
+    from strategies.methods.registry import AVERAGINGS_BY_NAME, REGISTRY
 
     found = []
     for package in PACKAGES:
@@ -84,7 +84,7 @@ def test_the_methods_page_holds_the_table_the_declarations_generate():
 
 
 def test_every_declared_method_and_averaging_rule_runs_in_a_real_flower_run():
-    from strategies.methods import AVERAGINGS_BY_NAME
+    from strategies.methods.registry import AVERAGINGS_BY_NAME
     from tests.test_checkpoint_resume import RESUMED_METHODS
     from tests.test_end_to_end import RUNS
 
@@ -98,7 +98,7 @@ def test_every_table_is_derived_from_the_declarations():
     from clients.components import ClientComponent
     from experiments.measurement.method_costs import default_methods
     from strategies.config import STRATEGY_NAMES
-    from strategies.methods import client_components, objective_builders
+    from strategies.methods.registry import client_components, objective_builders
 
     assert STRATEGY_NAMES == tuple(METHODS_BY_NAME) and SCHEMA["strategy"].choices == tuple(METHODS_BY_NAME)
     assert set(method_options()) <= set(SCHEMA)
@@ -159,7 +159,7 @@ from experiments.runtime.launch import launch
 from experiments.runtime.finished_runs import method_label
 from experiments.runtime.run_config import resolve_config
 from strategies.checkpoint import read_checkpoint
-from strategies.methods import METHODS_BY_NAME, client_halves
+from strategies.methods.registry import METHODS_BY_NAME, client_halves
 configs = []
 for name, spec in METHODS_BY_NAME.items():
     overrides = {{"strategy": name, "momentum": 0.0}}
@@ -175,6 +175,25 @@ print(sorted(name for name in sys.modules if name == "torch" or name.startswith(
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_method_vocabulary_loads_no_registry_so_a_declaring_module_imported_first_is_registered_whole():
+    """``strategies.methods`` (what a declaring module imports) loads neither the registry nor
+    torch: were the registry loaded then, it would import the declaring module half-done, and
+    IMA, WIMA and SWA would be missing without an error."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import strategies.averaging
+print("strategies.methods.registry" in sys.modules, "torch" in sys.modules)
+from strategies.methods.registry import AVERAGINGS_BY_NAME
+print(sorted(AVERAGINGS_BY_NAME))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["False False", "['ema', 'ima', 'swa', 'wima']"]
 
 
 def test_a_client_half_named_where_it_is_defined_is_imported_at_its_first_call(tmp_path, monkeypatch):
@@ -193,7 +212,7 @@ def test_a_client_half_named_where_it_is_defined_is_imported_at_its_first_call(t
     # Equal where they name the same builder: one component per message, however many methods share it.
     assert builder == ImplementedIn("half_module:builder") and len({builder, ImplementedIn("half_module:builder")}) == 1
     assert made != ImplementedIn("half_module:factory", ("other-key",))
-    from strategies.methods import client_components
+    from strategies.methods.registry import client_components
 
     proximal = ImplementedIn("clients.components:proximal")
     assert METHODS_BY_NAME["fedprox"].client_components == METHODS_BY_NAME["fedacg"].client_components == (proximal,)
@@ -248,7 +267,7 @@ def test_the_ema_is_beta_times_the_average_plus_one_minus_beta_times_the_model()
 def test_the_cosine_lr_schedule_is_the_same_under_every_method():
     """lr-schedule = cosine: lr_t = lr₀(1 + cos(π(t−1)/R))/2 for any strategy (the FedSWA comparison)."""
     from experiments.runtime.run_config import resolve_config
-    from strategies.strategy_builder import build_client_schedule
+    from strategies.methods.strategy_builder import build_client_schedule
 
     for strategy in ("fedavg", "scaffold", "fedswa", "fedmoswa", "fedlesam"):
         config = resolve_config({"strategy": strategy, "lr-schedule": "cosine", "lr": 0.1, "num-rounds": 10,

@@ -85,7 +85,7 @@ def test_one_comparison_reports_one_metric():
 def test_ima_sweeps_run_fedadam_and_fedyogi_with_the_ima_authors_server_settings():
     """utils/aggregator.py, fedadam+ima / fedyogi+ima: η = 1e-2, τ = 1e-3, β1 = 0.9, β2 = 0.99,
     and the window of FMA aggregates as the step's target."""
-    from strategies.strategy_builder import build_strategy
+    from strategies.methods.strategy_builder import build_strategy
 
     checked = 0
     for name in ("ima-fmnist-methods", "ima-cifar10", "ima-cifar100", "ima-pacs"):

@@ -16,16 +16,16 @@ import pytest
 
 from clients.options import ConfigError
 from experiments.runtime.run_config import APP_DIR, default_run_config
-from strategies import methods
 from strategies.config import validate_run_config
-from strategies.methods import BrokenPlugin, Plugin, load_registry
+from strategies.methods import registry as methods
+from strategies.methods.registry import BrokenPlugin, Plugin, load_registry
 
 EXAMPLE = APP_DIR / "examples" / "feddecorr"
 FEDLC = APP_DIR / "examples" / "fedlc"
 SMALL_CNN = APP_DIR / "examples" / "small-cnn"
 
 GOOD = '''
-from clients.declarations import objective_method
+from strategies.methods import objective_method
 from clients.options import Option
 
 METHODS = (objective_method("{name}", "Good", lambda *args: None, ("{key}",),
@@ -89,7 +89,7 @@ def test_the_loaders_holes_are_each_one_line_at_load(tmp_path, monkeypatch):
     several = _module(tmp_path, monkeypatch, "plugin_several", GOOD.format(name="first", key="first-weight")
                       + GOOD.format(name="second", key="second-weight").replace("METHODS = (", "METHODS += ("))
     malformed = _module(tmp_path, monkeypatch, "plugin_built_wrong", '''
-        from clients.declarations import objective_method
+        from strategies.methods import objective_method
         from clients.options import Option
 
         METHODS = (objective_method("built-wrong", "BuiltWrong", lambda *args: None, model_needs="a GPU"),)
@@ -109,6 +109,15 @@ def test_the_loaders_holes_are_each_one_line_at_load(tmp_path, monkeypatch):
         "its objective_keys name 'keys-wieght', which neither it (options) nor Basin (`--list-keys`) declares")
     both = load_registry([Plugin("first", several, "dist-b"), Plugin("second", several, "dist-b")])
     assert {"first", "second"} <= set(both.methods) and not both.broken  # an entry point for each: both load
+
+
+def test_a_plugin_importing_the_method_types_from_their_earlier_module_is_told_where_they_are(tmp_path, monkeypatch):
+    earlier = _module(tmp_path, monkeypatch, "plugin_earlier", GOOD.format(name="earlier", key="earlier-weight").replace(
+        "from strategies.methods import objective_method", "from clients.declarations import objective_method"))
+    registry = load_registry([Plugin("earlier", earlier, "dist-a")])
+    assert _problem(registry, "earlier").endswith(
+        "importing it failed: ImportError: objective_method is in strategies.methods now: "
+        "from strategies.methods import objective_method")
 
 
 def test_a_plugin_whose_module_imports_torch_is_named_in_the_listing(tmp_path):
@@ -165,7 +174,7 @@ def test_a_plugin_that_declares_a_tensor_beside_its_model_is_refused_under_dp_in
     only, the launcher refuses it in one line naming the method and the tensor, in either
     order, before Flower starts; without DP it is accepted."""
     env = _installed_entry_point(tmp_path, "sends-more", "sends_more", '''
-        from clients.declarations import objective_method
+        from strategies.methods import objective_method
 
         METHODS = (objective_method("sends-more", "SendsMore", lambda *args: None,
                                     reply_records={"objective-record": "per class, its mean logit"}),)

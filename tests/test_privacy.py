@@ -11,8 +11,8 @@ from experiments.runtime.run_config import resolve_config
 from strategies.averaging import ModelAveraging
 from strategies.config import ConfigError, validate_run_config
 from strategies.fedavg import FedAvg
+from strategies.methods.strategy_builder import build_strategy
 from strategies.privacy import DP_ORDERS, ServerSideDP
-from strategies.strategy_builder import build_strategy
 from tests.fakes import FakeGrid, train_reply
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
@@ -153,7 +153,7 @@ def test_the_methods_that_send_more_than_their_model_declare_it_and_dp_refuses_t
     """SCAFFOLD's Δc_i, FedMoSWA's controls, MIME's full-batch gradients and FedFA's anchors
     leave the client beside the model; server-side DP clips and noises the model update
     only, so either order refuses them before Flower starts, naming the method and the tensor."""
-    from strategies.methods import METHODS_BY_NAME
+    from strategies.methods.registry import METHODS_BY_NAME
 
     senders = {name: spec.reply_records for name, spec in METHODS_BY_NAME.items() if spec.reply_records}
     assert {"scaffold", "fedmoswa", "mime", "mimelite", "fedfa"} <= set(senders)

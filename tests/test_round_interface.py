@@ -13,8 +13,8 @@ from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
 from experiments.runtime.run_config import resolve_config
 from strategies.averaging import ModelAveraging
 from strategies.fedavg import FedAvg
+from strategies.methods.strategy_builder import build_strategy
 from strategies.round_interface import RoundStrategy
-from strategies.strategy_builder import build_strategy
 
 REPO = Path(__file__).resolve().parents[1]
 

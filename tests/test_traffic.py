@@ -16,7 +16,7 @@ from experiments.measurement.method_traffic import measure_traffic
 from experiments.runtime.run_config import resolve_config
 from partitions import load_dataset
 from strategies.exchange import array_bytes
-from strategies.methods import METHODS_BY_NAME
+from strategies.methods.registry import METHODS_BY_NAME
 from strategies.server_work import train_rounds
 from tests.test_compositions import Rows
 

@@ -8,8 +8,8 @@ from clients.models import build_model
 from clients.training import LocalTrainingConfig, add_proximal_gradient, evaluate, proximal_hook, train_local
 from experiments.runtime.run_config import resolve_config
 from partitions import load_dataset
+from strategies.methods.strategy_builder import build_client_schedule
 from strategies.server_work import round_train_config
-from strategies.strategy_builder import build_client_schedule
 
 
 def _train(seed: int, **overrides):

@@ -37,7 +37,7 @@ from partitions.feasibility import partition_settings
 from partitions.tensor_dataset import TensorDataset
 from partitions.text import IGNORE_INDEX
 from strategies.indicators import trainable_names
-from strategies.methods import hand_over_client_halves
+from strategies.methods.registry import hand_over_client_halves
 from strategies.model_store import load_round_models, saved_rounds
 
 ANALYSIS_DIR = "analysis"

@@ -38,10 +38,10 @@ from experiments.runtime.run_endings import RunFailed
 from partitions import load_dataset
 from strategies.cohort import cohort_size
 from strategies.config import ConfigError
-from strategies.methods import hand_over_client_halves
+from strategies.methods.registry import hand_over_client_halves
+from strategies.methods.strategy_builder import build_client_schedule
 from strategies.sampling import CohortSampling
 from strategies.server_work import round_train_config
-from strategies.strategy_builder import build_client_schedule
 
 
 @dataclasses.dataclass

@@ -33,9 +33,9 @@ from experiments.runtime.output_dir import create_output_dir
 from experiments.runtime.run_config import parse_overrides, resolve_config
 from partitions.datasets import INPUT_SHAPES
 from strategies.general_keys import DEVICES
-from strategies.methods import METHODS_BY_NAME, hand_over_client_halves
+from strategies.methods.registry import METHODS_BY_NAME, hand_over_client_halves
+from strategies.methods.strategy_builder import build_client_schedule, build_strategy
 from strategies.server_work import round_train_config
-from strategies.strategy_builder import build_client_schedule, build_strategy
 
 AUGMENTED = "+crop-flip"
 REFERENCE = "fedavg"

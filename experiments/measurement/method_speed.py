@@ -32,7 +32,7 @@ from clients.memory_format import in_layout, memory_format
 from clients.models import build_model, uses_projection_head
 from clients.training import select_device
 from experiments.measurement.method_costs import REFERENCE, method_config, training_content
-from strategies.methods import METHODS_BY_NAME, hand_over_client_halves
+from strategies.methods.registry import METHODS_BY_NAME, hand_over_client_halves
 
 
 @dataclass(frozen=True)

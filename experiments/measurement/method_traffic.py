@@ -28,9 +28,9 @@ from clients.flower_internals import task_identity
 from clients.models import build_model, uses_projection_head
 from experiments.measurement.in_process_grid import InProcessGrid
 from strategies.exchange import send_and_receive
-from strategies.methods import hand_over_client_halves
+from strategies.methods.registry import hand_over_client_halves
+from strategies.methods.strategy_builder import build_client_schedule, build_strategy
 from strategies.server_work import round_train_config
-from strategies.strategy_builder import build_client_schedule, build_strategy
 
 ROUNDS = 2  # the last one is reported: from round 2 on, every method sends all it ever sends
 EXAMPLES = 4  # the client's synthetic examples (BatchNorm needs more than one)

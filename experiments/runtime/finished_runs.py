@@ -46,7 +46,7 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
 
 def method_label(config: Mapping[str, Any], extra_keys: Iterable[str] = ()) -> str:
     """What ran, as the papers write it: "FedAvg+IMA", then ``extra_keys`` as key=value."""
-    from strategies.methods import AVERAGINGS_BY_NAME, METHODS_BY_NAME  # every method's declaration: only when asked for
+    from strategies.methods.registry import AVERAGINGS_BY_NAME, METHODS_BY_NAME  # every method's declaration: only when asked for
 
     name = METHODS_BY_NAME[config["strategy"]].display_name if config["strategy"] in METHODS_BY_NAME else config["strategy"]
     if config["averaging"] != "none":
@@ -73,7 +73,7 @@ def setup_title(config: Mapping[str, Any]) -> str:
 
 def averaging_start(config: Mapping[str, Any]) -> int | None:
     """The first round whose reported model is an average (None without averaging)."""
-    from strategies.methods import AVERAGINGS_BY_NAME
+    from strategies.methods.registry import AVERAGINGS_BY_NAME
 
     if config["averaging"] == "none":
         return None

@@ -55,7 +55,7 @@ from experiments.runtime.warm_processes import (
 )
 from strategies.checkpoint import read_checkpoint
 from strategies.config import validate_run_config
-from strategies.methods import REGISTRY
+from strategies.methods.registry import REGISTRY
 from strategies.results import write_json_atomic
 
 # What `flwr run` packs: the ServerApp's and ClientApp's packages, the app's pyproject.toml and README.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import tomli_w
 
-from strategies.methods import REGISTRY, declarations
+from strategies.methods.registry import REGISTRY, declarations
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 BLOCK_START = ("# -- method keys: generated from the methods' declarations by "

@@ -14,7 +14,7 @@ from typing import Any
 from experiments.runtime.machine import check_data, local_label_directory
 from partitions.feasibility import check_partition
 from strategies.config import ConfigError, validate_run_config
-from strategies.methods import plugin_defaults
+from strategies.methods.registry import plugin_defaults
 
 APP_DIR = Path(__file__).resolve().parents[2]
 PRESETS_DIR = APP_DIR / "experiments" / "presets"

@@ -19,8 +19,8 @@ without torch); the objective, which needs torch, is named by where it lives
 (``ImplementedIn``) and imported by the clients: basin_feddecorr/objective.py.
 """
 
-from clients.declarations import ImplementedIn, objective_method
 from clients.options import Option
+from strategies.methods import ImplementedIn, objective_method
 
 METHODS = (
     objective_method(

@@ -7,8 +7,8 @@ calibrated logits, f_y(x) − τ·n_{k,y}^{−1/4}, where n_{k,y} is how many of
 examples have label y; τ = ``fedlc-tau`` (1.0). The server is FedAvg sending τ each round.
 """
 
-from clients.declarations import ImplementedIn, objective_method
 from clients.options import Option
+from strategies.methods import ImplementedIn, objective_method
 
 METHODS = (
     objective_method(

@@ -12,7 +12,7 @@ from typing import Any, cast
 from flwr.serverapp.strategy import Strategy
 
 from strategies.cohort import cohort_size
-from strategies.methods import AVERAGINGS_BY_NAME, method
+from strategies.methods.registry import AVERAGINGS_BY_NAME, method
 from strategies.privacy import ServerSideDP
 from strategies.round_interface import RoundStrategy
 from strategies.schedules import ClientSchedule
@@ -20,7 +20,7 @@ from strategies.schedules import ClientSchedule
 
 def build_base_strategy(config: Mapping[str, Any]) -> RoundStrategy:
     """The base method named by ``config['strategy']`` (config already validated), as its
-    declaration builds it (strategies/methods.py gave the objective-only methods theirs)."""
+    declaration builds it (the registry gave the objective-only methods theirs)."""
     build = cast(Callable[[Mapping[str, Any]], RoundStrategy], method(config["strategy"]).build)
     return build(config)
 

@@ -1,5 +1,5 @@
 """An averaging rule's declaration (:class:`AveragingSpec`) and the round its averages start.
-A method's declaration (:class:`~clients.declarations.MethodSpec`) is in clients/declarations.py,
+A method's declaration (:class:`~strategies.methods.MethodSpec`) is in method_spec.py beside it,
 the vocabulary both halves of a method share.
 """
 
@@ -9,8 +9,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from clients.declarations import DeclarationError, TableRow
+from clients.declarations import DeclarationError
 from clients.options import Option
+from strategies.methods.method_spec import TableRow
 from strategies.schedules import ClientSchedule
 
 
@@ -30,7 +31,7 @@ class AveragingSpec:
     other keys, the first round whose reported model is an average (figures mark it), the
     clients' schedule under it, and its smoke runs. Rules live in strategies/averaging.py
     (IMA, WIMA, SWA) and their own modules (strategies/ema.py), listed in
-    strategies/methods.py's ``AVERAGING_MODULES``, or in a plug-in (docs/extending.md)."""
+    strategies/methods/registry.py's ``AVERAGING_MODULES``, or in a plug-in (docs/extending.md)."""
 
     name: str
     display_name: str

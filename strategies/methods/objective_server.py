@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from clients.declarations import MethodSpec
 from clients.protocol import OBJECTIVE
 from strategies.cohort import COHORT
+from strategies.methods.method_spec import MethodSpec
 from strategies.sampling import CohortSampling
 from strategies.weighted_mean import InPlaceFedAvg
 
@@ -41,7 +41,7 @@ class ClientObjectiveFedAvg(CohortSampling, InPlaceFedAvg):
 
 def objective_server(spec: MethodSpec) -> Callable[[Mapping[str, Any]], ClientObjectiveFedAvg]:
     """The server half of a method that only changes the clients' objective (declared with
-    :func:`clients.declarations.objective_method`): :class:`ClientObjectiveFedAvg` sending
+    :func:`strategies.methods.objective_method`): :class:`ClientObjectiveFedAvg` sending
     the objective's name and its keys' values (``spec.objective_settings`` resolves them when
     they need more than a copy), with the method's own gradient-norm clip if it has one."""
 

@@ -1,8 +1,8 @@
 """Every method Basin knows: its own, and those of installed plug-ins; what is derived from them.
 
 A method is declared once, in its own module, ending with ``METHODS = (MethodSpec(...),)``
-(clients/declarations.py) or, for an averaging rule, ``AVERAGINGS = (AveragingSpec(...),)``
-(strategies/averaging_spec.py). Basin's own modules are listed below; a researcher's live in their
+(strategies/methods/method_spec.py) or, for an averaging rule, ``AVERAGINGS = (AveragingSpec(...),)``
+(strategies/methods/averaging_spec.py). Basin's own modules are listed below; a researcher's live in their
 own package, found by an entry point in the group ``basin.methods`` whose name is the
 method's and whose value is the module that declares it (docs/extending.md). The order
 here is the order of ``strategy``'s allowed values: server-side methods, then those that
@@ -29,16 +29,17 @@ from functools import cache
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from clients.declarations import MethodSpec, import_plugin_module
+from clients.declarations import import_plugin_module
 from clients.halves import ClientHalves, provide
 from clients.options import ConfigError, Option
-from strategies.averaging_spec import AveragingSpec
-from strategies.client_objective import objective_server
 from strategies.general_keys import GENERAL_KEY_NAMES
+from strategies.methods.averaging_spec import AveragingSpec
+from strategies.methods.method_spec import MethodSpec
+from strategies.methods.objective_server import objective_server
 
 if TYPE_CHECKING:
     from clients.components import Builder
-    from clients.declarations import ObjectiveBuilder
+    from clients.halves import ObjectiveBuilder
 
 METHOD_MODULES = (
     "strategies.fedavg", "strategies.fedavgm", "strategies.fedopt", "strategies.fedprox", "strategies.scaffold",
