@@ -69,8 +69,8 @@ class ModelAveraging(WrappingStrategy, Strategy):
     ----------
     base : Strategy
         The strategy whose global models are averaged.
-    window_size : int or None
-        P (IMA) or W (WIMA): the last ``window_size`` sampled models are averaged.
+    window : int or None
+        P (IMA) or W (WIMA): the last ``window`` sampled models are averaged.
         ``None``: a running average of every sampled model (SWA).
     start_round : int
         First round (1-based) whose output is an average.
@@ -94,7 +94,7 @@ class ModelAveraging(WrappingStrategy, Strategy):
     def __init__(
         self,
         base: Strategy,
-        window_size: int | None,
+        window: int | None,
         start_round: int,
         feedback: bool,
         sample_every: int = 1,
@@ -103,8 +103,8 @@ class ModelAveraging(WrappingStrategy, Strategy):
         classifier_prefix: str = "classifier.",
         optimizer_target: bool = False,
     ) -> None:
-        if window_size is not None and window_size < 1:
-            raise ValueError(f"window_size must be >= 1 or None, got {window_size}")
+        if window is not None and window < 1:
+            raise ValueError(f"window must be >= 1 or None, got {window}")
         if start_round < 1:
             raise ValueError(f"start_round must be >= 1, got {start_round}")
         if sample_every < 1:
@@ -112,14 +112,14 @@ class ModelAveraging(WrappingStrategy, Strategy):
         if subset not in AVERAGING_SUBSETS:
             raise ValueError(f"subset must be one of {AVERAGING_SUBSETS}, got {subset!r}")
         self.base = base
-        self.window_size = window_size
+        self.window = window
         self.start_round = start_round
         self.feedback = feedback
         self.sample_every = sample_every
         self.sample_phase = sample_phase
         self.subset = subset
         self.classifier_prefix = classifier_prefix
-        self.window: deque[dict[str, np.ndarray]] = deque(maxlen=window_size)
+        self.recent_models: deque[dict[str, np.ndarray]] = deque(maxlen=window)
         self.running_mean: dict[str, np.ndarray] | None = None
         self.num_averaged = 0
         self.base_arrays: ArrayRecord | None = None
@@ -138,9 +138,9 @@ class ModelAveraging(WrappingStrategy, Strategy):
 
     # -- what the round loop asks -------------------------------------------------------
     def first_sampled_round(self) -> int:
-        if self.window_size is None:
+        if self.window is None:
             return self.start_round
-        return max(1, self.start_round - self.window_size + 1)
+        return max(1, self.start_round - self.window + 1)
 
     def is_sampled(self, server_round: int) -> bool:
         in_step = (server_round - self.sample_phase) % self.sample_every == 0
@@ -148,7 +148,7 @@ class ModelAveraging(WrappingStrategy, Strategy):
 
     def is_active(self, server_round: int) -> bool:
         """Whether the round's output includes an average."""
-        return server_round >= self.start_round and (len(self.window) > 0 or self.num_averaged > 0)
+        return server_round >= self.start_round and (len(self.recent_models) > 0 or self.num_averaged > 0)
 
     @property
     def sends_average(self) -> bool:
@@ -221,8 +221,8 @@ class ModelAveraging(WrappingStrategy, Strategy):
 
     # -- arithmetic ---------------------------------------------------------------------
     def _sample(self, model: dict[str, np.ndarray]) -> None:
-        if self.window_size is not None:
-            self.window.append(model)
+        if self.window is not None:
+            self.recent_models.append(model)
             return
         if self.running_mean is None:
             self.running_mean = {k: v.copy() for k, v in model.items()}
@@ -242,7 +242,7 @@ class ModelAveraging(WrappingStrategy, Strategy):
         return set(keys)
 
     def _average(self, newest: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        mean = window_mean(self.window) if self.window_size is not None else self.running_mean
+        mean = window_mean(self.recent_models) if self.window is not None else self.running_mean
         assert mean is not None, "averaged before any model was sampled"
         averaged = self._averaged_keys(newest)
         return {k: (mean[k] if k in averaged else newest[k]) for k in newest}
@@ -251,7 +251,7 @@ class ModelAveraging(WrappingStrategy, Strategy):
     def state_dict(self) -> dict:
         """The component's state as plain numpy arrays and numbers."""
         return {
-            "window": [dict(m) for m in self.window],
+            "window": [dict(m) for m in self.recent_models],
             "running_mean": self.running_mean,
             "num_averaged": self.num_averaged,
             "base_arrays": None if self.base_arrays is None else to_numpy(self.base_arrays),
@@ -260,7 +260,7 @@ class ModelAveraging(WrappingStrategy, Strategy):
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.window = deque(state["window"], maxlen=self.window_size)
+        self.recent_models = deque(state["window"], maxlen=self.window)
         self.running_mean = state["running_mean"]
         self.num_averaged = int(state["num_averaged"])
         self.base_arrays = None if state["base_arrays"] is None else to_arrays(state["base_arrays"])

@@ -49,7 +49,7 @@ def test_the_window_mean_is_the_elementwise_mean_of_its_models():
 
 
 def test_ima_fills_from_ts_minus_p_plus_1_and_feeds_back_from_ts():
-    ima = ModelAveraging(ScriptedBase(), window_size=3, start_round=5, feedback=True)
+    ima = ModelAveraging(ScriptedBase(), window=3, start_round=5, feedback=True)
     assert [r for r in range(1, 9) if ima.is_sampled(r)] == [3, 4, 5, 6, 7, 8]
     sent = run_rounds(ima, [model(float(r)) for r in range(1, 8)])
     # Rounds 1-4: base model r; round 5: mean(3,4,5) = 4; 6: mean(4,5,6) = 5; 7: 6.
@@ -58,7 +58,7 @@ def test_ima_fills_from_ts_minus_p_plus_1_and_feeds_back_from_ts():
 
 
 def test_wima_is_a_shadow_model_from_round_w():
-    wima = ModelAveraging(ScriptedBase(), window_size=2, start_round=2, feedback=False)
+    wima = ModelAveraging(ScriptedBase(), window=2, start_round=2, feedback=False)
     sent = run_rounds(wima, [model(1.0), model(3.0), model(7.0)])
     assert sent == [[1.0], [3.0], [7.0]]  # clients keep receiving the base model
     assert to_numpy(wima.averaged_arrays)["features.w"].tolist() == [5.0]  # mean(3, 7)
@@ -66,18 +66,18 @@ def test_wima_is_a_shadow_model_from_round_w():
 
 
 def test_averaging_only_a_subset_keeps_the_rest_from_the_base():
-    features = ModelAveraging(ScriptedBase(), window_size=2, start_round=2, feedback=False, subset="features")
+    features = ModelAveraging(ScriptedBase(), window=2, start_round=2, feedback=False, subset="features")
     run_rounds(features, [model(1.0, head=[10.0]), model(3.0, head=[20.0])])
     averaged = to_numpy(features.averaged_arrays)
     assert averaged["features.w"].tolist() == [2.0] and averaged["classifier.w"].tolist() == [20.0]
-    head = ModelAveraging(ScriptedBase(), window_size=2, start_round=2, feedback=False, subset="classifier")
+    head = ModelAveraging(ScriptedBase(), window=2, start_round=2, feedback=False, subset="classifier")
     run_rounds(head, [model(1.0, head=[10.0]), model(3.0, head=[20.0])])
     averaged = to_numpy(head.averaged_arrays)
     assert averaged["features.w"].tolist() == [3.0] and averaged["classifier.w"].tolist() == [15.0]
 
 
 def test_swa_running_average_at_cycle_ends():
-    swa = ModelAveraging(ScriptedBase(), window_size=None, start_round=3, feedback=False, sample_every=2)
+    swa = ModelAveraging(ScriptedBase(), window=None, start_round=3, feedback=False, sample_every=2)
     assert [r for r in range(1, 9) if swa.is_sampled(r)] == [4, 6, 8]
     averages = []
     for r in range(1, 9):
@@ -134,7 +134,7 @@ def test_wima_equals_first_model_minus_position_weighted_pseudo_gradients():
     """METHODS.md §1.2: w_WIMA^{t'+W} = w^{t'} − Σ_{τ=t'}^{t'+W−1} ((t'+W−τ)/W) Δ^τ for FedAvg."""
     rng = np.random.default_rng(0)
     W, sizes = 4, [1, 2, 5]
-    wima = ModelAveraging(_bound(FedAvg(**COHORT)), window_size=W, start_round=W, feedback=False)
+    wima = ModelAveraging(_bound(FedAvg(**COHORT)), window=W, start_round=W, feedback=False)
     w = rng.normal(size=3)
     first, deltas = w.copy(), []
     for server_round in range(1, W + 1):
@@ -148,7 +148,7 @@ def test_wima_equals_first_model_minus_position_weighted_pseudo_gradients():
 
 
 def test_fedadam_with_ima_takes_its_pseudo_gradient_against_the_fed_back_model():
-    ima = ModelAveraging(_bound(FedAdam(**COHORT, eta=0.1, eta_l=0.1)), window_size=2, start_round=2, feedback=True)
+    ima = ModelAveraging(_bound(FedAdam(**COHORT, eta=0.1, eta_l=0.1)), window=2, start_round=2, feedback=True)
     sent = ArrayRecord({"w": Array(np.zeros(3))})
     for server_round in (1, 2, 3):
         ima.configure_train(server_round, sent, ConfigRecord(), FakeGrid([100, 101, 102]))
@@ -171,7 +171,7 @@ def test_fedavgm_pseudo_gradient_is_anchored_to_the_sent_model():
 
 def test_checkpoint_restore_continues_identically(tmp_path):
     def fresh():
-        return ModelAveraging(_bound(FedAdam(**COHORT, eta=0.1, eta_l=0.1)), window_size=3, start_round=3, feedback=True)
+        return ModelAveraging(_bound(FedAdam(**COHORT, eta=0.1, eta_l=0.1)), window=3, start_round=3, feedback=True)
 
     rng = np.random.default_rng(0)
     rounds = [[rng.normal(size=4) for _ in range(3)] for _ in range(6)]

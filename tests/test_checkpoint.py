@@ -24,7 +24,7 @@ from strategies.results import RunRecorder
 
 def _strategy():
     base = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=0)
-    return ModelAveraging(base, window_size=2, start_round=1, feedback=True)
+    return ModelAveraging(base, window=2, start_round=1, feedback=True)
 
 
 def _config(**overrides):
@@ -33,7 +33,7 @@ def _config(**overrides):
 
 def _checkpointed(tmp_path, config):
     strategy = _strategy()
-    strategy.window.extend([{"w": np.array([1.0, 2.0])}, {"w": np.array([3.0, 4.0])}])
+    strategy.recent_models.extend([{"w": np.array([1.0, 2.0])}, {"w": np.array([3.0, 4.0])}])
     strategy.base_arrays = ArrayRecord({"w": Array(np.array([3.0, 4.0]))})
     strategy.averaged_arrays = ArrayRecord({"w": Array(np.array([2.0, 3.0]))})
     rows = [{"round": 1, "test-accuracy": 0.5, "failures": ""}, {"round": 2, "test-accuracy": 0.625, "failures": "p 1"}]
@@ -54,7 +54,7 @@ def test_a_checkpoint_restores_model_window_rows_and_generators(tmp_path):
     restored = _strategy()
     arrays, first_round = restore_checkpoint(checkpoint, restored)
     assert first_round == 3 and arrays["w"].numpy().tolist() == [2.0, 3.0]
-    assert [m["w"].tolist() for m in restored.window] == [[1.0, 2.0], [3.0, 4.0]]
+    assert [m["w"].tolist() for m in restored.recent_models] == [[1.0, 2.0], [3.0, 4.0]]
     assert restored.averaged_arrays["w"].numpy().tolist() == [2.0, 3.0]
     assert checkpoint["rows"] == rows and checkpoint["client-state-run"] == "0123abcd"
     assert torch.equal(torch.rand(3), expected[0]) and np.array_equal(np.random.rand(3), expected[1])

@@ -82,11 +82,11 @@ def test_failed_clients_are_left_out_of_the_average_and_counted():
 
 
 def test_a_round_with_fewer_accepted_replies_than_min_replies_is_skipped_and_the_window_untouched():
-    component = ModelAveraging(_bound_strategy(min_replies=2), window_size=2, start_round=1, feedback=True)
+    component = ModelAveraging(_bound_strategy(min_replies=2), window=2, start_round=1, feedback=True)
     arrays, metrics = component.aggregate_train(1, [_reply(100, [1.0, 1.0]), _error_reply(101, "x")])
     assert arrays is None and metrics is None
     assert component.round_status == "skipped: 1 accepted replies, fewer than min-replies = 2"
-    assert len(component.window) == 0 and component.averaged_arrays is None
+    assert len(component.recent_models) == 0 and component.averaged_arrays is None
 
 
 def test_min_replies_cannot_exceed_the_cohort():

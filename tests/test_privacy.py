@@ -70,7 +70,7 @@ def test_the_noise_has_std_sigma_c_over_m_is_seeded_by_seed_and_round_and_leaves
 
 
 def _ima(base) -> ModelAveraging:
-    return ModelAveraging(base, window_size=2, start_round=2, feedback=True)
+    return ModelAveraging(base, window=2, start_round=2, feedback=True)
 
 
 def test_inside_the_window_averages_noisy_models_outside_the_noise_is_added_to_the_average():

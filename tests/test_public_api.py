@@ -189,13 +189,13 @@ def test_a_method_that_needs_basins_clients_says_so_when_wrapped():
 
 def test_the_wrappers_are_the_papers_settings_and_checkpoint_their_window():
     ima, wima, swa = IMA(FedAvg(), window=3, avg_start=5), WIMA(FedAvg(), window=4), ServerSWA(FedAvg(), 10, swa_cycle=2)
-    assert (ima.window_size, ima.start_round, ima.feedback) == (3, 5, True)
-    assert (wima.window_size, wima.start_round, wima.feedback) == (4, 4, False)
-    assert (swa.window_size, swa.start_round, swa.sample_every, swa.feedback) == (None, 10, 2, False)
+    assert (ima.window, ima.start_round, ima.feedback) == (3, 5, True)
+    assert (wima.window, wima.start_round, wima.feedback) == (4, 4, False)
+    assert (swa.window, swa.start_round, swa.sample_every, swa.feedback) == (None, 10, 2, False)
     ima._sample({"w": np.ones(2, np.float32)})
     restored = IMA(FedAvg(), window=3, avg_start=5)
     restored.load_state_dict(ima.state_dict())
-    assert len(restored.window) == 1 and restored.window[0]["w"].tolist() == [1.0, 1.0]
+    assert len(restored.recent_models) == 1 and restored.recent_models[0]["w"].tolist() == [1.0, 1.0]
 
 
 IMPORT_EVERYTHING = '''

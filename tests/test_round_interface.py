@@ -51,7 +51,7 @@ def test_every_strategy_the_registry_builds_is_a_round_strategy():
 
 
 def test_averaging_around_flowers_own_strategy_checkpoints_its_attributes_and_reports_the_average():
-    averaging = ModelAveraging(FlowerFedAvgM(server_momentum=0.9), window_size=2, start_round=1, feedback=True)
+    averaging = ModelAveraging(FlowerFedAvgM(server_momentum=0.9), window=2, start_round=1, feedback=True)
     averaging.base.momentum_vector = {"w": np.ones(2)}
     averaging.averaged_arrays, averaging.base_arrays = _record(2.0), _record(3.0)
     sent = _record(1.0)
@@ -60,7 +60,7 @@ def test_averaging_around_flowers_own_strategy_checkpoints_its_attributes_and_re
     averaging.prepare_round(1, sent, None)  # Flower's FedAvgM has no exchange: nothing happens
     state = averaging.checkpoint_state()
     assert set(state) == {"base", "averaging"} and state["base"]["momentum_vector"]["w"].tolist() == [1.0, 1.0]
-    restored = ModelAveraging(FlowerFedAvgM(server_momentum=0.9), window_size=2, start_round=1, feedback=True)
+    restored = ModelAveraging(FlowerFedAvgM(server_momentum=0.9), window=2, start_round=1, feedback=True)
     restored.load_checkpoint_state(state)
     assert restored.base.momentum_vector["w"].tolist() == [1.0, 1.0]
     assert restored.averaged_arrays["w"].numpy().tolist() == [2.0, 2.0]
@@ -73,7 +73,7 @@ def test_a_wrapper_offers_the_round_state_of_what_it_wraps_and_nothing_unstated(
     from strategies.privacy import ServerSideDP
 
     base = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=0)
-    averaging = ModelAveraging(base, window_size=2, start_round=1, feedback=True)
+    averaging = ModelAveraging(base, window=2, start_round=1, feedback=True)
     private = ServerSideDP(averaging, noise_multiplier=0.0, clipping_norm=1.0, num_sampled_clients=2, seed=0)
     private.bind_partitions({100: 0, 101: 1}, 2, seed=0)
     assert base.partition_of_node == {100: 0, 101: 1} and base.cohort_size == 2
