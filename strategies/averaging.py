@@ -50,6 +50,7 @@ from strategies.schedules import ClientSchedule
 if TYPE_CHECKING:
     from strategies.fedopt import ServerOptimizer
 
+
 def window_mean(models: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Element-wise mean of models (same keys, shapes and dtypes)."""
     models = list(models)
@@ -251,7 +252,7 @@ class ModelAveraging(WrappingStrategy, Strategy):
     def state_dict(self) -> dict:
         """The component's state as plain numpy arrays and numbers."""
         return {
-            "window": [dict(m) for m in self.recent_models],
+            "window": [dict(m) for m in self.recent_models],  # the key earlier checkpoints hold
             "running_mean": self.running_mean,
             "num_averaged": self.num_averaged,
             "base_arrays": None if self.base_arrays is None else to_numpy(self.base_arrays),

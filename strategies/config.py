@@ -28,9 +28,7 @@ from strategies.methods.registry import AVERAGINGS_BY_NAME, METHODS_BY_NAME, met
 # Every declared method (strategies/methods/registry.py): server-side methods, then methods that only
 # change the clients' local objective.
 STRATEGY_NAMES = tuple(METHODS_BY_NAME)
-# Methods that need a residual network with width-slimmable stages; methods whose objective
-# works on one label per image (a representation per sample, mixed images), which excludes
-# sequence models (next-character prediction).
+# No averaging, then every declared averaging rule.
 AVERAGING_NAMES = ("none", *AVERAGINGS_BY_NAME)
 # crop-flip pads 4 pixels (of the papers' 32-pixel CIFAR images): smaller images lose too much.
 MIN_CROP_FLIP_SIDE = 24

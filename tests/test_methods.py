@@ -177,6 +177,18 @@ print(sorted(name for name in sys.modules if name == "torch" or name.startswith(
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_a_declared_key_without_a_default_is_refused_as_the_declaration_is_built():
+    from clients.declarations import DeclarationError
+    from clients.options import Option
+    from strategies.methods import AveragingSpec
+
+    no_default = {"bare-key": Option(float, "a number")}
+    with pytest.raises(DeclarationError, match="bare-method: option.s. bare-key declare no default"):
+        MethodSpec("bare-method", "Bare", lambda config: None, options=no_default)
+    with pytest.raises(DeclarationError, match="bare-rule: option.s. bare-key declare no default"):
+        AveragingSpec("bare-rule", "Bare", lambda base, config: base, options=no_default)
+
+
 def test_the_method_vocabulary_loads_no_registry_so_a_declaring_module_imported_first_is_registered_whole():
     """``strategies.methods`` (what a declaring module imports) loads neither the registry nor
     torch: were the registry loaded then, it would import the declaring module half-done, and

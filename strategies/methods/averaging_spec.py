@@ -9,9 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from clients.declarations import DeclarationError
 from clients.options import Option
-from strategies.methods.method_spec import TableRow
+from strategies.methods.method_spec import TableRow, refuse_options_without_default
 from strategies.schedules import ClientSchedule
 
 
@@ -48,6 +47,4 @@ class AveragingSpec:
     table_row: TableRow | None = None  # its line in docs/methods.md (None: the line of the rule before it)
 
     def __post_init__(self) -> None:
-        missing = [key for key, option in self.options.items() if option.default is None]
-        if missing:
-            raise DeclarationError(f"{self.name}: option(s) {', '.join(missing)} declare no default")
+        refuse_options_without_default(self.name, self.options)

@@ -31,6 +31,13 @@ if TYPE_CHECKING:
 MODEL_NEEDS = ("any", "image", "slimmable-residual")
 
 
+def refuse_options_without_default(name: str, options: Mapping[str, Option]) -> None:
+    """Raise DeclarationError when a declaration's own run-config key has no default."""
+    missing = [key for key, option in options.items() if option.default is None]
+    if missing:
+        raise DeclarationError(f"{name}: option(s) {', '.join(missing)} declare no default")
+
+
 @dataclass(frozen=True)
 class TableRow:
     """A method's line in docs/methods.md's table (generated: ``python -m experiments.method_list
@@ -106,9 +113,7 @@ class MethodSpec:
             raise DeclarationError(f"{self.name}: declares neither a server (build) nor a client objective")
         if self.model_needs not in MODEL_NEEDS:
             raise DeclarationError(f"{self.name}: model_needs = {self.model_needs!r}; allowed: {', '.join(MODEL_NEEDS)}")
-        missing = [key for key, option in self.options.items() if option.default is None]
-        if missing:
-            raise DeclarationError(f"{self.name}: option(s) {', '.join(missing)} declare no default")
+        refuse_options_without_default(self.name, self.options)
 
     def end_to_end_runs(self) -> dict[str, dict[str, Any]]:
         """Its smoke runs' run-config overrides, ``strategy`` included."""
