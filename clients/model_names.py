@@ -14,6 +14,10 @@ SEQUENCE_MODELS = ("char-lstm",)
 SLIMMABLE_MODELS = ("resnet20-gn", "resnet56", "resnet56-bn", "resnet18-gn", "resnet18-bn")
 # Models without an MLP head, which MOON gives its two-layer projection head (FedAlign's code).
 PROJECTION_HEAD_MODELS = ("resnet56", "resnet56-bn")
+# The built-in models that hold buffers (BatchNorm's running statistics and
+# num_batches_tracked), each with its GroupNorm counterpart: server-side DP refuses them, as
+# Opacus refuses BatchNorm (tests/test_model_zoo.py builds every model to keep this exact).
+GROUP_NORM_COUNTERPART = {"resnet56-bn": "resnet56", "resnet18-bn": "resnet18-gn"}
 # The model a data set gets when the run config says model = "auto".
 DEFAULT_MODEL = {"digits": "mlp", "fashion-mnist": "fmnist-cnn", "cifar10": "cifar-cnn", "cifar100": "cifar-cnn"}
 # The input shape each fixed-architecture model needs.

@@ -308,6 +308,7 @@ def swa_cycles(config, schedule: ClientSchedule) -> ClientSchedule:
 AVERAGINGS = (
     # IMA and WIMA run end to end under other methods' smoke runs (fedyogi+ima, fedprox+wima, …).
     AveragingSpec("ima", "IMA", build_ima, check=window_fits, client_schedule=ima_exploration,
+                  sends_average=lambda config: True,
                   table_row=TableRow('IMA (Zhou et al.) eq. 4: mean of the last P = `window` base models from t_s'
                                      ' = `avg-start`, sent to the clients; exploration `ima-exploration`',
                                      '`exponential` (×`ima-decay` 0.97 per round after t_s; also constant, '
@@ -318,6 +319,7 @@ AVERAGINGS = (
                   lambda base, config: ModelAveraging(base, config["window"], config["window"],
                                                       feedback=config["avg-feedback"], subset=config["avg-subset"]),
                   check=window_fits, first_average=lambda config: config["window"],
+                  sends_average=lambda config: config["avg-feedback"],
                   table_row=TableRow('WIMA (Caldarola et al.) eq. 4: mean of the last W = `window` base models '
                                      'from round W',
                                      'server-side shadow model (`avg-feedback = true`: sent); `avg-subset` ∈ all,'

@@ -14,7 +14,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from clients.faults import parse_faults
-from clients.model_names import MODEL_NAMES, REQUIRED_INPUT, SEQUENCE_MODELS, SLIMMABLE_MODELS, resolve_model_name
+from clients.model_names import (
+    GROUP_NORM_COUNTERPART,
+    MODEL_NAMES,
+    REQUIRED_INPUT,
+    SEQUENCE_MODELS,
+    SLIMMABLE_MODELS,
+    resolve_model_name,
+)
 from clients.model_plugins import BROKEN_MODELS, MODEL_OFFERS, MODEL_PLUGINS, ModelSpec
 from clients.options import ConfigError as ConfigError
 from clients.options import Option
@@ -141,13 +148,8 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"allowed: nesterov = false, or momentum in (0, 1)"
         )
     spec = method(config["strategy"])
-    if config["dp-clipping-norm"] > 0 and spec.reply_records:
-        name, holds = next(iter(spec.reply_records.items()))
-        raise ConfigError(
-            f"run config key 'dp-clipping-norm' = {config['dp-clipping-norm']:g} clips and noises each client's model "
-            f"update only, but strategy = {config['strategy']!r} also sends '{name}' ({holds}), which would leave the "
-            f"client unclipped and un-noised; allowed: dp-clipping-norm = 0, or a strategy that sends only its model"
-        )
+    if config["dp-clipping-norm"] > 0:
+        _check_privacy(config, model)
     if spec.steps_plain_sgd(config) and config["momentum"] > 0:
         own = [key for key in spec.options if key.endswith("-momentum")]
         raise ConfigError(
@@ -220,6 +222,72 @@ def _check_model_plugin(spec: ModelSpec, config: Mapping[str, Any]) -> None:
             f"one label per image with the model's representation and classifier; allowed: a model plug-in declaring "
             f"inputs = 'image' and offers = {{{', '.join(MODEL_OFFERS)}}}, or one of Basin's models"
         )
+
+
+def _check_privacy(config: Mapping[str, Any], model: str) -> None:
+    """What server-side DP (strategies/privacy.py) can make private: the methods whose clients
+    send only their model and whose aggregate is a mean (their declarations), a model without
+    buffers, and outside an averaging rule only where each release is a convex combination of
+    base models that the clients receive."""
+    spec = method(config["strategy"])
+    norm = f"run config key 'dp-clipping-norm' = {config['dp-clipping-norm']:g}"
+    private = sorted(name for name, other in METHODS_BY_NAME.items()
+                     if other.dp_aggregate != "own" and not other.reply_records)
+    if spec.reply_records:
+        name, holds = next(iter(spec.reply_records.items()))
+        raise ConfigError(
+            f"{norm} clips and noises each client's model update only, but strategy = {config['strategy']!r} also "
+            f"sends '{name}' ({holds}), which would leave the client unclipped and un-noised; allowed: "
+            f"dp-clipping-norm = 0, or a strategy that sends only its model"
+        )
+    if spec.dp_aggregate == "own":
+        raise ConfigError(
+            f"{norm} makes the aggregate the mean of the clipped updates over the m sampled clients, but strategy = "
+            f"{config['strategy']!r} aggregates by its own rule (its declaration's dp_aggregate = 'own'), whose "
+            f"sensitivity the noise σ·C/m does not cover; allowed: dp-clipping-norm = 0, or one of {', '.join(private)}"
+        )
+    refuse_buffers_under_dp(model, config)
+    rule = config["averaging"]
+    if config["dp-order"] != "outside" or rule == "none":
+        return
+    order = f"run config key 'dp-order' = 'outside' adds the noise to what averaging = {rule!r} returns"
+    if spec.dp_aggregate != "mean":
+        raise ConfigError(
+            f"{order}, after strategy = {config['strategy']!r}'s server step, whose output's sensitivity is not C/m; "
+            f"allowed: dp-order = 'inside' (the step then takes the noisy mean)"
+        )
+    if not AVERAGINGS_BY_NAME[rule].sends_average(config):
+        raise ConfigError(
+            f"{order}, the models it sends, but its final model, an average of noise-free base models that no client "
+            f"receives, is never noised; allowed: dp-order = 'inside'"
+            f"{', or avg-feedback = true' if 'avg-feedback' in config and rule in ('wima', 'ema') else ''}"
+        )
+    if config["avg-subset"] != "all":
+        raise ConfigError(
+            f"{order}, but avg-subset = {config['avg-subset']!r} mixes the average's and the newest base model's "
+            f"parameters, whose sum can move by more than C/m; allowed: dp-order = 'inside', or avg-subset = 'all'"
+        )
+
+
+def refuse_buffers_under_dp(model: str, config: Mapping[str, Any], buffers: list[str] | None = None) -> None:
+    """ConfigError where server-side DP would clip and noise a model's buffers (BatchNorm's
+    running statistics): ``buffers`` the built model's, else the built-in's declaration, else
+    (a plug-in) the buffers of the plug-in built for the data set's inputs."""
+    if buffers is None:
+        if model in GROUP_NORM_COUNTERPART:
+            buffers = ["running_mean", "running_var", "num_batches_tracked"]
+        elif model in MODEL_PLUGINS and config["dataset"] in INPUT_SHAPES:
+            built = MODEL_PLUGINS[model](10, INPUT_SHAPES[config["dataset"]])
+            buffers = [name for name, _ in built.named_buffers()]
+    if not buffers:
+        return
+    instead = (f"the GroupNorm model {GROUP_NORM_COUNTERPART[model]!r}" if model in GROUP_NORM_COUNTERPART
+               else "a model with GroupNorm in place of BatchNorm")
+    raise ConfigError(
+        f"run config key 'model' = {model!r} holds buffers ({', '.join(buffers[:3])}{', …' if len(buffers) > 3 else ''}),"
+        f" which server-side DP (dp-clipping-norm = {config['dp-clipping-norm']:g}) cannot clip or noise as model "
+        f"updates, and which un-noised would leak the data they summarise; allowed: {instead}, or dp-clipping-norm = 0"
+    )
 
 
 def summary_horizon(config: Mapping[str, Any]) -> int:

@@ -53,7 +53,7 @@ def build_ema(base: Strategy, config: Any) -> ExponentialAveraging:
 
 AVERAGINGS = (
     AveragingSpec(
-        "ema", "EMA", build_ema,
+        "ema", "EMA", build_ema, sends_average=lambda config: config["avg-feedback"],
         options={"ema-decay": Option(float, "a number in [0, 1) (the EMA's β: w_EMA ← β·w_EMA + (1 − β)·w)",
                                      lambda v: 0 <= v < 1, default=0.9)},
         smoke_runs={"fedavg+ema": {"averaging": "ema", "avg-start": 2, "ema-decay": 0.5}},

@@ -14,6 +14,7 @@ class FedAvg(CohortSampling, InPlaceFedAvg):
     """Federated averaging over a seeded cohort."""
 
 
-METHODS = (MethodSpec("fedavg", "FedAvg", lambda config: FedAvg(**COHORT), cost_table={"fedavg": {}, "fedavg+crop-flip": {}},
+METHODS = (MethodSpec("fedavg", "FedAvg", lambda config: FedAvg(**COHORT), dp_aggregate="mean",
+                      cost_table={"fedavg": {}, "fedavg+crop-flip": {}},
                       table_row=TableRow('FedAvg (McMahan et al. 2017): w ← Σ_i (n_i/n)·w_i',
                                          '—')),)

@@ -33,7 +33,7 @@ METHODS: tuple[MethodSpec, ...] = (
         "fedavgm", "FedAvgM",
         lambda config: FedAvgM(**COHORT, server_learning_rate=METHODS[0].server_lr(config),
                                server_momentum=config["server-momentum"]),
-        options={"server-momentum": SERVER_MOMENTUM}, smoke_runs={"fedavgm": {"num-rounds": 2}},
+        options={"server-momentum": SERVER_MOMENTUM}, dp_aggregate="step-on-mean", smoke_runs={"fedavgm": {"num-rounds": 2}},
         table_row=TableRow('FedAvgM (Hsu et al. 2019): server momentum on the pseudo-gradient, β = '
                            '`server-momentum`, η = `server-lr` (default 1)',
                            '—'),

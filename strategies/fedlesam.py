@@ -61,7 +61,8 @@ class FedLesam(ClientObjectiveFedAvg):
         return with_record(messages, FEDLESAM_UPDATE, {key: sent[key] - previous[key] for key in sent})
 
     def aggregate_accepted(self, server_round, replies):
-        if self.weighting == "samples":
+        # Under server-side DP the private mean (InPlaceFedAvg's hook) is uniform already.
+        if self.weighting == "samples" or self.private_mean is not None:
             return super().aggregate_accepted(server_round, replies)
         contents = self.checked_contents(replies)  # Flower's checks and metric mean
         if not contents:
@@ -90,7 +91,8 @@ METHODS = (
         options={"sam-rho": SAM_RHO, "fedlesam-variant": one_of(*FEDLESAM_VARIANTS, default="paper"),
                  "fedlesam-weighting": one_of(*FEDLESAM_WEIGHTINGS, default="uniform")},
         objective=ImplementedIn("clients.objectives.fedlesam:fedlesam_objective"), objective_keys=("sam-rho",),
-        client_state=True, cost_table={"fedlesam": {}}, smoke_runs={"fedlesam": {"participation": 1.0, "num-rounds": 2}},
+        client_state=True, dp_aggregate="mean", cost_table={"fedlesam": {}},
+        smoke_runs={"fedlesam": {"participation": 1.0, "num-rounds": 2}},
         table_row=TableRow("FedLESAM (Fan et al., ICML 2024; the authors' code with FedSWA's fix of its norm): "
                            "each step's gradient at y + ε, ε = ρ·(θ^{τ_i} − θ^t)/‖θ^{τ_i} − θ^t‖ fixed for the "
                            'round, θ^{τ_i} the global model the client got when it last trained (client state; '

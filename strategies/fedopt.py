@@ -150,7 +150,8 @@ def _fedopt(name: str, display_name: str, cls: type[ServerOptimizer],
 
     options = {key: FEDOPT_OPTIONS[key] for key in ("tau",)} if cls is FedAdagrad else (
         FEDOPT_OPTIONS if cls is FedAdam else {k: v for k, v in FEDOPT_OPTIONS.items() if k != "fedadam-bias-correction"})
-    spec = MethodSpec(name, display_name, build, options=options, default_server_lr=0.01, smoke_runs=smoke_runs,
+    spec = MethodSpec(name, display_name, build, options=options, default_server_lr=0.01, dp_aggregate="step-on-mean",
+                      smoke_runs=smoke_runs,
                       table_row=table_row)
     return spec
 

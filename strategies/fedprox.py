@@ -23,7 +23,7 @@ METHODS = (
     MethodSpec(
         "fedprox", "FedProx", lambda config: FedProx(**COHORT, proximal_mu=config["prox-mu"]),
         options={"prox-mu": Option(float, "a number >= 0 (FedProx proximal weight)", lambda v: v >= 0, default=0.01)},
-        client_components=(ImplementedIn("clients.components:proximal"),), cost_table={"fedprox": {}},
+        client_components=(ImplementedIn("clients.components:proximal"),), dp_aggregate="mean", cost_table={"fedprox": {}},
         smoke_runs={"fedprox+wima": {"num-rounds": 4, "averaging": "wima", "window": 2}},
         table_row=TableRow('FedProx (Li et al. 2020) eq. 2: gradient of (μ/2)‖w − w^t‖², μ = `prox-mu`',
                            '—'),

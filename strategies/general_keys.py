@@ -105,8 +105,8 @@ AVERAGING_AND_RUN: dict[str, Option] = {
     "swa-variant": _one_of("paper", "official-code"),
     "swa-cycle": Option(int, "an integer >= 1 (SWA lr cycle length in rounds)", lambda v: v >= 1),
     "dp-clipping-norm": Option(float,
-            "a number >= 0 (server-side differential privacy, Flower's DifferentialPrivacyServerSideFixedClipping: "
-            "clip each client's update to this L2 norm C and add Gaussian noise to the aggregate; 0 = off)",
+            "a number >= 0 (server-side differential privacy, DP-FedAvg's fixed-denominator mean: clip each "
+            "client's update to this L2 norm C, average over the m sampled clients, add Gaussian noise; 0 = off)",
             lambda v: v >= 0),
     "dp-noise-multiplier": Option(float,
             "a number >= 0 (σ: the noise's standard deviation is σ·C/m, m the cohort; needs dp-clipping-norm > 0)",
@@ -114,6 +114,8 @@ AVERAGING_AND_RUN: dict[str, Option] = {
     "dp-order": Option(str, "'inside' (averaging of the private base models: the noise is added to each base "
             "model) or 'outside' (the noise is added once, to what the averaging rule returns)",
             lambda v: v in DP_ORDERS, DP_ORDERS),
+    "dp-delta": Option(float, "a number in (0, 1) (the δ at which results.csv's dp-epsilon is reported)",
+            lambda v: 0 < v < 1),
     "seed": Option(int, "an integer >= 0", lambda v: v >= 0),
     "target-accuracy": Option(float, "a number in [0, 1]", lambda v: 0 <= v <= 1),
     "summary-last-k": Option(int,

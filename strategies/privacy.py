@@ -1,79 +1,210 @@
-"""Server-side differential privacy with Basin's averaging: Flower's
-``DifferentialPrivacyServerSideFixedClipping`` in Basin's round loop.
+"""Server-side differential privacy with Basin's averaging: DP-FedAvg's fixed-denominator
+estimator in Basin's round loop, on Flower's ``DifferentialPrivacyServerSideFixedClipping``.
 
 DP-FedAvg's server side (McMahan, Ramage, Talwar, Zhang, "Learning Differentially Private
-Recurrent Language Models", ICLR 2018, Algorithm 1 with flat clipping): each reply's update
-Δ_k = w_k − w (its model minus the model sent) is clipped to L2 norm at most C,
+Recurrent Language Models", ICLR 2018, Algorithm 1, flat clipping, the fixed-denominator
+estimator f̃_f): with w the model sent and Δ_k = w_k − w the update of reply k,
 
-    Δ_k ← Δ_k · min(1, C / ‖Δ_k‖₂),
+    Δ̃_k = Δ_k · min(1, C / ‖Δ_k‖₂)
+    w̃ = w + (1/m) Σ_k Δ̃_k + N(0, (σ C / m)² I)
 
-the wrapped strategy aggregates the clipped models w + Δ_k, and Gaussian noise
-N(0, (σ C / m)² I) is added to what it returns (σ the noise multiplier, m the sampled
-clients). The arithmetic is Flower's; Basin draws the noise from a generator seeded by
+the sum over the accepted replies in partition order, m the round's sampled clients (the
+cohort): a failed or missing reply counts as a zero update, and every client weighs the
+same, whatever ``num-examples`` it reports. One client moves the sum by at most C, the mean
+by at most C/m, which is the sensitivity the noise's std σ·C/m is set for. The clipping is
+in float32 as the models are; the noise is drawn from NumPy's generator seeded by
 (seed, round), so a run repeats bit for bit and a resumed run draws what the uninterrupted
-one drew, and with σ = 0 and a norm no update reaches, a run gives the bits of the same
-run without DP.
+one drew. With σ = 0 and a C no update reaches, w̃ has the bits of w + Σ_k Δ_k / m.
 
-Where it sits relative to the averaging rule (run-config key ``dp-order``):
+The mean takes the place of the wrapped method's own (strategies/weighted_mean.InPlaceFedAvg's
+``private_mean``), so a server step after it (FedAvgM's momentum, FedAdam's and FedYogi's
+normalised step) sees the noisy mean and is post-processing. A method whose aggregate is
+not a mean of model updates (its declaration's ``dp_aggregate = "own"``: FedNova, FedDyn, …)
+is refused by the run config, and a strategy that aggregates without calling the private
+mean stops the run (:class:`PrivacyNotApplied`).
 
-- ``inside`` (the default): averaging(DP(base)). The noise is added to every base model,
-  so each round's release is private, and the window's average is post-processing of
-  private releases: averaging P noisy models divides the noise's variance by up to P.
-- ``outside``: DP(averaging(base)). The noise is added once, to what the averaging rule
-  returns: the average for IMA (which clients then receive), the base model for WIMA and
-  SWA. The window itself holds noise-free base models, so an average that is not what
-  clients receive (WIMA, SWA: their final model) is not private.
+Where the noise goes relative to the averaging rule (run-config key ``dp-order``):
+
+- ``inside`` (the default): averaging(DP(base)). The noise is added to the mean before the
+  base method's server step: every base model is a private release and the window's
+  average is post-processing of private releases.
+- ``outside``: DP(averaging(base)). The base's mean of clipped updates is noise-free and
+  the noise is added once, to what the averaging rule returns (its average from its start,
+  which clients then receive). Each release is a convex combination of base models
+  w_j + (1/m) Σ Δ̃, so its sensitivity is still at most C/m; the run config allows it only
+  where that holds and the final model is a release: a base whose model is the mean
+  (``dp_aggregate = "mean"``), a rule that sends its average, ``avg-subset = all``.
+
+The accountant (:func:`privacy_accounting`, Flower's ``RdpAccountant``) adds ε after each
+round to results.csv (``dp-epsilon``) where it applies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, Strategy
 
-from clients.flower_internals import add_aggregate_noise, clip_model_update, error_in_place_of
+from clients.flower_internals import add_aggregate_noise, error_in_place_of
 from clients.protocol import MODEL_RECORD
+from strategies.cohort import cohort_size
 from strategies.round_interface import (
     RoundStrategy,
     WrappingStrategy,
     load_wrapped_checkpoint_state,
     wrapped_checkpoint_state,
 )
+from strategies.weighted_mean import InPlaceFedAvg, array_view
 
 DP_ORDERS = ("inside", "outside")
 # The error code of a reply left out for carrying tensors that DP does not clip (Flower's
 # codes are small numbers; this one is Basin's).
 UNCLIPPED_RECORD_CODE = 4901
+# results.csv's column of the ε spent after each round (NaN where no accountant applies).
+EPSILON_COLUMN = "dp-epsilon"
+
+
+class PrivacyNotApplied(RuntimeError):
+    """A strategy aggregated a round without DP's private mean: its declaration is wrong."""
+
+
+@dataclass(frozen=True)
+class PrivacyAccounting:
+    """How a run's releases are accounted: Flower's RDP accountant's sampling model and
+    neighbouring relation, the noise multiplier of one release against the release's
+    sensitivity under that relation, and the sample drawn each round of the population;
+    or, with ``reason`` set, why no accountant applies."""
+
+    sampling_method: str = ""
+    neighboring_relation: str = ""
+    noise_multiplier: float = 0.0
+    sample_size: int = 0
+    population_size: int = 0
+    target_delta: float = 0.0
+    reason: str = ""
+
+    def epsilon(self, releases: int) -> float:
+        """ε after ``releases`` releases at δ = ``target_delta`` (NaN where no accountant applies)."""
+        if self.reason or releases == 0:
+            return math.nan if self.reason else 0.0
+        from flwr.serverapp import (  # dp-accounting is imported on first use: a run without DP needs none
+            GaussianPrivacyEvent,
+            NeighboringRelation,
+            PrivacyConfig,
+            RdpAccountant,
+            SamplingMethod,
+        )
+
+        accountant = RdpAccountant(PrivacyConfig(
+            target_delta=self.target_delta, population_size=self.population_size,
+            neighboring_relation=NeighboringRelation(self.neighboring_relation),
+            sampling_method=SamplingMethod(self.sampling_method)))
+        accountant.compose(GaussianPrivacyEvent(self.noise_multiplier, self.sample_size, self.population_size),
+                           count=releases)
+        return float(accountant.get_epsilon(self.target_delta))
+
+    def description(self) -> dict[str, Any]:
+        """summary.json's account of it."""
+        if self.reason:
+            return {"accountant": "none", "why-not": self.reason}
+        return {"accountant": "Flower's RdpAccountant (dp-accounting)", "sampling": self.sampling_method,
+                "neighbouring": self.neighboring_relation, "noise-multiplier-per-release": self.noise_multiplier,
+                "sample-size": self.sample_size, "population-size": self.population_size, "delta": self.target_delta}
+
+
+def privacy_accounting(config: Mapping[str, Any], cohort: int) -> PrivacyAccounting:
+    """How a validated run config's DP releases are accounted.
+
+    ``inside``: each round's release is the mean of the cohort's clipped updates, the cohort
+    ``cohort`` clients drawn uniformly without replacement from ``num-clients``: Flower's
+    ``without-replacement`` model, whose neighbouring relation is ``replace-one``, under
+    which one client moves the sum by up to 2C, so the multiplier is σ/2. ``outside``: a
+    release averages base models of several rounds' cohorts, whose union is no uniform
+    sample, so no amplification (``add-or-remove-one``: sensitivity C/m, multiplier σ)."""
+    if config["dp-noise-multiplier"] == 0:
+        return PrivacyAccounting(reason="dp-noise-multiplier = 0: the updates are clipped but no noise is added, "
+                                        "so no ε holds")
+    if config["dead-nodes"] == "skip":
+        return PrivacyAccounting(reason="dead-nodes = skip draws the cohort from the nodes still alive, not uniformly "
+                                        "from the population")
+    try:
+        import dp_accounting  # noqa: F401  (Flower's accountant's backend: the extra 'privacy')
+    except ImportError:
+        return PrivacyAccounting(reason="dp-accounting is not installed (pip install 'basin[privacy]')")
+    common = {"target_delta": config["dp-delta"], "population_size": config["num-clients"], "sample_size": cohort}
+    if config["dp-order"] == "outside" and config["averaging"] != "none":
+        return PrivacyAccounting("no-amplification", "add-or-remove-one", config["dp-noise-multiplier"], **common)
+    return PrivacyAccounting("without-replacement", "replace-one", config["dp-noise-multiplier"] / 2, **common)
+
+
+def privacy_summary(config: Mapping[str, Any]) -> dict[str, Any]:
+    """summary.json's "privacy": what the release is, where the noise goes, how it is accounted."""
+    cohort = cohort_size(config)
+    outside = config["dp-order"] == "outside" and config["averaging"] != "none"
+    return {
+        "aggregate": f"DP-FedAvg's fixed-denominator mean: w + (1/m)·Σ clipped updates, m = {cohort} sampled clients, "
+                     f"a failed reply a zero update, every client the same weight",
+        "clipping-norm": config["dp-clipping-norm"], "noise-multiplier": config["dp-noise-multiplier"],
+        "noise-std": config["dp-noise-multiplier"] * config["dp-clipping-norm"] / cohort,
+        "noise-added-to": (f"what averaging = {config['averaging']!r} returns" if outside
+                           else "the mean, before the method's server step"),
+        "not-covered": "the clients' training metrics (train-loss, local-steps) and, with client-evaluation, their "
+                       "held-out scores, reported un-noised",
+        **privacy_accounting(config, cohort).description(),
+    }
+
+
+def innermost_strategy(strategy: Strategy) -> Strategy:
+    """The base method under any wrappers (averaging rules, DP)."""
+    while isinstance(strategy, WrappingStrategy):
+        strategy = strategy.wrapped
+    return strategy
 
 
 class ServerSideDP(WrappingStrategy, DifferentialPrivacyServerSideFixedClipping):
-    """Flower's server-side fixed-clipping DP around ``strategy``, seeded per round.
+    """DP-FedAvg's fixed-denominator private mean around ``strategy``, seeded per round.
 
     Parameters
     ----------
     strategy : Strategy
         The strategy whose aggregate is made private: a base method (``dp-order = inside``)
-        or an averaging rule around one (``outside``).
+        or an averaging rule around one (``outside``). Its base method must be a Basin
+        strategy that aggregates through InPlaceFedAvg's mean.
     noise_multiplier : float
         σ: the noise's standard deviation is σ · clipping_norm / num_sampled_clients.
     clipping_norm : float
         C: the largest L2 norm an update keeps.
     num_sampled_clients : int
-        m: the cohort's size.
+        m: the cohort's size, the mean's fixed denominator.
     seed : int
         With the round, seeds the noise.
+    accounting : PrivacyAccounting or None
+        How the releases are accounted (None: not accounted).
     """
 
     def __init__(self, strategy: Strategy, noise_multiplier: float, clipping_norm: float, num_sampled_clients: int,
-                 seed: int) -> None:
+                 seed: int, accounting: PrivacyAccounting | None = None) -> None:
         DifferentialPrivacyServerSideFixedClipping.__init__(
             self, strategy, noise_multiplier=noise_multiplier, clipping_norm=clipping_norm,
             num_sampled_clients=num_sampled_clients)
+        base = innermost_strategy(strategy)
+        if not isinstance(base, InPlaceFedAvg):
+            raise TypeError(f"server-side DP needs a Basin strategy that aggregates through InPlaceFedAvg's mean, got "
+                            f"{type(base).__name__}")
+        base.private_mean = self.private_mean
+        self.base = base
+        # Inside, the noise goes on the mean itself, before any server step of the base.
+        self.noise_in_mean = base is strategy
         self.seed = seed
+        self.accounting = accounting or PrivacyAccounting(reason="no accountant given")
+        self.releases = 0
         self.released: ArrayRecord | None = None  # this round's output, noise added
+        self.round_mean: ArrayRecord | None = None  # this round's private mean (noised inside)
 
     @property
     def wrapped(self) -> Strategy:
@@ -102,6 +233,10 @@ class ServerSideDP(WrappingStrategy, DifferentialPrivacyServerSideFixedClipping)
 
     # -- what the round loop asks ------------------------------------------------------
     @property
+    def round_clients(self) -> dict[str, float]:  # type: ignore[override]
+        return {**self.wrapped.round_clients, EPSILON_COLUMN: self.accounting.epsilon(self.releases)}
+
+    @property
     def sends_average(self) -> bool:
         return self.inner.sends_average if self.inner else False
 
@@ -122,40 +257,72 @@ class ServerSideDP(WrappingStrategy, DifferentialPrivacyServerSideFixedClipping)
         return self.inner.final_arrays(sent) if self.inner else sent
 
     def checkpoint_state(self) -> dict[str, Any]:
-        # No state of its own: the noise is seeded per round.
-        return wrapped_checkpoint_state(self.strategy)
+        # The noise is seeded per round; the accountant is rebuilt from the number of releases.
+        return {**wrapped_checkpoint_state(self.strategy), "privacy-releases": self.releases}
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         load_wrapped_checkpoint_state(self.strategy, state)
+        self.releases = int(state.get("privacy-releases", 0))
+
+    # -- the private mean ---------------------------------------------------------------
+    def private_mean(self, server_round: int, contents: list[RecordDict]) -> ArrayRecord:
+        """w + (1/m) Σ_k Δ_k·min(1, C/‖Δ_k‖₂) over ``contents`` (accepted replies, partition
+        order), plus the noise when it goes inside (see the module docstring)."""
+        keys = list(self.current_arrays.keys())
+        sent = [array_view(self.current_arrays[key]) for key in keys]
+        for key, array in zip(keys, sent, strict=True):
+            if not np.issubdtype(array.dtype, np.floating):
+                raise ValueError(f"server-side DP clips and noises floating-point parameters only, but the model's "
+                                 f"'{key}' is {array.dtype} (a buffer); use a model without buffers")
+        total = [np.zeros_like(array) for array in sent]
+        for content in contents:
+            record = cast(ArrayRecord, content[MODEL_RECORD])
+            update = [array_view(record[key]) - array for key, array in zip(keys, sent, strict=True)]
+            norm = math.sqrt(sum(float(np.sum(np.square(u, dtype=np.float64))) for u in update))
+            scale = min(1.0, self.clipping_norm / norm) if norm > 0 else 1.0
+            for summed, u in zip(total, update, strict=True):
+                summed += u * scale  # a Python float: the update's dtype stays; × 1.0 keeps its bits
+        mean = ArrayRecord({key: Array(array + summed / self.num_sampled_clients)
+                            for key, array, summed in zip(keys, sent, total, strict=True)})
+        self.round_mean = self._noised(server_round, mean) if self.noise_in_mean else mean
+        return self.round_mean
+
+    def _noised(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
+        """``arrays`` plus N(0, (σC/m)²) noise drawn by Flower's wrapper, seeded by (seed, round)."""
+        if self.noise_multiplier == 0:
+            return arrays
+        # Flower draws the noise from NumPy's global generator: seeded for this round only.
+        outside = np.random.get_state()
+        np.random.seed(np.random.SeedSequence([self.seed, server_round]).generate_state(1))
+        try:
+            return add_aggregate_noise(self, arrays)
+        finally:
+            np.random.set_state(outside)
 
     # -- Strategy hooks ---------------------------------------------------------------
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Flower's server-side clipping and noise, with four differences: only the model
-        record is clipped (Flower's wrapper clips every ArrayRecord of a reply as if it were
-        the model), and a reply that carries any other ArrayRecord is failed, not aggregated,
-        since what the noise covers is the model update alone (the run config refuses the
-        methods that declare such records; this keeps a client that sends one anyway out of
-        the private release); a failed reply goes on to the wrapped strategy, whose screening
-        records it and aggregates the others (Flower's wrapper skips the round); a reply
-        within the clipping norm keeps its bits; and the noise is seeded by (seed, round)."""
-        sent = self.current_arrays.to_numpy_ndarrays()  # once a round, not once a reply
-        replies = [self._clipped(reply, sent) for reply in replies]
+        """The wrapped strategy's aggregate with the private mean in place of its base's
+        mean, the noise added inside that mean or to the result (outside). A reply that
+        carries any ArrayRecord besides its model is failed, not aggregated: what the noise
+        covers is the model update alone (the run config refuses the methods that declare
+        such records; this keeps a client that sends one anyway out of the private release),
+        and the wrapped strategy's screening records it."""
+        replies = [self._screened(reply) for reply in replies]
+        self.round_mean = self.released = None
         aggregated, metrics = self.strategy.aggregate_train(server_round, replies)
-        self.released = None
-        if aggregated is not None:
-            # Flower draws the noise from NumPy's global generator: seeded for this round only.
-            outside = np.random.get_state()
-            np.random.seed(np.random.SeedSequence([self.seed, server_round]).generate_state(1))
-            try:
-                self.released = add_aggregate_noise(self, aggregated)
-            finally:
-                np.random.set_state(outside)
+        if aggregated is None:
+            return None, metrics
+        if self.round_mean is None:
+            raise PrivacyNotApplied(
+                f"round {server_round}: {type(self.base).__name__} aggregated without server-side DP's private mean, so "
+                f"its model is not private; its declaration's dp_aggregate must be 'own' (refused under DP)")
+        self.released = aggregated if self.noise_in_mean else self._noised(server_round, aggregated)
+        self.releases += 1
         return self.released, metrics
 
-    def _clipped(self, reply: Message, sent: list[np.ndarray]) -> Message:
-        """``reply`` with its model update from ``sent`` clipped to the norm; an error reply in
-        place of one that carries tensors besides its model."""
+    def _screened(self, reply: Message) -> Message:
+        """``reply``, or an error reply in place of one that carries tensors besides its model."""
         if reply.has_error():
             return reply
         others = sorted(set(reply.content.array_records) - {MODEL_RECORD})
@@ -164,9 +331,4 @@ class ServerSideDP(WrappingStrategy, DifferentialPrivacyServerSideFixedClipping)
                 reply, UNCLIPPED_RECORD_CODE,
                 f"the reply carries {', '.join(map(repr, others))} besides its model; server-side DP clips and noises "
                 f"the model update only, so it is left out of the private aggregate")
-        record = reply.content.array_records.get(MODEL_RECORD)
-        if record is not None:
-            arrays = record.to_numpy_ndarrays()
-            if clip_model_update(arrays, sent, self.clipping_norm):
-                reply.content[MODEL_RECORD] = ArrayRecord(dict(zip(record.keys(), map(Array, arrays), strict=True)))
         return reply

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 # bytes-sent, bytes-received: the arrays of the round's messages to and from clients;
 # client-accuracy-mean/-worst-10pct/-std: with client-evaluation > 0, the received model on
 # each sampled client's held-out split, across the cohort (else empty);
+# dp-epsilon: with server-side DP, the ε spent after the round at δ = dp-delta where an
+# accountant applies (summary.json's "privacy" says which, or why none; else empty);
 # locality, locality-mean, client-cka: IMA's indicators of the cohort's models
 # (strategies/indicators.py), with round-indicators = true (else empty). A data set with
 # domains adds domain-mean-accuracy and accuracy-<domain> (the reported model on each
@@ -47,7 +49,7 @@ ROUND_COLUMNS = (
     "train-loss", "clients-ok", "clients-failed", "local-steps", "client-state-norm", "round-seconds",
     "client-steps", "train-seconds", "eval-seconds", "client-seconds", "client-gpu-mib", "bytes-sent", "bytes-received",
     "client-accuracy-mean", "client-accuracy-worst-10pct", "client-accuracy-std", "round-status", "failures",
-    "locality", "locality-mean", "client-cka",
+    "locality", "locality-mean", "client-cka", "dp-epsilon",
 )
 
 
@@ -101,6 +103,8 @@ def summarize(rows: Sequence[Mapping[str, Any]], last_k: int, target: float) -> 
         # the run's traffic: every round's arrays to and from clients (a resumed run: its rows')
         "bytes-sent": int(sum(v for r in rows if not math.isnan(v := float(r.get("bytes-sent", 0))))),
         "bytes-received": int(sum(v for r in rows if not math.isnan(v := float(r.get("bytes-received", 0))))),
+        # with server-side DP: the ε spent after the last round (NaN where no accountant applies)
+        **({"dp-epsilon": float(rows[-1]["dp-epsilon"])} if "dp-epsilon" in rows[-1] else {}),
     }
 
 

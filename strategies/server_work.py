@@ -44,12 +44,13 @@ from partitions.stats import partition_notation
 from strategies.arrays import to_numpy
 from strategies.checkpoint import CHECKPOINT_FILE, read_checkpoint, restore_checkpoint, write_checkpoint
 from strategies.cohort import cohort_size
-from strategies.config import summary_horizon, validate_run_config
+from strategies.config import refuse_buffers_under_dp, summary_horizon, validate_run_config
 from strategies.exchange import TRAFFIC, send_and_receive
 from strategies.indicators import CKA_SAMPLES, round_indicators
 from strategies.methods.registry import hand_over_client_halves, method
 from strategies.methods.strategy_builder import build_client_schedule, build_strategy
 from strategies.model_store import discard_rounds_after, save_round_models, saves_round
+from strategies.privacy import privacy_summary
 from strategies.reply_screening import (
     ClientOutOfGpuMemory,
     ClientProcessesDied,
@@ -122,6 +123,8 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
     device = select_device(config["device"])
     fix_arithmetic(config["server-torch-threads"], device, config["cuda-deterministic"])
     recorder.describe(arithmetic=arithmetic_record(device, config, config["cuda-deterministic"]))
+    if config["dp-clipping-norm"] > 0:
+        recorder.describe(privacy=privacy_summary(config))
     log.info(f"loading {config['dataset']} and building its partition")
     data = load_dataset(config["dataset"], config["data-dir"], config["normalize"])
     statistics = partition_statistics(config, data, recorder.directory)
@@ -154,6 +157,9 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
         recorder.extend_columns(("domain-mean-accuracy", *domains))
     torch.manual_seed(config["seed"])
     model = build_run_model(config, data.input_shape, data.num_classes)
+    if config["dp-clipping-norm"] > 0:  # the model as built: a plug-in's buffers, on any data set
+        refuse_buffers_under_dp(resolve_model_name(config["model"], config["dataset"]), config,
+                                [name for name, _ in model.named_buffers()])
     arrays = ArrayRecord(model.state_dict())
     model.to(device).to(memory_format=layout)
 

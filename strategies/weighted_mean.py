@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import io
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
@@ -92,19 +92,29 @@ def weighted_mean_arrays(records: list[RecordDict], weighting_metric_name: str) 
 
 
 class InPlaceFedAvg(FlowerFedAvg):
-    """Flower's FedAvg, its weighted mean computed by :func:`weighted_mean_arrays`."""
+    """Flower's FedAvg, its weighted mean computed by :func:`weighted_mean_arrays`.
+
+    ``private_mean``, when set (strategies/privacy.ServerSideDP sets it), takes the place of
+    that mean: a method declared ``dp_aggregate = "mean"`` or ``"step-on-mean"``
+    (strategies/methods/method_spec.py) reaches its aggregate only through this one call, so
+    under server-side DP its model, or the input of its server step, is the private mean."""
+
+    private_mean: Callable[[int, list[RecordDict]], ArrayRecord] | None = None
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Flower 1.41's ``FedAvg.aggregate_train``: the same checks, the same mean (on
-        another Flower release, Flower's own: clients/flower_internals/)."""
-        if not flower_internals.speed_up_available("in-place mean"):
+        another Flower release, Flower's own: clients/flower_internals/); under DP the
+        private mean."""
+        if self.private_mean is None and not flower_internals.speed_up_available("in-place mean"):
             return super().aggregate_train(server_round, replies)
         contents = self.checked_contents(replies)
         if not contents:
             return None, None
-        return weighted_mean_arrays(contents, self.weighted_by_key), self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+        mean = (weighted_mean_arrays(contents, self.weighted_by_key) if self.private_mean is None
+                else self.private_mean(server_round, contents))
+        return mean, self.train_metrics_aggr_fn(contents, self.weighted_by_key)
 
     def checked_contents(self, replies: Iterable[Message]) -> list[RecordDict]:
         """The contents of the replies without an error, after Flower's consistency checks

@@ -15,21 +15,6 @@ def check_and_log_replies(strategy: Any, replies: Any, is_train: bool) -> tuple[
     return strategy._check_and_log_replies(replies, is_train=is_train)
 
 
-def clip_model_update(reply_arrays: list, sent_arrays: list, clipping_norm: float) -> bool:
-    """Flower's ``compute_clip_model_update``, the clipping its DP wrappers apply: in place,
-    ``reply_arrays`` becomes sent + (reply − sent) · C / ‖reply − sent‖₂ where that norm
-    exceeds C; True if it did. A reply within the norm is left as it is (Flower's rewrite as
-    sent + (reply − sent) can change its last bits), so a norm that never binds gives the
-    bits of a run without clipping."""
-    import numpy as np
-    from flwr.supercore.differential_privacy import compute_clip_model_update, get_norm
-
-    if get_norm([np.subtract(reply, sent) for reply, sent in zip(reply_arrays, sent_arrays, strict=True)]) <= clipping_norm:
-        return False
-    compute_clip_model_update(reply_arrays, sent_arrays, clipping_norm)
-    return True
-
-
 def error_in_place_of(reply: Any, code: int, reason: str) -> Any:
     """An error reply with ``reply``'s metadata (its sender and the message it answers):
     Flower's public constructor makes error replies only from the instruction message."""

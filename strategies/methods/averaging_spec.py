@@ -38,6 +38,10 @@ class AveragingSpec:
     options: Mapping[str, Option] = field(default_factory=dict)
     check: Callable[[Mapping[str, Any]], None] | None = None
     first_average: Callable[[Mapping[str, Any]], int] = averaging_start_round
+    # Whether the clients receive its average (IMA; WIMA and EMA with avg-feedback): then
+    # every model it reports is one it sent, which server-side DP outside it needs
+    # (strategies/privacy.py). False: a shadow average, evaluated and kept, never sent.
+    sends_average: Callable[[Mapping[str, Any]], bool] = lambda config: False
     # The clients' schedule under this rule: (validated config, the base method's schedule)
     # → the schedule the clients get (IMA's exploration, SWA's cyclic lr); None: unchanged.
     client_schedule: Callable[[Mapping[str, Any], ClientSchedule], ClientSchedule] | None = None

@@ -29,6 +29,13 @@ if TYPE_CHECKING:
 # What a method may need of the model: anything, one label per image, a residual network
 # with width-slimmable stages.
 MODEL_NEEDS = ("any", "image", "slimmable-residual")
+# How a method's server turns the replies into its new model, as server-side DP needs to
+# know (strategies/privacy.py): "mean", the mean of the replies' models; "step-on-mean", a
+# server step (momentum, Adam) taking that mean as its input; "own", any other function of
+# the replies (FedNova's normalisation, FedDyn's h, …), which DP's noise σ·C/m does not
+# cover, so a run with dp-clipping-norm > 0 refuses it. The first two reach the mean only
+# through strategies/weighted_mean.InPlaceFedAvg, where DP puts its private mean.
+DP_AGGREGATES = ("mean", "step-on-mean", "own")
 
 
 def refuse_options_without_default(name: str, options: Mapping[str, Option]) -> None:
@@ -69,6 +76,9 @@ class MethodSpec:
       information leaving each client: a deployment reads here what its clients send.
       Server-side DP clips and noises the model update only, so a run with
       ``dp-clipping-norm`` > 0 refuses a method that declares any (strategies/config.py);
+    - ``dp_aggregate``: how its server aggregates, one of :data:`DP_AGGREGATES` ("own" unless
+      declared, so a method DP cannot vouch for is refused under DP; an objective-only
+      method's server is FedAvg's mean);
     - what it needs: ``plain_sgd`` (its paper steps with plain SGD: no client momentum),
       ``model_needs`` ("image": one label per image; "slimmable-residual"), and
       ``default_server_lr`` (``server-lr = 0``);
@@ -100,6 +110,7 @@ class MethodSpec:
     client_components: tuple[Builder, ...] = ()
     client_state: bool = False
     reply_records: Mapping[str, str] = field(default_factory=dict)
+    dp_aggregate: str = "own"
     plain_sgd: bool | Callable[[Mapping[str, Any]], bool] = False
     model_needs: str = "any"
     default_server_lr: float = 1.0
@@ -113,6 +124,9 @@ class MethodSpec:
             raise DeclarationError(f"{self.name}: declares neither a server (build) nor a client objective")
         if self.model_needs not in MODEL_NEEDS:
             raise DeclarationError(f"{self.name}: model_needs = {self.model_needs!r}; allowed: {', '.join(MODEL_NEEDS)}")
+        if self.dp_aggregate not in DP_AGGREGATES:
+            raise DeclarationError(
+                f"{self.name}: dp_aggregate = {self.dp_aggregate!r}; allowed: {', '.join(DP_AGGREGATES)}")
         refuse_options_without_default(self.name, self.options)
 
     def end_to_end_runs(self) -> dict[str, dict[str, Any]]:
@@ -139,4 +153,5 @@ def objective_method(
     the run config when they need more than a copy, ``grad_clip`` a clip of the method's
     own), given by the registry; ``declaration`` holds the other :class:`MethodSpec` fields."""
     return MethodSpec(name, display_name, None, objective=objective, objective_keys=objective_keys,
-                      objective_settings=settings, objective_grad_clip=grad_clip, **declaration)
+                      objective_settings=settings, objective_grad_clip=grad_clip,
+                      **{"dp_aggregate": "mean", **declaration})

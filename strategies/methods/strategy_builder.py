@@ -1,7 +1,8 @@
 """Strategies by name: validated run config → strategy instance and client schedule.
 
-Methods never read the run config themselves; this is the one place that turns it into
-constructor arguments, so every strategy is usable from a user's own ServerApp.
+Methods never read the run config themselves: their declarations' ``build`` and this
+module turn it into constructor arguments, so every strategy is usable from a user's own
+ServerApp.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from flwr.serverapp.strategy import Strategy
 
 from strategies.cohort import cohort_size
 from strategies.methods.registry import AVERAGINGS_BY_NAME, method
-from strategies.privacy import ServerSideDP
+from strategies.privacy import ServerSideDP, privacy_accounting
 from strategies.round_interface import RoundStrategy
 from strategies.schedules import ClientSchedule
 
@@ -43,8 +44,9 @@ def build_strategy(config: Mapping[str, Any]) -> RoundStrategy:
 
 def private_strategy(strategy: RoundStrategy, config: Mapping[str, Any]) -> ServerSideDP:
     """``strategy`` inside Flower's server-side fixed-clipping DP (strategies/privacy.py)."""
-    return ServerSideDP(cast(Strategy, strategy), config["dp-noise-multiplier"], config["dp-clipping-norm"],
-                        cohort_size(config), config["seed"])
+    cohort = cohort_size(config)
+    return ServerSideDP(cast(Strategy, strategy), config["dp-noise-multiplier"], config["dp-clipping-norm"], cohort,
+                        config["seed"], privacy_accounting(config, cohort))
 
 
 def build_client_schedule(config: Mapping[str, Any]) -> ClientSchedule:
