@@ -234,7 +234,7 @@ class ServerSideDP(WrappingStrategy, DifferentialPrivacyServerSideFixedClipping)
     # -- what the round loop asks ------------------------------------------------------
     @property
     def round_clients(self) -> dict[str, float]:  # type: ignore[override]
-        return {**self.wrapped.round_clients, EPSILON_COLUMN: self.accounting.epsilon(self.releases)}
+        return {**cast(RoundStrategy, self.wrapped).round_clients, EPSILON_COLUMN: self.accounting.epsilon(self.releases)}
 
     @property
     def sends_average(self) -> bool:
