@@ -254,7 +254,10 @@ class ServerSideDP(WrappingStrategy, DifferentialPrivacyServerSideFixedClipping)
         return (base, self.released) if self.inner.sends_average else (self.released, average)
 
     def final_arrays(self, sent: ArrayRecord) -> ArrayRecord:
-        return self.inner.final_arrays(sent) if self.inner else sent
+        """The wrapped strategy's final model, the released (noisy) average in place of its own:
+        outside, the rule's own average is noise-free."""
+        average = self.round_models(sent)[1]
+        return sent if average is None else average
 
     def checkpoint_state(self) -> dict[str, Any]:
         # The noise is seeded per round; the accountant is rebuilt from the number of releases.

@@ -55,13 +55,40 @@ AVERAGING = {
     "swa": {"averaging": "swa", "avg-start": 1, "swa-cycle": 1},
     "ema": {"averaging": "ema", "avg-start": 1, "ema-decay": 0.5},
 }
-# Noise inside, where the window then holds noisy base models (its mean is still theirs);
-# none outside, where it would be added to the average the invariant reads. The norm binds.
+# The noise inside (on each base model) and outside (on what the rule returns), and the
+# clipping alone (σ = 0, with averaging none: the bound on the update). The norm binds.
+CLIPPING_NORM = 0.5
 PRIVACY = {
     "off": {},
-    "inside": {"dp-clipping-norm": 0.5, "dp-noise-multiplier": 0.3, "dp-order": "inside"},
-    "outside": {"dp-clipping-norm": 0.5, "dp-noise-multiplier": 0.0, "dp-order": "outside"},
+    "inside": {"dp-clipping-norm": CLIPPING_NORM, "dp-noise-multiplier": 0.3, "dp-order": "inside"},
+    "outside": {"dp-clipping-norm": CLIPPING_NORM, "dp-noise-multiplier": 0.3, "dp-order": "outside"},
+    "clip-only": {"dp-clipping-norm": CLIPPING_NORM, "dp-noise-multiplier": 0.0, "dp-order": "inside"},
 }
+
+# The compositions Basin must refuse, by name (not read from the declarations the code reads),
+# each with its reason's key phrase: a refusal not in the table, or a composition in it that
+# runs, fails the test. DP refuses what it cannot make private (strategies/privacy.py).
+SENDS_MORE_THAN_THE_MODEL = ("scaffold", "fedmoswa", "mime", "mimelite", "fedfa")
+OWN_AGGREGATE = ("adabest", "fedacg", "fedavg-clip", "fedcm", "feddyn", "fedgma", "fednova", "fedswa", "mofedsam")
+SERVER_STEP = ("fedavgm", "fedadam", "fedyogi", "fedadagrad")
+SHADOW_AVERAGES = ("wima", "swa", "ema")  # their average is never sent (AVERAGING sets no avg-feedback)
+
+
+def refusal_phrase(method: str, averaging: str, privacy: str) -> str | None:
+    """The key phrase of the reason a composition must be refused for; None: it must run."""
+    if privacy == "off":
+        return None
+    if method in SENDS_MORE_THAN_THE_MODEL:
+        return f"strategy = '{method}' also sends"
+    if method in OWN_AGGREGATE:
+        return f"strategy = '{method}' aggregates by its own rule"
+    if privacy != "outside" or averaging == "none":
+        return None
+    if method in SERVER_STEP:
+        return f"after strategy = '{method}''s server step"
+    if averaging in SHADOW_AVERAGES:
+        return "an average of noise-free base models that no client receives"
+    return None
 
 
 class Rows(list):
@@ -79,8 +106,11 @@ class Rows(list):
 
 
 def compositions() -> list[tuple[str, str, str]]:
-    """(method, averaging, privacy) for every declared method and rule (AVERAGING must name each)."""
-    return list(itertools.product(METHODS_BY_NAME, ["none", *AVERAGINGS_BY_NAME], PRIVACY))
+    """(method, averaging, privacy) for every declared method and rule (AVERAGING must name each);
+    the clipping alone with averaging none only."""
+    return [(method, averaging, privacy)
+            for method, averaging, privacy in itertools.product(METHODS_BY_NAME, ["none", *AVERAGINGS_BY_NAME], PRIVACY)
+            if privacy != "clip-only" or averaging == "none"]
 
 
 def run_config(method: str, averaging: str, privacy: str) -> dict[str, Any]:
@@ -101,25 +131,61 @@ def expected_average(config: dict[str, Any], bases: list[dict[str, torch.Tensor]
     return None
 
 
+def clipped_mean(sent: dict[str, torch.Tensor], clients: dict[int, dict[str, torch.Tensor]], m: int) -> dict[str, torch.Tensor]:
+    """By hand: sent + (1/m)·Σ_k Δ_k·min(1, C/‖Δ_k‖₂), Δ_k = client k's model − sent."""
+    total = {key: torch.zeros_like(value, dtype=torch.float64) for key, value in sent.items()}
+    for model in clients.values():
+        update = {key: model[key].double() - value.double() for key, value in sent.items()}
+        norm = float(torch.sqrt(sum((u * u).sum() for u in update.values())))
+        for key, u in update.items():
+            total[key] += u * min(1.0, CLIPPING_NORM / norm)
+    return {key: (value.double() + total[key] / m).float() for key, value in sent.items()}
+
+
+def distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return float(torch.sqrt(sum(((a[key].double() - b[key].double()) ** 2).sum() for key in a)))
+
+
 @pytest.mark.parametrize("method", list(METHODS_BY_NAME))
 def test_every_composition_runs_two_rounds_through_the_client_handlers_or_is_refused_in_one_line(method, tmp_path,
-                                                                                                 record_property):
+                                                                                                 record_property,
+                                                                                                 monkeypatch):
+    from clients.models import build_run_model
+    from clients.training import evaluate
+    from strategies.privacy import ServerSideDP
+
     assert set(AVERAGING) == {"none", *AVERAGINGS_BY_NAME}, "a declared averaging rule has no setting here"
     data = load_dataset("digits", "", True)
-    ran, refused = [], {}
+    # Every private mean DP computes: (model sent, the mean), to bound the clipped update where a server step follows.
+    private_means: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = []
+    computed = ServerSideDP.private_mean
+
+    def recorded(self, server_round, contents):
+        mean = computed(self, server_round, contents)
+        private_means.append(({k: v.numpy() for k, v in self.current_arrays.items()},
+                              {k: v.numpy() for k, v in mean.items()}))
+        return mean
+
+    monkeypatch.setattr(ServerSideDP, "private_mean", recorded)
+    ran, refused, saved_of = [], {}, {}
     for _, averaging, privacy in [c for c in compositions() if c[0] == method]:
+        what = f"{method} × {averaging} × DP {privacy}"
+        phrase = refusal_phrase(method, averaging, privacy)
         try:
             config = run_config(method, averaging, privacy)
         except ConfigError as error:
             assert "\n" not in str(error)
+            assert phrase is not None, f"{what} is refused but must run: {error}"
+            assert phrase in str(error), f"{what} is refused for another reason than {phrase!r}: {error}"
             refused[(averaging, privacy)] = str(error)
             continue
+        assert phrase is None, f"{what} runs but must be refused ({phrase!r})"
         directory = tmp_path / f"{averaging}-{privacy}"
         directory.mkdir()
         grid = InProcessGrid(config, config["num-clients"])
         rows = Rows(directory)
+        del private_means[:]
         train_rounds(grid, config, rows, None, data, torch.device("cpu"))
-        what = f"{method} × {averaging} × DP {privacy}"
         assert [row["round"] for row in rows] == [1, 2], what
         sent_bytes = received_bytes = 0
         for row in rows:
@@ -129,22 +195,76 @@ def test_every_composition_runs_two_rounds_through_the_client_handlers_or_is_ref
             sent_bytes, received_bytes = sent_bytes + row["bytes-sent"], received_bytes + row["bytes-received"]
         # discovery's queries carry no arrays: the rounds' columns hold every array that went each way
         assert (sent_bytes, received_bytes) == (grid.bytes_sent, grid.bytes_received), what
-        saved = [load_round_models(directory, r) for r in (1, 2)]
+        saved = saved_of[(averaging, privacy)] = [load_round_models(directory, r) for r in (1, 2)]
         for model in saved:
             assert all(torch.isfinite(t).all() for t in model["base"].values()), what
+        check_privacy(config, privacy, saved, saved_of.get((averaging, "off")), private_means, what)
         average = expected_average(config, [saved[0]["base"], saved[1]["base"]])
         fma_target = config["averaging"] == "ima" and hasattr(METHODS_BY_NAME[method], "build") and _steps_toward_a_target(config)
+        noise_on_average = privacy == "outside"
         if average is not None and not fma_target:
             for key, value in average.items():
-                torch.testing.assert_close(saved[1]["averaged"][key], value, rtol=1e-5, atol=1e-6, msg=what)
-        if config["averaging"] == "ima" and not fma_target:  # IMA sends the average from t_s on, the base model before
-            final = torch.load(directory / "final_model.pt")
-            for key, value in average.items():
-                torch.testing.assert_close(final[key], value, rtol=1e-5, atol=1e-6, msg=what)
+                if noise_on_average:  # outside: the noise is on the average, not on the base models it averages
+                    assert not torch.allclose(saved[1]["averaged"][key], value, rtol=1e-5, atol=1e-6), what
+                else:
+                    torch.testing.assert_close(saved[1]["averaged"][key], value, rtol=1e-5, atol=1e-6, msg=what)
+        check_the_evaluated_models(config, rows, saved, directory, data, build_run_model, evaluate, what)
         ran.append((averaging, privacy))
     record_property("compositions", {"ran": len(ran), "refused": refused})
     print(f"{method}: {len(ran)} ran, {len(refused)} refused: " + "; ".join(sorted(set(refused.values()))))
     assert ran, f"{method}: no composition runs"
+
+
+def check_privacy(config: dict[str, Any], privacy: str, saved: list[dict[str, Any]],
+                  without_dp: list[dict[str, Any]] | None, private_means: list, what: str) -> None:
+    """DP's effect on round 2 (sent: round 1's released model, 2 of the m = 3 sampled replied):
+    the clipping alone bounds the update by (2/3)·C, and for a method whose model is the mean
+    it is the hand-computed clipped mean of the saved client models; the noise inside is in
+    the base model (it differs from the run without DP and moves it further than C); outside
+    it is not (the base model is the noise-free clipped mean)."""
+    if privacy == "off":
+        assert not private_means, f"{what}: DP ran without dp-clipping-norm"
+        return
+    assert len(private_means) == 2, f"{what}: {len(private_means)} private means in 2 rounds: DP did not aggregate"
+    bound = 2 / 3 * CLIPPING_NORM * (1 + 1e-5)
+    mean_is_the_model = METHODS_BY_NAME[config["strategy"]].dp_aggregate == "mean"
+    sent, base = saved[0]["base"], saved[1]["base"]
+    if privacy == "clip-only":
+        for sent_arrays, mean in private_means:
+            update = float(np.sqrt(sum(np.sum((mean[k].astype(np.float64) - sent_arrays[k]) ** 2) for k in mean)))
+            assert update <= bound, f"{what}: the private mean moved {update:.4f} > (2/3)·C"
+        if mean_is_the_model:
+            assert distance(base, sent) <= bound, what
+            for key, value in clipped_mean(sent, saved[1]["clients"], 3).items():
+                torch.testing.assert_close(base[key], value, rtol=1e-5, atol=1e-6, msg=what)
+        return
+    assert without_dp is not None, what
+    assert any(not torch.equal(base[key], without_dp[1]["base"][key]) for key in base), f"{what}: round 2 has no noise"
+    if mean_is_the_model and config["averaging"] in ("none", "ima"):
+        noisy = privacy == "inside" or config["averaging"] == "none"
+        assert (distance(base, sent) > CLIPPING_NORM) == noisy, f"{what}: the noise is not where dp-order puts it"
+
+
+def check_the_evaluated_models(config: dict[str, Any], rows: list[dict[str, Any]], saved: list[dict[str, Any]],
+                               directory: Path, data, build_run_model, evaluate, what: str) -> None:
+    """The round loop's test-loss is the model the rule reports, scored here from the saved
+    models: IMA's average from t_s on (also what its clients receive next), the base model
+    before; WIMA's, SWA's and EMA's average (a shadow: their clients receive the base, whose
+    score is base-loss), which is also the final model; the base model without a rule."""
+    model = build_run_model(config, data.input_shape, data.num_classes)
+
+    def loss(state: dict[str, torch.Tensor]) -> float:
+        model.load_state_dict(state)
+        return evaluate(model, data.x_test, data.y_test)[0]
+
+    rule = config["averaging"]
+    for row, models in zip(rows, saved):
+        assert row["base-loss"] == pytest.approx(loss(models["base"]), rel=1e-6), what
+        reported = models["averaged"] if rule != "none" and models["averaged"] is not None else models["base"]
+        assert row["test-loss"] == pytest.approx(loss(reported), rel=1e-6), what
+    if rule != "none":
+        assert rows[1]["sent-model"] == ("averaged" if rule == "ima" else "base"), what
+        assert loss(torch.load(directory / "final_model.pt")) == pytest.approx(loss(saved[1]["averaged"]), rel=1e-6), what
 
 
 def _steps_toward_a_target(config: dict[str, Any]) -> bool:
