@@ -41,9 +41,8 @@ RUNS = {
                          "averaging": "ima", "window": 2, "avg-start": 2},
     "char-lstm": {"dataset": "hf:{shakespeare}", "model": "char-lstm", "partition": "natural", "num-rounds": 2,
                   "batch-size": 8, "lr": 1.0, "momentum": 0.9, "grad-clip": 5.0},
-    # Server-side DP: with no noise and a norm no update reaches it must repeat "fedavg" bit for
-    # bit; with noise, in either order around IMA.
-    "fedavg+dp-no-noise": {"dp-clipping-norm": 1e6},
+    # Server-side DP: without noise (no ε, and why); with noise, in either order around IMA.
+    "fedavg+dp-no-noise": {"dp-clipping-norm": 1e6, "num-rounds": 2},
     "ima+dp-inside": {"averaging": "ima", "window": 2, "avg-start": 2, "num-rounds": 2, "dp-clipping-norm": 1.0,
                       "dp-noise-multiplier": 0.5},
     "ima+dp-outside": {"averaging": "ima", "window": 2, "avg-start": 2, "num-rounds": 2, "dp-clipping-norm": 1.0,
@@ -200,12 +199,20 @@ def test_same_seed_gives_bitwise_identical_rounds_and_model(flower_runs):
     _same_bits(flower_runs["fedavg"], flower_runs["fedavg-again"])
 
 
-@pytest.mark.flower_runs("fedavg", "fedavg+dp-no-noise", "ima+dp-inside", "ima+dp-outside")
-def test_server_side_dp_runs_in_either_order_around_ima_and_without_noise_changes_no_bit(flower_runs):
-    _same_bits(flower_runs["fedavg"], flower_runs["fedavg+dp-no-noise"])
+@pytest.mark.flower_runs("fedavg+dp-no-noise", "ima+dp-inside", "ima+dp-outside")
+def test_server_side_dp_runs_in_either_order_around_ima_and_accounts_its_releases(flower_runs):
+    """Real `flwr run`s under DP: ε after each release in results.csv (inside: sampling without
+    replacement; outside: no amplification), none and why without noise (summary.json)."""
+    silent = flower_runs["fedavg+dp-no-noise"]
+    assert silent.rows()["dp-epsilon"].isna().all()
+    assert "no noise is added" in silent.summary["privacy"]["why-not"]
     inside, outside = flower_runs["ima+dp-inside"].rows(), flower_runs["ima+dp-outside"].rows()
     for rows in (inside, outside):
         assert rows["round"].tolist() == [1, 2] and rows["sent-model"].tolist() == ["base", "averaged"]
+        assert 0 < rows["dp-epsilon"].iloc[0] < rows["dp-epsilon"].iloc[1] < float("inf")
+    assert flower_runs["ima+dp-inside"].summary["privacy"]["sampling"] == "without-replacement"
+    assert flower_runs["ima+dp-outside"].summary["privacy"]["sampling"] == "no-amplification"
+    assert flower_runs["ima+dp-inside"].summary["dp-epsilon"] == inside["dp-epsilon"].iloc[1]
     # Round 1 is the same release in both orders (IMA passes the base model on); round 2's is
     # not (inside: the mean of two noisy models; outside: one draw of noise on the mean).
     assert inside["test-accuracy"].iloc[0] == outside["test-accuracy"].iloc[0]

@@ -79,6 +79,20 @@ def test_the_launcher_checks_a_model_plugin_against_the_data_set_and_the_method(
         resolve_config({}, {"model": "small-cnn", "strategy": "gradaug"})
 
 
+def test_a_model_plugin_with_batchnorm_is_refused_under_dp_before_flower_starts(tmp_path, monkeypatch):
+    """Basin builds the plug-in for the data set's inputs and finds its buffers (BatchNorm's)."""
+    module = _module(tmp_path, monkeypatch, "model_bn", """
+        import torch.nn as nn
+
+        def bn_net(num_classes, input_shape):
+            return nn.Sequential(nn.Conv2d(input_shape[0], 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(num_classes))
+        """)
+    monkeypatch.setitem(MODEL_PLUGINS, "bn-net", ModelSpec("bn-net", ImplementedIn(f"{module}:bn_net")))
+    with pytest.raises(ConfigError, match=r"'model' = 'bn-net' holds buffers \(1.running_mean, 1.running_var, 1.num_batches_tracked\)"):
+        resolve_config({}, {"model": "bn-net", "dp-clipping-norm": 1.0})
+    resolve_config({}, {"model": "bn-net"})
+
+
 def _image_folder(root: Path) -> Path:
     """A researcher's images, a folder per class and split (Hugging Face's image folder layout)."""
     rng = np.random.default_rng(0)

@@ -306,3 +306,17 @@ def test_weights_round_trip_through_a_flower_array_record(name):
     source, target = build_model(name, shape, 10), build_model(name, shape, 10)
     target.load_state_dict(ArrayRecord(source.state_dict()).to_torch_state_dict())
     assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), target.state_dict().values()))
+
+
+def test_the_models_with_buffers_are_exactly_those_declared_and_their_counterparts_have_none():
+    """Server-side DP refuses a model with buffers by clients/model_names.GROUP_NORM_COUNTERPART;
+    every built-in model is built here so that the declaration cannot drift from the code."""
+    from clients.model_names import GROUP_NORM_COUNTERPART, REQUIRED_INPUT
+
+    with_buffers = set()
+    for name in MODEL_NAMES:
+        shape = (80,) if name == "char-lstm" else REQUIRED_INPUT.get(name, (3, 32, 32))
+        if any(True for _ in build_model(name, shape, 10).buffers()):
+            with_buffers.add(name)
+    assert with_buffers == set(GROUP_NORM_COUNTERPART)
+    assert not with_buffers & set(GROUP_NORM_COUNTERPART.values())
