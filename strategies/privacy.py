@@ -1,42 +1,24 @@
 """Server-side differential privacy with Basin's averaging: DP-FedAvg's fixed-denominator
-estimator in Basin's round loop, on Flower's ``DifferentialPrivacyServerSideFixedClipping``.
+mean (McMahan, Ramage, Talwar, Zhang, ICLR 2018, Algorithm 1, flat clipping, estimator f̃_f)
+on Flower's ``DifferentialPrivacyServerSideFixedClipping``. With w the model sent, m the
+round's sampled clients and Δ_k = w_k − w the update of accepted reply k (partition order),
 
-DP-FedAvg's server side (McMahan, Ramage, Talwar, Zhang, "Learning Differentially Private
-Recurrent Language Models", ICLR 2018, Algorithm 1, flat clipping, the fixed-denominator
-estimator f̃_f): with w the model sent and Δ_k = w_k − w the update of reply k,
+    w̃ = w + (1/m) Σ_k Δ_k · min(1, C / ‖Δ_k‖₂) + N(0, (σ C / m)² I):
 
-    Δ̃_k = Δ_k · min(1, C / ‖Δ_k‖₂)
-    w̃ = w + (1/m) Σ_k Δ̃_k + N(0, (σ C / m)² I)
+a failed reply is a zero update and every client weighs the same, so one client moves the
+mean by at most C/m, the sensitivity the noise is set for. The noise is seeded by (seed,
+round). The mean takes the place of the base method's own (InPlaceFedAvg's
+``private_mean``), so a server step after it (FedAvgM, FedAdam) is post-processing; a method
+declared ``dp_aggregate = "own"`` is refused by the run config, and a strategy that
+aggregates without the private mean stops the run (:class:`PrivacyNotApplied`).
 
-the sum over the accepted replies in partition order, m the round's sampled clients (the
-cohort): a failed or missing reply counts as a zero update, and every client weighs the
-same, whatever ``num-examples`` it reports. One client moves the sum by at most C, the mean
-by at most C/m, which is the sensitivity the noise's std σ·C/m is set for. The clipping is
-in float32 as the models are; the noise is drawn from NumPy's generator seeded by
-(seed, round), so a run repeats bit for bit and a resumed run draws what the uninterrupted
-one drew. With σ = 0 and a C no update reaches, w̃ has the bits of w + Σ_k Δ_k / m.
-
-The mean takes the place of the wrapped method's own (strategies/weighted_mean.InPlaceFedAvg's
-``private_mean``), so a server step after it (FedAvgM's momentum, FedAdam's and FedYogi's
-normalised step) sees the noisy mean and is post-processing. A method whose aggregate is
-not a mean of model updates (its declaration's ``dp_aggregate = "own"``: FedNova, FedDyn, …)
-is refused by the run config, and a strategy that aggregates without calling the private
-mean stops the run (:class:`PrivacyNotApplied`).
-
-Where the noise goes relative to the averaging rule (run-config key ``dp-order``):
-
-- ``inside`` (the default): averaging(DP(base)). The noise is added to the mean before the
-  base method's server step: every base model is a private release and the window's
-  average is post-processing of private releases.
-- ``outside``: DP(averaging(base)). The base's mean of clipped updates is noise-free and
-  the noise is added once, to what the averaging rule returns (its average from its start,
-  which clients then receive). Each release is a convex combination of base models
-  w_j + (1/m) Σ Δ̃, so its sensitivity is still at most C/m; the run config allows it only
-  where that holds and the final model is a release: a base whose model is the mean
-  (``dp_aggregate = "mean"``), a rule that sends its average, ``avg-subset = all``.
-
-The accountant (:func:`privacy_accounting`, Flower's ``RdpAccountant``) adds ε after each
-round to results.csv (``dp-epsilon``) where it applies.
+``dp-order``: ``inside`` (default), averaging(DP(base)): the noise is in every base model,
+the average is post-processing. ``outside``, DP(averaging(base)): the base's mean is
+noise-free and the noise goes once on what the rule returns, allowed only where each release
+is a convex combination of base models w_j + (1/m) Σ Δ̃ (sensitivity still C/m) and the
+final model is a release: a base whose model is the mean, a rule that sends its average,
+``avg-subset = all``. :func:`privacy_accounting` says how ε is accounted (results.csv's
+``dp-epsilon``). docs/your-own-app.md has the whole account.
 """
 
 from __future__ import annotations

@@ -78,6 +78,8 @@ def test_a_wrapper_offers_the_round_state_of_what_it_wraps_and_nothing_unstated(
     private.bind_partitions({100: 0, 101: 1}, 2, seed=0)
     assert base.partition_of_node == {100: 0, 101: 1} and base.cohort_size == 2
     base.round_status, base.round_clients = "skipped: no replies", {"sampled": 2.0}
-    assert (private.round_status, private.round_clients) == (averaging.round_status, averaging.round_clients) \
+    assert (private.round_status, averaging.round_clients) == (averaging.round_status, base.round_clients) \
         == ("skipped: no replies", {"sampled": 2.0})
+    # DP adds the ε spent so far (NaN: this wrapper has no accountant)
+    assert private.round_clients.keys() == {"sampled", "dp-epsilon"} and private.round_clients["sampled"] == 2.0
     assert not hasattr(averaging, "partition_of_node") and not hasattr(private, "cohort_size")
