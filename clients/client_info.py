@@ -59,6 +59,9 @@ class ClientInfo:
            run_config: Mapping[str, Any] | None = None) -> ClientInfo:
         """The description of a client that trains on labels ``y`` (padding, negative, is not a label)."""
         labels = y[y >= 0].flatten().to(torch.int64)
+        if len(labels) and int(labels.max()) >= num_classes:
+            raise ValueError(f"partition {partition_id} holds label {int(labels.max())}, out of range for num_classes = "
+                             f"{num_classes} (labels 0..{num_classes - 1}); its counts would drop it")
         counts = torch.bincount(labels.cpu(), minlength=num_classes)
         return cls(partition_id, len(y), tuple(int(c) for c in counts[:num_classes]), num_classes, dataset,
                    server_round, MappingProxyType(dict(run_config or {})))

@@ -53,3 +53,61 @@ def test_a_resumed_run_keeps_the_rows_of_the_rounds_its_checkpoint_holds(tmp_pat
         assert [row[0] for row in csv.reader(f)] == ["round", "1", "2"]
     RunRecorder(tmp_path, config, 10, 0.5)  # a fresh run starts the file afresh
     assert (tmp_path / CLIENT_EVALUATION_FILE).read_text() == "round,partition,node,examples,accuracy,loss\n"
+
+
+def _reply_of_a_client_with(x, y, x_held_out, y_held_out, monkeypatch):
+    """The ClientApp's reply to a training message of round 1 from a model that predicts class 0
+    for every input (its classifier's bias), with this client's tensors; the method (FedAvg)
+    declares the label counts so the reply carries them."""
+    import dataclasses
+
+    from flwr.app import ArrayRecord, Message, MessageType, RecordDict
+
+    from clients import protocol
+    from clients.client_work import training_reply
+    from clients.models import build_run_model
+    from strategies.methods import registry
+    from strategies.methods.strategy_builder import build_client_schedule
+    from strategies.server_work import round_train_config
+
+    config = resolve_config({}, {"num-clients": 6, "client-evaluation": 0.25, "checkpoint-every": 0})
+    declared = dataclasses.replace(registry.METHODS_BY_NAME["fedavg"],
+                                   reply_records={protocol.LABEL_COUNTS_RECORD: "its label counts"})
+    monkeypatch.setitem(registry.METHODS_BY_NAME, "fedavg", declared)
+    round_config = round_train_config(config, build_client_schedule(config), 1)
+    round_config["server-round"] = 1
+    grid = InProcessGrid(config, 6)
+    model = build_run_model(config, (1, 8, 8), 10)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.zero_()
+            if name.endswith("bias"):
+                parameter[0] = 10.0  # class 0 wins everywhere
+    message = Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": round_config}),
+                      dst_node_id=100, message_type=MessageType.TRAIN)
+    message.metadata.__dict__["_message_id"] = "m"
+    reply = training_reply(message, grid.contexts[100], 0.0, torch.device("cpu"), model,
+                           (x, y, x_held_out, y_held_out), 10)
+    return reply.content["metrics"], reply.content[protocol.LABEL_COUNTS_RECORD]["counts"].numpy()
+
+
+def test_the_held_out_score_is_of_the_held_out_examples_and_the_counts_of_the_training_split(monkeypatch):
+    """A client that trains on 6 examples of class 0 and holds out 2 of class 3 that the model
+    (always class 0) never predicts: its held-out accuracy is 0 on 2 examples (scored on its
+    training split it would be 1), and its label counts are its training split's, 6 of class 0
+    and none of class 3 (over the whole partition they would count the held-out two)."""
+    from clients import protocol
+
+    x, x_held_out = torch.randn(6, 1, 8, 8), torch.randn(2, 1, 8, 8)
+    y, y_held_out = torch.zeros(6, dtype=torch.int64), torch.full((2,), 3, dtype=torch.int64)
+    metrics, counts = _reply_of_a_client_with(x, y, x_held_out, y_held_out, monkeypatch)
+    assert (metrics[protocol.HELD_OUT_ACCURACY], metrics[protocol.HELD_OUT_EXAMPLES]) == (0.0, 2)
+    assert counts.tolist() == [6, 0, 0, 0, 0, 0, 0, 0, 0, 0] and metrics["num-examples"] == 6
+
+
+def test_a_label_beyond_the_classes_is_an_error_not_a_count_dropped():
+    from clients.client_info import ClientInfo
+
+    with pytest.raises(ValueError, match="partition 4 holds label 10, out of range for num_classes = 10"):
+        ClientInfo.of(torch.tensor([0, 10, -100]), 10, partition_id=4)
+    assert ClientInfo.of(torch.tensor([0, 9, -100]), 10).label_counts == (1,) + (0,) * 8 + (1,)

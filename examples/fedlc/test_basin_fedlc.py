@@ -32,7 +32,8 @@ def test_the_loss_of_one_example_is_the_hand_computed_value():
     # loss = −log(e^{½} / (e^{½} + e^{−1})) = log(1 + e^{−3/2}).
     model = Linear([[1.0, 0.0], [0.0, 0.0], [2.0, 0.0]])
     objective = LogitCalibration(1.0, torch.device("cpu"))
-    objective.see_client(ClientInfo(0, 17, (16, 1, 0), 3, "toy", 1))
+    objective.see_client(ClientInfo(partition_id=0, num_examples=17, label_counts=(16, 1, 0), num_classes=3, dataset="toy",
+                                    server_round=1))
     loss = objective.backward(model, torch.tensor([[1.0, 0.0]]), torch.tensor([0]))
     assert abs(loss.item() - math.log(1 + math.exp(-1.5))) < 1e-6
     assert torch.isfinite(model.classifier.weight.grad).all()
@@ -62,3 +63,20 @@ def test_two_clients_get_their_own_losses_through_the_captured_steps_code():
     assert abs(second - expected) < 1e-6
     assert abs(first - second) > 1e-3
     assert np.isclose(second, _round(model, (2, 6, 0), "eager")[0])
+
+
+def test_on_the_char_lstm_the_offsets_calibrate_the_class_axis_of_every_position():
+    """Shakespeare's 82 classes over 80 positions: (N, 82, 80) logits; each position's logits
+    less the client's per-class offsets, by hand (offsets along the time axis were a shape error)."""
+    from clients.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("char-lstm", (80,), 82)
+    y = torch.randint(0, 82, (2, 80))
+    y[1, 70:] = -100  # padding is no target
+    x = torch.randint(0, 82, (2, 80))
+    objective = LogitCalibration(1.0, torch.device("cpu"))
+    objective.see_client(ClientInfo.of(torch.arange(82).repeat(2), 82))  # every class twice
+    loss = objective.backward(model, x, y)
+    expected = torch.nn.functional.cross_entropy(model(x) - 2 ** -0.25, y)
+    assert torch.isclose(loss, expected.detach(), rtol=1e-6)

@@ -2,6 +2,9 @@
 
     L = CE(f(x) − τ·n^{−1/4}, y),   n = the client's label counts (ClientInfo.label_counts)
 
+the offsets broadcast over the class axis: of a sequence model's (N, C, T) logits too, each
+position calibrated by the client's counts of scored targets.
+
 A class the client does not hold (n = 0) gets −∞: it is never the target of one of the
 client's examples and takes no probability mass, as FL-bench's and the NIID-Bench code's
 ``exp(logit − τ·n^{−1/4})`` give it none.
@@ -43,7 +46,10 @@ class LogitCalibration(LocalObjective):
         self.offsets = calibration(client.label_count_tensor(), self.tau).to(self.device)
 
     def backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = F.cross_entropy(model(x) - self.offsets, y)
+        logits = model(x)
+        # Over the class axis, 1: (N, C) logits of images, (N, C, T) of a sequence model's positions.
+        offsets = self.offsets.reshape(-1, *(1,) * (logits.dim() - 2))
+        loss = F.cross_entropy(logits - offsets, y)
         loss.backward()
         return loss.detach()
 
