@@ -88,15 +88,22 @@ def load_model_plugins(
                         for e in metadata.entry_points(group=ENTRY_POINT_GROUP)]
     models: dict[str, ModelSpec] = {}
     broken: dict[str, BrokenModel] = {}
+    first_of: dict[str, tuple[str, str]] = {}  # name → the (module, distribution) that declared it first
     for name, module, distribution in sorted(entry_points):
+        if name in first_of:  # neither is used; the line keeps the first one's own problem, if it had one
+            first_module, first_distribution = first_of[name]
+            own = f"; that one's own problem: {broken[name].problem}" if name in broken else ""
+            models.pop(name, None)
+            broken[name] = BrokenModel(name, module, distribution,
+                                       f"its name is also the model plug-in of module {first_module} (distribution "
+                                       f"{first_distribution}){own}")
+            continue
+        first_of[name] = (module, distribution)
         try:
             if name in MODEL_NAMES or name == "auto":
                 raise ValueError("its name is one of Basin's own models")
-            if name in models or name in broken:
-                raise ValueError("its name is also another model plug-in's")
             models[name] = _declaration(name, module)
         except Exception as error:
-            models.pop(name, None)
             broken[name] = BrokenModel(name, module, distribution, str(error))
     return models, broken
 

@@ -39,6 +39,9 @@ HUB_ALIASES = {"cifar10": "uoft-cs/cifar10", "cifar100": "uoft-cs/cifar100"}
 IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 BUILTIN_DATASETS = ("digits", "fashion-mnist", *HUB_ALIASES)
 # Input shape (C, H, W) of the built-in sets, known without loading them (config checks).
+# The hub sets of next-character text that Basin's presets name (wima-shakespeare): their kind
+# is known before they load, so the launcher checks a model against it.
+TEXT_DATASETS = ("hf:flwrlabs/shakespeare",)
 INPUT_SHAPES = {"digits": (1, 8, 8), "fashion-mnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
 
 

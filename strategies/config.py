@@ -26,7 +26,7 @@ from clients.model_plugins import BROKEN_MODELS, MODEL_OFFERS, MODEL_PLUGINS, Mo
 from clients.options import ConfigError as ConfigError
 from clients.options import Option
 from clients.options import one_of as _one_of
-from partitions.datasets import INPUT_SHAPES
+from partitions.datasets import INPUT_SHAPES, TEXT_DATASETS
 from partitions.stats import LABEL_SCHEMES
 from strategies.cohort import cohort_size
 from strategies.general_keys import AVERAGING_AND_RUN, DATA_AND_TRAINING
@@ -207,11 +207,19 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
 def _check_model_plugin(spec: ModelSpec, config: Mapping[str, Any]) -> None:
     """A model plug-in's declared inputs against the data set, and what it offers against
     what the method needs (``model_needs = "image"``: a representation and a classifier)."""
-    images = config["dataset"] in INPUT_SHAPES  # the built-in sets are images; a hub set's kind is known once loaded
+    # The built-in sets are images, TEXT_DATASETS text; another hub set's kind is known once loaded
+    # (clients/models/__init__.py checks the plug-in against it as the model is first built).
+    images = config["dataset"] in INPUT_SHAPES
     if spec.inputs == "sequence" and (images or config["augment"] != "none"):
         raise ConfigError(
             f"run config key 'model' = {spec.name!r} (a plug-in) takes token sequences; dataset {config['dataset']!r} "
             f"with augment = {config['augment']!r} gives images; allowed: an image model, or a text data set"
+        )
+    if spec.inputs == "image" and config["dataset"] in TEXT_DATASETS:
+        raise ConfigError(
+            f"run config key 'model' = {spec.name!r} (a plug-in) takes images; dataset {config['dataset']!r} holds "
+            f"next-character text (token sequences); allowed: a model plug-in declaring inputs = 'sequence', or "
+            f"'char-lstm'"
         )
     needs = method(config["strategy"]).model_needs
     lacking = sorted(set(MODEL_OFFERS) - set(spec.offers))

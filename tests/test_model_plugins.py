@@ -150,3 +150,33 @@ def test_list_keys_names_the_installed_model_plugins_and_the_broken_ones(tmp_pat
     assert asked.stderr.strip().endswith("run config key 'model' = 'half-done': model plug-in 'half-done' (distribution "
                                          "models-dist, module half_done) cannot be used: importing it failed: "
                                          "RuntimeError: half-written")
+
+
+def test_a_model_plugin_that_does_not_fit_the_data_or_lies_about_what_it_offers_is_named_as_it_is_built(small_cnn,
+                                                                                                      monkeypatch):
+    """An image plug-in on the Shakespeare hub set is refused by the launcher; on any set whose
+    kind is known once loaded, and for what it offers, the first build names the plug-in."""
+    from clients.models import build_model
+
+    with pytest.raises(ConfigError, match=r"'model' = 'small-cnn' \(a plug-in\) takes images; dataset "
+                                          r"'hf:flwrlabs/shakespeare' holds next-character text"):
+        resolve_config({}, {"model": "small-cnn", "dataset": "hf:flwrlabs/shakespeare", "partition": "natural"})
+    with pytest.raises(ValueError, match=r"model plug-in 'small-cnn' declares inputs = 'image', but the data set holds "
+                                         r"token sequences"):
+        build_model("small-cnn", (80,), 82)
+    assert build_model("small-cnn", (1, 8, 8), 10) is not None  # it offers both, and has both
+    monkeypatch.setattr("basin_small_cnn.model.SmallCnn.represent", None, raising=False)
+    with pytest.raises(ValueError, match=r"model plug-in 'small-cnn' declares offers = \{classifier, represent\}, but "
+                                         r"the model it builds \(SmallCnn\) has no represent"):
+        build_model("small-cnn", (1, 8, 8), 10)
+
+
+def test_a_second_plugin_of_the_same_name_keeps_the_first_ones_own_problem(tmp_path, monkeypatch):
+    exits = _module(tmp_path, monkeypatch, "model_exits_first", "raise SystemExit(3)\n")
+    good = _module(tmp_path, monkeypatch, "model_good_second", GOOD.format(name="twin", extra=""))
+    models, broken = load_model_plugins([("twin", exits, "d-a"), ("twin", good, "d-b")])
+    assert not models
+    assert broken["twin"].line() == (
+        "model plug-in 'twin' (distribution d-b, module model_good_second) cannot be used: its name is also the model "
+        "plug-in of module model_exits_first (distribution d-a); that one's own problem: importing it failed: "
+        "SystemExit: 3")

@@ -55,11 +55,34 @@ def build_run_model(run_config: Mapping[str, Any], input_shape: tuple[int, ...],
     return build_model(name, input_shape, num_classes, uses_projection_head(name, str(run_config["strategy"])))
 
 
+def _plugin_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """A model plug-in's model, checked against what its declaration says: its inputs against
+    the data set's, and each of ``offers`` on the model it built (a ``classifier`` linear
+    layer, a callable ``represent``), so a plug-in that lies is named before round 1."""
+    spec = MODEL_PLUGINS[name]
+    holds = "token sequences" if len(input_shape) == 1 else f"images of shape {tuple(input_shape)}"
+    if (spec.inputs == "sequence") != (len(input_shape) == 1):
+        raise ValueError(f"model plug-in {name!r} declares inputs = {spec.inputs!r}, but the data set holds {holds}; "
+                         f"allowed: a model plug-in whose inputs fit the data set")
+    model = spec(num_classes, input_shape)
+    offered = {"classifier": isinstance(getattr(model, "classifier", None), nn.Linear),
+               "represent": callable(getattr(model, "represent", None))}
+    lacking = sorted(offer for offer in spec.offers if not offered[offer])
+    if lacking:
+        raise ValueError(f"model plug-in {name!r} declares offers = {{{', '.join(sorted(spec.offers))}}}, but the model "
+                         f"it builds ({type(model).__name__}) has no {' and no '.join(lacking)} (classifier: a linear "
+                         f"layer named classifier; represent: a method giving the classifier's input); declare only "
+                         f"what it has")
+    return model
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, projection_head: bool = False) -> nn.Module:
     """Build a freshly initialised model (callers seed torch for reproducible weights);
     ``projection_head`` only for :data:`PROJECTION_HEAD_MODELS`."""
     if projection_head and name not in PROJECTION_HEAD_MODELS:
         raise ValueError(f"model {name!r} has no projection-head variant; allowed: {', '.join(PROJECTION_HEAD_MODELS)}")
+    if name in MODEL_PLUGINS:
+        return _plugin_model(name, input_shape, num_classes)
     required = REQUIRED_INPUT.get(name)
     if required is not None and tuple(input_shape) != required:
         raise ValueError(f"model {name!r} needs inputs of shape {required}, the data set has {tuple(input_shape)}")
@@ -87,6 +110,4 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, proje
             )
         extra = {"projection": True} if projection_head else {}
         return _ANY_SIZE[name](num_classes, in_channels=input_shape[0], **extra)
-    if name in MODEL_PLUGINS:
-        return MODEL_PLUGINS[name](num_classes, input_shape)
     raise ValueError(f"unknown model {name!r}; allowed: {', '.join((*MODEL_NAMES, *MODEL_PLUGINS))}")
