@@ -72,11 +72,8 @@ class FedFa(ClientObjectiveFedAvg):
                            {"anchors": self.anchors})
 
     def aggregate_accepted(self, server_round, replies):
-        weights, anchors = [], []
-        for reply in replies:  # partition order
-            anchors.append(reply.content[OBJECTIVE_RECORD]["anchors"].numpy())
-            weights.append(float(next(iter(reply.content.metric_records.values()))["num-examples"]))
-            del reply.content[OBJECTIVE_RECORD]  # Flower's FedAvg expects one ArrayRecord per reply
+        anchors = [record["anchors"].numpy() for record in self.declared_records(OBJECTIVE_RECORD)]  # partition order
+        weights = [float(next(iter(reply.content.metric_records.values()))["num-examples"]) for reply in replies]
         if anchors:
             total = sum(weights)
             self.anchors = (sum(w * a for w, a in zip(weights, anchors)) / total).astype(np.float32)

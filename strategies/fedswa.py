@@ -168,27 +168,16 @@ class FedSwa(CohortSampling, InPlaceFedAvg):
         return with_record(messages, MOSWA_SERVER_CONTROL, self.control)
 
     def aggregate_accepted(self, server_round, replies):
-        received = {MOSWA_DELTA_CONTROL: [], MOSWA_NEW_CONTROL: []}
-        for reply in replies:
-            for key, controls in received.items():
-                # Flower's FedAvg expects exactly one ArrayRecord per reply.
-                record = reply.content.pop(key, None)
-                if record is not None:
-                    controls.append(to_numpy(record))
         arrays, metrics = super().aggregate_accepted(server_round, replies)
         if arrays is None:
             return arrays, metrics
         if self.momentum_control:
             needed = MOSWA_DELTA_CONTROL if self.variant == "paper" else MOSWA_NEW_CONTROL
-            if len(received[needed]) != len(replies):
-                raise ValueError(
-                    f"FedMoSWA ({self.variant}): {len(replies) - len(received[needed])} of {len(replies)} replies "
-                    f"lack the '{needed}' ArrayRecord"
-                )
+            controls = [to_numpy(record) for record in self.declared_records(needed)]
             if self.variant == "paper":
-                self.control = moswa_control_update(self.control, received[needed], self.gamma)
+                self.control = moswa_control_update(self.control, controls, self.gamma)
             else:
-                self.control = official_control_update(self.control, received[needed], first=not self.control_updated)
+                self.control = official_control_update(self.control, controls, first=not self.control_updated)
             self.control_updated = True
         client_ws = [to_numpy(r.content[self.arrayrecord_key]) for r in replies]
         return to_arrays(swa_server_update(self.sent_weights, client_ws, self.server_step)), metrics

@@ -174,6 +174,7 @@ class CohortSampling(RoundStrategy):
         self.round_clients: dict[str, float] = {}
         self.round_failures: list[ClientFailure] = []
         self.round_replies: list[Message] = []
+        self.round_records: list[dict[str, ArrayRecord]] = []
         self.round_status = ""
         # Nodes Flower has reported unavailable (dead SuperNodes); with skip_unavailable
         # their partitions are left out of the sampling until they rejoin under a new id.
@@ -255,6 +256,12 @@ class CohortSampling(RoundStrategy):
         self.unavailable_nodes.update(f.node_id for f in self.round_failures if NODE_UNAVAILABLE in f.reason.lower())
         self.round_clients = {"clients-ok": len(accepted), "clients-failed": len(self.round_failures), **client_usage(accepted)}
         self.round_replies = accepted
+        # What a method's clients send besides their model (its declaration's reply_records),
+        # handed to the method (declared_records) and taken out of the replies: Flower's FedAvg,
+        # which checks and averages them, expects exactly one ArrayRecord per reply.
+        key = self.arrayrecord_key  # type: ignore[attr-defined]  # Flower's FedAvg's
+        self.round_records = [{name: reply.content.pop(name) for name in list(reply.content.array_records) if name != key}
+                              for reply in accepted]
         if len(accepted) < self.min_replies:
             self.round_status = f"skipped: {len(accepted)} accepted replies, fewer than min-replies = {self.min_replies}"
             return None, None
@@ -264,6 +271,16 @@ class CohortSampling(RoundStrategy):
     def aggregate_accepted(self, server_round: int, replies: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate screened replies (partition order): the Flower strategy's own rule."""
         return super().aggregate_train(server_round, replies)
+
+    def declared_records(self, name: str) -> list[ArrayRecord]:
+        """The ArrayRecord ``name`` of each of the round's accepted replies (partition order, as
+        ``aggregate_accepted`` sees them): a record the method declares its clients send.
+        Raises ValueError naming the replies that lack it."""
+        lacking = [self.partition_of_node.get(reply.metadata.src_node_id, reply.metadata.src_node_id)
+                   for reply, records in zip(self.round_replies, self.round_records) if name not in records]
+        if lacking:
+            raise ValueError(f"the replies of partitions {lacking} lack the '{name}' ArrayRecord their method declares")
+        return [records[name] for records in self.round_records]
 
     def client_models(self, replies: Iterable[Message]) -> tuple[list[dict[str, np.ndarray]], list]:
         """The replies' models (read-only numpy views) and metric records."""

@@ -42,11 +42,7 @@ class Scaffold(CohortSampling, InPlaceFedAvg):
         return with_record(super().configure_train(server_round, arrays, config, grid), SCAFFOLD_SERVER_CONTROL, self.control)
 
     def aggregate_accepted(self, server_round, replies):
-        deltas = []
-        for reply in replies:
-            delta: ArrayRecord = reply.content[SCAFFOLD_DELTA_CONTROL]
-            deltas.append(to_numpy(delta))
-            del reply.content[SCAFFOLD_DELTA_CONTROL]  # Flower's FedAvg expects one ArrayRecord per reply
+        deltas = [to_numpy(delta) for delta in self.declared_records(SCAFFOLD_DELTA_CONTROL)]
         if deltas:
             self.control = server_control_update(self.control, deltas, len(self.partition_of_node))
         return super().aggregate_accepted(server_round, replies)

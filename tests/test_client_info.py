@@ -76,3 +76,37 @@ def test_a_method_that_declares_label_counts_gets_them_in_every_reply_and_no_oth
     reply = train_reply(message, grid.contexts[103])
     counts = reply.content[protocol.LABEL_COUNTS_RECORD]["counts"].numpy()
     assert counts.sum() == reply.content["metrics"]["num-examples"] and np.count_nonzero(counts) == 1
+
+
+def test_a_server_rule_that_declares_label_counts_reads_them_and_the_base_aggregation_never_sees_them(tmp_path,
+                                                                                                       monkeypatch):
+    """docs/extending.md's server rule: a ServerUpdate declaring the label-counts record reads each
+    reply's counts (an ArrayRecord of one ``counts`` array) through ``declared_records``; Basin
+    takes them out of the replies before Flower's FedAvg checks them (which expect exactly one
+    ArrayRecord a reply: every round failed with InconsistentMessageReplies)."""
+    from strategies.cohort import COHORT
+    from strategies.sampling import ServerUpdate
+    from strategies.weighted_mean import InPlaceFedAvg
+
+    seen: list[list[int]] = []
+
+    class CountsMean(ServerUpdate, InPlaceFedAvg):
+        """The mean of the client models weighted by how many labels each counted."""
+
+        def server_update(self, models, metrics, replies):
+            counts = [record["counts"].numpy() for record in self.declared_records(protocol.LABEL_COUNTS_RECORD)]
+            seen.append([int(c.sum()) for c in counts])
+            total = sum(int(c.sum()) for c in counts)
+            return {key: sum(m[key] * (int(c.sum()) / total) for m, c in zip(models, counts)).astype(value.dtype)
+                    for key, value in models[0].items()}
+
+    declared = dataclasses.replace(methods.METHODS_BY_NAME["fedavg"], build=lambda config: CountsMean(**COHORT),
+                                   reply_records={protocol.LABEL_COUNTS_RECORD: "its label counts"})
+    monkeypatch.setitem(methods.METHODS_BY_NAME, "fedavg", declared)
+    config = resolve_config({}, {**ONE_CLASS_EACH, "num-rounds": 2, "participation": 0.5})
+    rows = Rows(tmp_path)
+    train_rounds(InProcessGrid(config, 10), config, rows, None, load_dataset("digits", "", True), torch.device("cpu"))
+    assert [(row["round-status"], row["clients-ok"]) for row in rows] == [("aggregated", 5), ("aggregated", 5)]
+    sizes = [len(i) for i in partition_indices("digits", "", True, partition_settings(config))]
+    # one class per client: each reply's counts sum to its partition's size, 5 replies a round
+    assert len(seen) == 2 and all(len(counts) == 5 and set(counts) <= set(sizes) for counts in seen)
