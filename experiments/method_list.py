@@ -14,6 +14,7 @@ import argparse
 import re
 from pathlib import Path
 
+from clients.model_plugins import BROKEN_MODELS
 from experiments.runtime.method_keys import PYPROJECT, write_pyproject
 from strategies.methods import ImplementedIn, MethodSpec, TableRow
 from strategies.methods.registry import BROKEN_PLUGINS, REGISTRY, Declaration, Plugin, declarations
@@ -102,11 +103,13 @@ def write_docs(path: Path = METHODS_PAGE) -> bool:
 
 def listing() -> str:
     """Each method and averaging rule, a plug-in's origin beside it (and whether loading it
-    brought torch into the launcher), then the broken plug-ins."""
+    brought torch into the launcher), then the broken plug-ins, methods' and models'."""
     lines = [f"{spec.name:18s} {spec.display_name}" + (f"  [{_origin(REGISTRY.plugins[spec.name])}]"
                                                        if spec.name in REGISTRY.plugins else "")
              for spec in declarations()]
-    return "\n".join([*lines, *(f"{name:18s} error: {broken.line()}" for name, broken in BROKEN_PLUGINS.items())])
+    broken = [*(f"{name:18s} error: {plugin.line()}" for name, plugin in BROKEN_PLUGINS.items()),
+              *(f"{name:18s} error: {model.line()}" for name, model in BROKEN_MODELS.items())]
+    return "\n".join([*lines, *broken])
 
 
 

@@ -128,6 +128,7 @@ def test_client_processes_killed_mid_run_stop_it_without_a_skipped_round_and_it_
 
     resumed = ended.resumed
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resuming {out} after round " in resumed.stderr  # on the terminal, not only in flwr.log
     rows, final = _uninterrupted(flower_runs)
     results = pd.read_csv(out / "results.csv")
     assert results["round"].tolist() == list(range(1, SETTINGS["num-rounds"] + 1))

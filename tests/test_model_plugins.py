@@ -180,3 +180,14 @@ def test_a_second_plugin_of_the_same_name_keeps_the_first_ones_own_problem(tmp_p
         "model plug-in 'twin' (distribution d-b, module model_good_second) cannot be used: its name is also the model "
         "plug-in of module model_exits_first (distribution d-a); that one's own problem: importing it failed: "
         "SystemExit: 3")
+
+
+def test_the_method_listing_names_the_broken_model_plugins(monkeypatch):
+    from clients.model_plugins import BrokenModel
+    from experiments import method_list
+
+    monkeypatch.setitem(method_list.BROKEN_MODELS, "half-done",
+                        BrokenModel("half-done", "half_done", "d-x", "importing it failed: SyntaxError: bad"))
+    assert method_list.listing().splitlines()[-1] == (
+        "half-done          error: model plug-in 'half-done' (distribution d-x, module half_done) cannot be used: "
+        "importing it failed: SyntaxError: bad")

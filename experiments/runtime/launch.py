@@ -238,7 +238,10 @@ def _launch_locked(
     ray_address: str | None, stop: threading.Event | None,
 ) -> dict[str, Any]:
     config = validate_run_config({**config, "output-dir": str(out_dir)})
-    read_checkpoint(out_dir, config)  # a corrupt or foreign checkpoint is refused before Flower starts
+    checkpoint = read_checkpoint(out_dir, config)  # a corrupt or foreign checkpoint is refused before Flower starts
+    if checkpoint is not None:  # said on the terminal too, not only in flwr.log
+        log.info(f"{label + ': ' if label else ''}resuming {out_dir} after round {checkpoint['round']} of "
+                 f"{config['num-rounds']} (its checkpoint.pt)")
     (out_dir / "summary.json").unlink(missing_ok=True)
     run_config_path = out_dir / "run-config.toml"
     run_config_path.write_text(tomli_w.dumps(dict(config)))
