@@ -69,14 +69,16 @@ def _version(package: str) -> str:
 
 def arithmetic_record(device: torch.device, config: Mapping[str, Any], cuda_deterministic: bool) -> dict[str, Any]:
     """What fixed this run's arithmetic, for ``summary.json``: package versions, the
-    device, torch's threads (the clients' key; the ServerApp's, as set), and on CUDA the flags."""
+    device, torch's threads (the clients' key; the ServerApp's, as set), and on CUDA the flags.
+    The clients' layout (``memory-format``) is theirs to say: their replies report it and the
+    round loop adds it after round 1 (strategies/results.RunRecorder.record_clients_layout)."""
     record: dict[str, Any] = {
         "torch": torch.__version__, "flwr": _version("flwr"), "numpy": np.__version__,
         "python": platform.python_version(), "machine": platform.machine(), "device": str(device),
         "torch-threads": config["torch-threads"], "server-torch-threads": torch.get_num_threads(),
-        # the clients' training layout (clients/memory_format.py)
-        "memory-format": layout_name(memory_format(resolve_model_name(str(config["model"]), str(config["dataset"])),
-                                                   device.type)),
+        # the layout of the ServerApp's central evaluation, on its own device (clients/memory_format.py)
+        "evaluation-memory-format": layout_name(memory_format(resolve_model_name(str(config["model"]),
+                                                                                 str(config["dataset"])), device.type)),
     }
     if device.type == "cuda":
         record.update({

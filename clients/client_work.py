@@ -21,7 +21,7 @@ from clients.data import client_tensors
 from clients.faults import inject_faults
 from clients.halves import installed
 from clients.local_round import LocalRound, round_randomness
-from clients.memory_format import memory_format
+from clients.memory_format import CHANNELS_LAST, memory_format
 from clients.mime import full_gradient
 from clients.models import build_model, resolve_model_name, uses_projection_head
 from clients.protocol import partition_of
@@ -115,6 +115,8 @@ def training_reply(msg: Message, context: Context, started: float, device: torch
         every = int(round_config[protocol.CHECKPOINT_EVERY])
         snapshots.save(context.state, server_round, last_checkpoint_round(server_round, every, resumed_after))
     metrics.update({**held_out, **process_usage(started, device)})
+    trained_in = memory_format(resolve_model_name(str(run_config["model"]), str(run_config["dataset"])), device.type)
+    metrics[protocol.CHANNELS_LAST] = float(trained_in == CHANNELS_LAST)
     state = model.state_dict()
     if run_config["fault-injection"]:
         state = inject_faults(

@@ -194,6 +194,15 @@ class RunRecorder:
         self.described.update(entries)
         self._write_summary("running")
 
+    def record_clients_layout(self, channels_last: float) -> None:
+        """summary.json's ``arithmetic.memory-format``: the clients' training layout as their
+        replies report it (``channels_last``: the share of a round's examples trained
+        channels-last); the layout follows each client's own device, not the ServerApp's."""
+        layout = ("channels-last" if channels_last == 1 else "contiguous" if channels_last == 0
+                  else f"mixed ({channels_last:.0%} of the examples channels-last)")
+        self.described.setdefault("arithmetic", {})["memory-format"] = layout
+        self._write_summary("running")
+
     def training_starts(self) -> None:
         """Mark the end of the ServerApp's start-up (data, model, clients discovered)."""
         self.training_started = time.time()

@@ -189,6 +189,7 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
         if snapshots:
             discard_snapshots_after(run_snapshots, first_round - 1)
         discard_rounds_after(recorder.directory, first_round - 1)
+    clients_layout_recorded = False
     for server_round in range(first_round, config["num-rounds"] + 1):
         started = time.perf_counter()
         TRAFFIC.sent = TRAFFIC.received = 0  # this round's exchanges (MIME's extra one included)
@@ -246,6 +247,9 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
             "failures": "; ".join(map(str, strategy.round_failures)),
             **(indicators_of_round(strategy, model, cka_inputs) if config["round-indicators"] else {}),
         })
+        if protocol.CHANNELS_LAST in round_metrics and not clients_layout_recorded:  # the first round that has replies
+            recorder.record_clients_layout(float(round_metrics[protocol.CHANNELS_LAST]))
+            clients_layout_recorded = True
         if config["client-evaluation"]:
             recorder.append_client_evaluation(server_round, strategy.round_client_evaluation())
         if saves_round(config, server_round) and aggregated is not None:

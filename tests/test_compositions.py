@@ -104,6 +104,9 @@ class Rows(list):
     def training_starts(self) -> None:
         pass
 
+    def record_clients_layout(self, channels_last: float) -> None:
+        self.clients_layout = channels_last
+
 
 def compositions() -> list[tuple[str, str, str]]:
     """(method, averaging, privacy) for every declared method and rule (AVERAGING must name each);

@@ -47,12 +47,35 @@ def test_a_clients_images_come_in_the_layout_asked_for(miniature_hub):
     assert plain.is_contiguous() and torch.equal(plain, x)
 
 
-def test_the_runs_summary_records_the_layout(monkeypatch):
+def test_the_runs_summary_records_the_evaluations_layout_on_the_servers_device(monkeypatch):
     fmnist = resolve_config({}, {"dataset": "fashion-mnist", "model": "fmnist-cnn"}) | {"data-dir": ""}
-    assert arithmetic_record(torch.device("cpu"), fmnist, False)["memory-format"] == "channels-last"
-    assert arithmetic_record(torch.device("cpu"), resolve_config({}, {}), False)["memory-format"] == "contiguous"
+    assert arithmetic_record(torch.device("cpu"), fmnist, False)["evaluation-memory-format"] == "channels-last"
+    assert arithmetic_record(torch.device("cpu"), resolve_config({}, {}), False)["evaluation-memory-format"] == "contiguous"
     monkeypatch.setenv("BASIN_SPEEDUPS", "off")
-    assert arithmetic_record(torch.device("cpu"), fmnist, False)["memory-format"] == "contiguous"
+    assert arithmetic_record(torch.device("cpu"), fmnist, False)["evaluation-memory-format"] == "contiguous"
+
+
+def test_the_runs_summary_records_the_clients_layout_as_their_replies_report_it(tmp_path, monkeypatch, server_identity):
+    """Clients that train where ResNet-20-GN keeps the default layout (as on CUDA) while the
+    ServerApp evaluates on the CPU, in channels-last: summary.json's memory-format is the
+    clients' (it was derived from the server's device)."""
+    import json
+
+    from clients import client_work
+    from experiments.measurement.in_process_grid import InProcessGrid
+    from partitions import load_dataset
+    from strategies.config import summary_horizon
+    from strategies.results import RunRecorder
+    from strategies.server_work import train_rounds
+
+    monkeypatch.setattr(client_work, "memory_format", lambda name, device_type: memory_format(name, "cuda"))
+    config = resolve_config({}, {"model": "resnet20-gn", "num-clients": 4, "num-rounds": 1, "participation": 0.5,
+                                 "checkpoint-every": 0})
+    recorder = RunRecorder(tmp_path, config, summary_horizon(config), config["target-accuracy"])
+    recorder.describe(arithmetic=arithmetic_record(torch.device("cpu"), config, False))
+    train_rounds(InProcessGrid(config, 4), config, recorder, None, load_dataset("digits", "", True), torch.device("cpu"))
+    arithmetic = json.loads((tmp_path / "summary.json").read_text())["arithmetic"]
+    assert (arithmetic["memory-format"], arithmetic["evaluation-memory-format"]) == ("contiguous", "channels-last")
 
 
 def test_a_round_in_either_layout_gives_the_same_model_within_float_rounding():
