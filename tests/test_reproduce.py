@@ -359,3 +359,20 @@ def test_a_table_runs_resumes_and_reports_the_runs_numbers(tmp_path, miniature_h
     assert done.returncode == 0 and {r.name: (r / "outcome.json").stat().st_mtime_ns for r in (out / "runs").iterdir()} == runs
 
 
+
+
+def test_a_set_that_makes_several_rows_one_configuration_reports_its_one_cost_measurement_once():
+    """fedalign-table5 --set strategy=fedavg: FedAvg's one MFLOPs and parameter measurement
+    stands for every row whose config it made the same (FedAvg, FedProx, MOON, …), reported once
+    and compared with none of their paper values (it was matched against each of them)."""
+    one = load_table("fedalign-table5", {"strategy": "fedavg"})
+    costs = {cell.key: (87.3 if cell.metric == "mflops" else 0.61) for cell in one.cells
+             if cell.metric in ("mflops", "params-m")}
+    report = compare(one, *fake_results(one, {}), costs)
+    for metric in ("mflops", "params-m"):
+        rows = report[report["metric"].eq(metric)]
+        merged = rows[rows["row"].str.contains(" / ")]
+        assert len(merged) == 1, rows[["row", "verdict"]]
+        assert merged.iloc[0]["row"] == "FedAvg / FedProx / MOON / Mixup / StochDepth / GradAug (n = 2) / FedAlign"
+        assert merged.iloc[0]["verdict"].startswith("not compared: --set strategy=fedavg makes rows FedAvg, FedProx")
+        assert not rows["row"].isin(["FedProx", "MOON", "FedAlign"]).any()

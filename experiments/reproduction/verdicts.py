@@ -11,6 +11,7 @@ bound, never a match), a speed-up within 15 %, costs within 5 %. A without/with 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -177,10 +178,11 @@ def compare(table: PaperTable, results: pd.DataFrame, runs_of: Mapping[str, list
 
 
 def _one_row_per_configuration(frame: pd.DataFrame, table: PaperTable, runs_of: Mapping[str, list[str]]) -> pd.DataFrame:
-    """Where --set made the run cells of several rows one configuration (``--set
-    strategy=…`` over a table of methods), that configuration ran once: it is reported once,
-    in the first of its rows, naming the rows it stands for, and compared with none of the
-    paper's numbers (it is none of those rows' setups)."""
+    """Where --set made the cells of several rows one configuration (``--set strategy=…``
+    over a table of methods), that configuration ran or was measured once: it is reported
+    once, in the first of its rows, naming the rows it stands for, and compared with none of
+    the paper's numbers (it is none of those rows' setups). Every metric: a run cell's
+    configuration is its runs, a cost cell's (MFLOPs, parameters) its measured config."""
     changed = {key: value for key, value in table.overrides.items() if key not in NOT_THE_SETUP}
     if not changed:
         return frame
@@ -188,6 +190,8 @@ def _one_row_per_configuration(frame: pd.DataFrame, table: PaperTable, runs_of: 
     for index, cell in enumerate(table.cells):
         if cell.metric in RUN_METRICS and runs_of.get(cell.key):
             groups.setdefault((cell.metric, tuple(runs_of[cell.key])), []).append(index)
+        elif cell.metric in COST_METRICS and cell.config is not None and not cell.reason:
+            groups.setdefault((cell.metric, (json.dumps(cell.config, sort_keys=True),)), []).append(index)
     dropped = []
     for indices in groups.values():
         rows = list(dict.fromkeys(table.cells[i].row for i in indices))
