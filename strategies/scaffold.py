@@ -9,7 +9,6 @@ by sample counts as every FMA in this project). Δc_i are summed in partition or
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import ArrayRecord
 
 from clients.protocol import SCAFFOLD_DELTA_CONTROL, SCAFFOLD_SERVER_CONTROL
 from strategies.arrays import to_numpy, with_record

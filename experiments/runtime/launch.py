@@ -287,8 +287,8 @@ def _launch_locked(
                 "--run-config", str(run_config_path),
                 "--federation-config", resources.federation_config(config["num-clients"]),
             ]
-            with open(log_path, "w") as log:
-                process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=APP_DIR)
+            with open(log_path, "w") as log_file:
+                process = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT, cwd=APP_DIR)
                 stages_seen = follow_run(process, out_dir, config["num-rounds"], progress, label, leave,
                                          server_alive=lambda: simulation_running(flwr_home), stop=stop,
                                          check=cluster.raise_if_failed if cluster is not None else None)
