@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from clients import protocol
 from clients.arithmetic import fix_arithmetic
 from clients.client_info import ClientInfo
-from clients.data import client_tensors
+from clients.data import client_tensors, node_tensors
 from clients.faults import inject_faults
 from clients.halves import installed
 from clients.local_round import LocalRound, round_randomness
@@ -52,12 +52,19 @@ def _received_model_and_data(
     fix_arithmetic(int(run_config["torch-threads"]), device, bool(run_config["cuda-deterministic"]))
     model_name = resolve_model_name(str(run_config["model"]), str(run_config["dataset"]))
     layout = memory_format(model_name, device.type)  # the model's and its inputs' alike
-    tensors = client_tensors(tuple(sorted(run_config.items())), partition_id, num_partitions, str(device), layout)
-    data = load_dataset(str(run_config["dataset"]), str(run_config["data-dir"]), bool(run_config["normalize"]))
+    node_data = context.node_config.get(protocol.NODE_DATA_PATH)
+    if node_data:  # the node's own data on its disk
+        tensors, num_classes = node_tensors(str(node_data), tuple(sorted(run_config.items())), partition_id, str(device),
+                                            layout)
+        input_shape = tuple(tensors[0].shape[1:])
+    else:
+        tensors = client_tensors(tuple(sorted(run_config.items())), partition_id, num_partitions, str(device), layout)
+        data = load_dataset(str(run_config["dataset"]), str(run_config["data-dir"]), bool(run_config["normalize"]))
+        input_shape, num_classes = data.input_shape, data.num_classes
     projection_head = uses_projection_head(model_name, str(run_config["strategy"]))
-    model = _process_model(model_name, data.input_shape, data.num_classes, projection_head, str(device), layout)
+    model = _process_model(model_name, input_shape, num_classes, projection_head, str(device), layout)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    return device, model, tensors, data.num_classes
+    return device, model, tensors, num_classes
 
 
 def full_gradient_reply(msg: Message, context: Context) -> Message:

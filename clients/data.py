@@ -74,6 +74,54 @@ def client_tensors(run_config_items: tuple, partition_id: int, num_partitions: i
             y[test].to(device))
 
 
+@lru_cache(maxsize=4)
+def node_tensors(path: str, run_config_items: tuple, partition_id: int, device: str,
+                 layout: torch.memory_format = torch.contiguous_format) -> tuple[tuple[torch.Tensor, ...], int]:
+    """((x, y, x_held_out, y_held_out), number of classes) of a node's own data at ``path``
+    (partitions/node_data.py), as :func:`client_tensors` makes them of a partition: images
+    scaled by the data's largest pixel value and, with ``normalize``, standardised by the
+    federation's per-channel mean and std its basin-node.json records (else the node's own
+    training split's); with ``client-evaluation`` = f > 0 the held-out split is the data's own
+    test split where it has one, else the same seeded fraction f of its training examples.
+    The number of classes is basin-node.json's, else the run's data set's."""
+    from partitions.node_data import load_node_data
+
+    cfg = dict(run_config_items)
+    node = load_node_data(path)
+    num_classes = int(node.described["num-classes"]) if "num-classes" in node.described else \
+        load_dataset(cfg["dataset"], cfg["data-dir"], bool(cfg["normalize"])).num_classes
+    node.check_fits(num_classes, None)
+
+    def inputs(array: np.ndarray) -> torch.Tensor:
+        if node.is_text:
+            return torch.from_numpy(array)
+        return torch.tensor(array, dtype=torch.float32).div_(float(node.max_value))  # as partitions/tensor_dataset.py
+
+    x, y = inputs(node.x_train), torch.from_numpy(node.y_train)
+    x_test = inputs(node.x_test) if node.x_test is not None else None
+    if bool(cfg["normalize"]) and not node.is_text:
+        dims = (0, 2, 3)
+        mean = torch.tensor(node.described["mean"], dtype=torch.float32).reshape(1, -1, 1, 1) \
+            if "mean" in node.described else x.mean(dim=dims, keepdim=True)
+        std = torch.tensor(node.described["std"], dtype=torch.float32).reshape(1, -1, 1, 1) \
+            if "std" in node.described else x.std(dim=dims, keepdim=True).clamp_min(1e-8)
+        x = x.sub_(mean).div_(std)
+        x_test = x_test.sub_(mean).div_(std) if x_test is not None else None
+    fraction = float(cfg.get("client-evaluation", 0.0))
+    if fraction > 0 and x_test is not None and node.y_test is not None:
+        held = (x_test, torch.from_numpy(node.y_test))
+    else:
+        held_out = held_out_count(len(y), fraction)
+        if held_out:
+            order = np.random.default_rng([int(cfg["seed"]), partition_id, HELD_OUT_STREAM]).permutation(len(y))
+            train, test = torch.from_numpy(np.sort(order[held_out:])), torch.from_numpy(np.sort(order[:held_out]))
+            x, y, held = x[train], y[train], (x[test], y[test])
+        else:
+            held = (x[:0], y[:0])
+    return ((in_layout(x.to(device), layout), y.to(device), in_layout(held[0].to(device), layout), held[1].to(device)),
+            num_classes)
+
+
 def held_out_count(samples: int, fraction: float) -> int:
     """How many of a client's ``samples`` it holds out: round(fraction · n), at least one and
     at most n − 1 when fraction > 0, none when it is 0."""

@@ -20,9 +20,21 @@ from clients import protocol
 
 
 def query(msg: Message, context: Context) -> Message:
-    """Tell the server which partition this node holds."""
+    """Tell the server which partition this node holds and, for a node with its own data
+    (node config ``data-path``), what that data is: its examples, input shape and largest
+    label, which the server checks against the run before round 1, or why it cannot be read."""
     partition_id, num_partitions = protocol.partition_of(context)
     info = ConfigRecord({"partition-id": partition_id, "num-partitions": num_partitions})
+    path = context.node_config.get(protocol.NODE_DATA_PATH)
+    if path:
+        from partitions.node_data import NodeDataError, load_node_data  # datasets, no torch
+
+        try:
+            node = load_node_data(str(path))
+            info.update({"examples": len(node.y_train), "input-shape": list(node.input_shape),
+                         "largest-label": int(max(node.y_train.max(), -1 if node.y_test is None else node.y_test.max()))})
+        except NodeDataError as error:
+            info["data-problem"] = str(error)
     return Message(content=RecordDict({"partition": info}), reply_to=msg)
 
 

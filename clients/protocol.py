@@ -83,6 +83,18 @@ FEDLESAM_UPDATE = "fedlesam-update"  # server → client: u, the last global upd
 FEDCM_DIRECTION = "fedcm-direction"  # server → client: D, the cohort's mean θ − y_i of the last round
 
 
+# Node config: the path of the node's own data on its machine (partitions/node_data.py); a
+# node without it trains on its partition of the run's data set.
+NODE_DATA_PATH = "data-path"
+
+
 def partition_of(context: Context) -> tuple[int, int]:
-    """(partition id, number of partitions) of this node (its node config)."""
-    return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    """(partition id, number of partitions) of this node: its node config's, or, for a node
+    whose own data experiments.write_partitions wrote, what that folder's basin-node.json says."""
+    config = context.node_config
+    if "partition-id" not in config and NODE_DATA_PATH in config:
+        from partitions.node_data import node_description
+
+        described = node_description(str(config[NODE_DATA_PATH]))
+        return int(described["partition-id"]), int(described["num-partitions"])
+    return int(config["partition-id"]), int(config["num-partitions"])

@@ -31,6 +31,7 @@ class TensorDataset:
     columns: Mapping[str, np.ndarray] = field(default_factory=dict)
     test_domains: np.ndarray | None = None  # the test split's domain ids
     domain_names: tuple[str, ...] = ()  # name of domain id d at position d
+    max_value: int = 255  # the largest pixel value of the decoded images (x = pixel / max_value before standardising)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -60,4 +61,5 @@ def scaled_dataset(name: str, raw: dict[str, np.ndarray], fingerprint: str) -> T
         name, inputs("train"), torch.from_numpy(raw["y-train"]), inputs("test"), torch.from_numpy(raw["y-test"]),
         int(raw["num-classes"]), fingerprint=fingerprint, columns=columns,
         test_domains=raw.get("domain-test"), domain_names=tuple(str(n) for n in raw.get("domain-names", ())),
+        max_value=int(raw["max-value"]),
     )

@@ -32,7 +32,8 @@ class NodeDiscoveryError(RuntimeError):
     """The connected nodes do not form the federation the run config describes."""
 
 
-def discover_partitions(grid: Grid, num_clients: int, timeout: float) -> dict[int, int]:
+def discover_partitions(grid: Grid, num_clients: int, timeout: float,
+                        data_fits: tuple[int, tuple[int, ...]] | None = None) -> dict[int, int]:
     """Wait for ``num_clients`` nodes, learn each one's partition id, return {node id: partition id}.
 
     In a simulation the engine's own map is read (clients/simulation_engine.py): the same
@@ -40,8 +41,9 @@ def discover_partitions(grid: Grid, num_clients: int, timeout: float) -> dict[in
     Otherwise each node is asked (a ``query`` message).
 
     Raises :class:`NodeDiscoveryError` when fewer nodes connect or answer within
-    ``timeout`` seconds (run-config key ``node-timeout``), or when their partitions do not
-    form the federation the run config describes.
+    ``timeout`` seconds (run-config key ``node-timeout``), when their partitions do not
+    form the federation the run config describes, or when a node's own data does not fit
+    ``data_fits`` (the run's number of classes and input shape).
     """
     log.info(f"discovering clients: the partition of each of {num_clients} nodes")
     simulated = simulated_partitions(timeout)
@@ -58,7 +60,7 @@ def discover_partitions(grid: Grid, num_clients: int, timeout: float) -> dict[in
                 f"deployment start {num_clients} SuperNodes (or raise node-timeout)"
             )
         time.sleep(0.5)
-    return checked_federation(*query_partitions(grid, node_ids, num_clients, timeout), num_clients)
+    return checked_federation(*query_partitions(grid, node_ids, num_clients, timeout, data_fits), num_clients)
 
 
 def checked_federation(partition_of_node: dict[int, int], problems: dict[int, str], num_clients: int) -> dict[int, int]:
@@ -77,7 +79,8 @@ def checked_federation(partition_of_node: dict[int, int], problems: dict[int, st
 
 
 def query_partitions(
-    grid: Grid, node_ids: list[int], num_clients: int, timeout: float
+    grid: Grid, node_ids: list[int], num_clients: int, timeout: float,
+    data_fits: tuple[int, tuple[int, ...]] | None = None,
 ) -> tuple[dict[int, int], dict[int, str]]:
     """Ask ``node_ids`` for their partition (a ``query`` message).
 
@@ -102,9 +105,30 @@ def query_partitions(
                 f"{num_clients}; they must match"
             )
             continue
+        misfit = node_data_misfit(info, data_fits)
+        if misfit:
+            problems[node_id] = misfit
+            continue
+        if "data-problem" in info:  # its rounds fail with it, named in results.csv; the others train
+            log.warning(f"node {node_id} (partition {info['partition-id']}): {info['data-problem']}")
         partition_of_node[node_id] = int(info["partition-id"])
         del problems[node_id]
     return partition_of_node, problems
+
+
+def node_data_misfit(info: Any, data_fits: tuple[int, tuple[int, ...]] | None) -> str:
+    """Why a node's own data (its query reply's ``info``) does not fit the run's number of
+    classes and input shape ``data_fits``; "" when it does or the node holds no data of its own."""
+    if data_fits is None or "largest-label" not in info:
+        return ""
+    num_classes, input_shape = data_fits
+    shape = tuple(int(side) for side in info["input-shape"])
+    if int(info["largest-label"]) >= num_classes:
+        return (f"holds label {info['largest-label']} in its {info['examples']} examples, but the run has {num_classes} "
+                f"classes (labels 0..{num_classes - 1})")
+    if shape != tuple(input_shape):
+        return f"holds inputs of shape {shape}, but the run's model takes {tuple(input_shape)}"
+    return ""
 
 
 class CohortGrid(Grid):

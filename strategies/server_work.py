@@ -166,7 +166,8 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
     strategy = build_strategy(config)
     schedule = build_client_schedule(config)
     strategy.bind_partitions(
-        discover_partitions(grid, config["num-clients"], config["node-timeout"]), cohort_size(config), config["seed"],
+        discover_partitions(grid, config["num-clients"], config["node-timeout"], (data.num_classes, data.input_shape)),
+        cohort_size(config), config["seed"],
         config["min-replies"], skip_unavailable=config["dead-nodes"] == "skip",
     )
     # In a simulation discovery read the engine's map: round 1 is the client processes' first message.

@@ -107,6 +107,9 @@ class Rows(list):
     def record_clients_layout(self, channels_last: float) -> None:
         self.clients_layout = channels_last
 
+    def append_client_evaluation(self, server_round: int, clients: list[dict[str, Any]]) -> None:
+        self.client_rows = [*getattr(self, "client_rows", []), *({"round": server_round, **c} for c in clients)]
+
 
 def compositions() -> list[tuple[str, str, str]]:
     """(method, averaging, privacy) for every declared method and rule (AVERAGING must name each);
