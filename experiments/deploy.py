@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", help="a preset name from experiments/presets/ or a TOML file")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key")
+    parser.add_argument("--node-data", type=Path, metavar="DIR",
+                        help="each SuperNode K trains on its own data in DIR/node-K (experiments.write_partitions "
+                             "writes such folders) instead of its partition of the run's data set")
     parser.add_argument("--tls", action="store_true", help="TLS with a throw-away CA for 127.0.0.1/localhost")
     parser.add_argument("--auth", action="store_true", help="SuperNode authentication (implies --tls)")
     parser.add_argument("--out", type=nonempty_path, help="output directory (default runs/deploy-<preset>-<time>)")
@@ -57,7 +60,8 @@ def run_command(args: argparse.Namespace) -> int:
     name = Path(args.preset).stem if args.preset else "main"
     out_dir = create_output_dir(args.out) if args.out else unique_output_dir(Path("runs"), f"deploy-{name}")
     try:
-        summary = deploy(config, out_dir, security, args.cpus_per_client, overwrite=args.overwrite)
+        summary = deploy(config, out_dir, security, args.cpus_per_client, overwrite=args.overwrite,
+                         node_data=args.node_data.resolve() if args.node_data else None)
     except (RunFailed, DeploymentError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -24,9 +24,6 @@ from typing import Any
 
 import numpy as np
 
-NODE_FOLDER = "node-{}"
-
-
 def write_partitions(config: Mapping[str, Any], out: Path) -> list[Path]:
     """Write each partition of the validated run config ``config`` to ``out``/node-K; return the folders."""
     import datasets
@@ -35,7 +32,7 @@ def write_partitions(config: Mapping[str, Any], out: Path) -> list[Path]:
     from clients.data import partition_indices
     from partitions.datasets import load_dataset
     from partitions.feasibility import partition_settings
-    from partitions.node_data import NODE_FILE
+    from partitions.node_data import NODE_FILE, NODE_FOLDER
     from strategies.server_work import partition_statistics
 
     datasets.disable_progress_bars()

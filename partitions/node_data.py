@@ -30,6 +30,7 @@ import numpy as np
 from partitions.text import encode_text
 
 NODE_FILE = "basin-node.json"  # what a written node folder says of itself
+NODE_FOLDER = "node-{}"  # experiments.write_partitions' folder of partition K
 IMAGE_COLUMNS = ("image", "img", "pixels")
 LABEL_COLUMNS = ("label", "labels", "target")
 TABLE_FORMATS = {".parquet": "parquet", ".csv": "csv"}

@@ -1,6 +1,7 @@
 """Basin on Flower's Deployment Engine (real SuperLink and SuperNodes on localhost).
 
-The same config gives the same rounds and the same final model as in simulation; a
+The same config gives the same rounds and the same final model as in simulation (its
+SuperNodes reading their own folders of the partition); a
 SuperLink with SuperNode authentication admits registered nodes only (over TLS), and a
 dead and a frozen SuperNode are each one failure a round (one deployment for both). No
 process a test starts may outlive it.
@@ -27,6 +28,7 @@ from experiments.certificates import write_supernode_key_pair
 from experiments.runtime.deployment import LocalFederation, Security, deploy
 from experiments.runtime.processes import alive, flwr_homes, process_table, process_tree, stop_process_tree
 from experiments.runtime.run_config import resolve_config
+from experiments.write_partitions import write_partitions
 
 SHORT = {"num-rounds": 2, "local-epochs": 1, "device": "cpu"}
 # 3 clients, 2 sampled per round (cohort_size: round(0.67 · 3) = 2); IMA averages the
@@ -131,7 +133,10 @@ def deployments(flower_runs, tmp_path_factory) -> Deployments:
             if "deployment-simulated" not in flower_runs:  # its test is not selected
                 return
             reference = flower_runs["deployment-simulated"]
-            started.append(beside.submit(deploy, reference.config, plain_folder, cpus_per_client=2.0, progress=False))
+            # Its SuperNodes hold their own data: the simulation's partition, written to one folder each.
+            node_data = write_partitions(reference.config, plain_folder.parent / "node-data")[0].parent
+            started.append(beside.submit(deploy, reference.config, plain_folder, cpus_per_client=2.0, progress=False,
+                                         node_data=node_data))
 
         over_tls = pool.submit(_over_tls, tmp_path_factory.mktemp("tls"), start_plain)
         if over_tls.exception() is not None and not started:
@@ -143,6 +148,8 @@ def deployments(flower_runs, tmp_path_factory) -> Deployments:
 @pytest.mark.slow
 @pytest.mark.flower_runs("deployment-simulated")
 def test_deployment_and_simulation_give_identical_rounds_and_model(flower_runs, deployments):
+    """SuperNodes each on their own folder (the simulation's partition, written by
+    experiments.write_partitions) train to the simulation's bits, every metric and the model."""
     simulated = flower_runs["deployment-simulated"].completed()
     # SuperNodes of 2 CPUs (OMP_NUM_THREADS = 2) against simulated clients of 1: torch-threads
     # keeps both at one thread, so the bits agree however each is given CPUs.

@@ -22,6 +22,7 @@ from typing import Any
 import tomli_w
 
 from clients import warm_clientapp
+from clients.protocol import NODE_DATA_PATH
 from clients.flower_internals import speed_ups_off_because
 from experiments.certificates import KeyPair, TlsFiles, write_supernode_key_pair, write_tls_certificates
 from experiments.runtime.flower_log import follow_run, read_summary
@@ -36,6 +37,7 @@ from experiments.runtime.processes import (
 )
 from experiments.runtime.run_config import APP_DIR
 from experiments.runtime.run_endings import check_folder_reuse, end_summary, interrupted_reason, run_failure
+from partitions.node_data import NODE_FOLDER
 from strategies.checkpoint import read_checkpoint
 from strategies.config import validate_run_config
 
@@ -193,12 +195,14 @@ class LocalFederation:
         return process
 
     def start_supernode(self, partition_id: int, num_partitions: int, key: KeyPair | None = None,
-                        wait: bool = True, name: str = "") -> SuperNode:
+                        wait: bool = True, name: str = "", data_path: Path | None = None) -> SuperNode:
         """Start a SuperNode holding ``partition_id``; with ``wait``, return once it has joined.
 
         ``key``: its authentication key pair (needed when the SuperLink authenticates
         SuperNodes; it is admitted only if the public key was registered). ``name``
-        names its log and FLWR_HOME (default ``supernode-<partition_id>``).
+        names its log and FLWR_HOME (default ``supernode-<partition_id>``). ``data_path``:
+        the node's own data (node config ``data-path``), which it trains on in place of its
+        partition of the run's data set.
         """
         name = name or f"supernode-{partition_id}"
         # Basin's, polling every 0.2 s (experiments/runtime/supernode_command.py), or Flower's own with the speed-ups off.
@@ -206,7 +210,9 @@ class LocalFederation:
                      else [sys.executable, "-m", "experiments.runtime.supernode_command"])
         command = [
             *supernode, "--superlink", f"{HOST}:{self.port}", "--port", str(free_port()),
-            "--isolation", "subprocess", "--node-config", f"partition-id={partition_id} num-partitions={num_partitions}",
+            "--isolation", "subprocess", "--node-config",
+            f"partition-id={partition_id} num-partitions={num_partitions}"
+            + (f' {NODE_DATA_PATH}="{data_path}"' if data_path is not None else ""),
         ]
         command += ["--root-certificates", str(self.tls.ca_certificate)] if self.tls else ["--insecure"]
         if key is not None:
@@ -231,15 +237,18 @@ class LocalFederation:
         _wait_until(lambda: node.node_id is not None, node.process, node.log,
                     f"SuperNode {node.partition_id} to join the SuperLink")
 
-    def start_supernodes(self, num_clients: int) -> list[SuperNode]:
+    def start_supernodes(self, num_clients: int, node_data: Path | None = None) -> list[SuperNode]:
         """Start one SuperNode per partition (registering a fresh key for each when
-        authentication is on) and wait until all have joined."""
+        authentication is on) and wait until all have joined; with ``node_data``, node K
+        reads its own data from ``node_data``/node-K (experiments.write_partitions' folders)."""
         keys: list[KeyPair | None] = [None] * num_clients
         if self.security.auth:
             keys = [write_supernode_key_pair(self.work_dir / "keys", f"supernode-{k}") for k in range(num_clients)]
             for key in keys:
                 self.register(key.public_key)
-        nodes = [self.start_supernode(k, num_clients, keys[k], wait=False) for k in range(num_clients)]
+        nodes = [self.start_supernode(k, num_clients, keys[k], wait=False,
+                                      data_path=node_data / NODE_FOLDER.format(k) if node_data else None)
+                 for k in range(num_clients)]
         for node in nodes:
             self._wait_joined(node)
         return nodes
@@ -338,9 +347,10 @@ class LocalFederation:
 
 
 def deploy(config: Mapping[str, Any], out_dir: Path, security: Security = Security(), cpus_per_client: float = 1.0,
-           progress: bool = True, overwrite: bool = False) -> dict[str, Any]:
+           progress: bool = True, overwrite: bool = False, node_data: Path | None = None) -> dict[str, Any]:
     """Run one validated config on a fresh local deployment; its summary, or RunFailed /
-    DeploymentError. Logs of every process are written to ``out_dir``."""
+    DeploymentError. Logs of every process are written to ``out_dir``. With ``node_data``
+    each SuperNode K reads its own data from ``node_data``/node-K."""
     out_dir = create_output_dir(out_dir, "output directory")
     with OutputLock(out_dir):
         check_folder_reuse(out_dir, config, overwrite)  # another config's results: refused before anything starts
@@ -348,7 +358,7 @@ def deploy(config: Mapping[str, Any], out_dir: Path, security: Security = Securi
         try:
             with LocalFederation(out_dir, security, cpus_per_client) as federation:
                 record_holder(out_dir, str(federation.work_dir))
-                federation.start_supernodes(int(config["num-clients"]))
+                federation.start_supernodes(int(config["num-clients"]), node_data)
                 return federation.run(config, out_dir, progress)
         except KeyboardInterrupt:  # recorded once every process is stopped: the rows are final
             end_summary(out_dir, config, "interrupted", interrupted_reason(out_dir, config))
