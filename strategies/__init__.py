@@ -8,6 +8,9 @@ included, in a user's own ServerApp::
 
     result = IMA(FedAvg(), window=5, avg_start=150).start(grid=grid, initial_arrays=arrays, num_rounds=200)
 
+and a user's own ClientApp takes IMA's client schedule (the exploration lr after t_s) from
+``ima_client_schedule`` (SWA's cycles from ``swa_client_schedule``), which imports no torch.
+
 Importing Basin changes nothing in Flower: its engine replacements
 (clients/simulation_engine.py) go in only where Basin's own simulation command runs.
 """
@@ -18,13 +21,15 @@ if TYPE_CHECKING:
     from strategies.averaging import ModelAveraging
     from strategies.averaging_wrappers import IMA, WIMA, ServerSWA
 
-__all__ = ["IMA", "WIMA", "ModelAveraging", "ServerSWA"]
+from strategies.schedules import ClientSchedule, ima_client_schedule, swa_client_schedule
+
+__all__ = ["IMA", "WIMA", "ModelAveraging", "ServerSWA", "ClientSchedule", "ima_client_schedule", "swa_client_schedule"]
 
 
 def __getattr__(name: str):
     """``from strategies import IMA`` imports the averaging modules (and torch) when asked:
     the ClientApp's entry (strategies/client_app.py) loads this package without them."""
-    if name in __all__:
+    if name in ("IMA", "WIMA", "ModelAveraging", "ServerSWA"):
         from strategies import averaging_wrappers  # it imports ModelAveraging too
 
         return getattr(averaging_wrappers, name)

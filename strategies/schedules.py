@@ -82,3 +82,21 @@ class ClientSchedule:
         if self.exploration == "epoch-official-code":
             return self.lr * self.decay**since, epochs
         return self.base_lr(server_round), epochs
+
+
+def ima_client_schedule(lr: float, avg_start: int, local_epochs: int = 1, lr_decay: float = 1.0,
+                        exploration: str = "exponential", ima_decay: float = 0.97) -> ClientSchedule:
+    """IMA's client side for a user's own ClientApp: ``schedule(server_round)`` gives the
+    round's (lr, local epochs), the base schedule lr · lr_decay^(t − 1) before t_s =
+    ``avg_start`` and the exploration from it (the run config's ``lr``, ``lr-decay``,
+    ``local-epochs``, ``avg-start``, ``ima-exploration`` and ``ima-decay``: what Basin's own
+    ClientApp receives each round). The round is Flower's ``config["server-round"]``."""
+    return ClientSchedule(lr=lr, decay=lr_decay, local_epochs=local_epochs, exploration=exploration,
+                          exploration_start=avg_start, exploration_decay=ima_decay)
+
+
+def swa_client_schedule(lr: float, avg_start: int, swa_cycle: int, local_epochs: int = 1,
+                        lr_decay: float = 1.0) -> ClientSchedule:
+    """Server SWA's cyclic client lr for a user's own ClientApp, from ``avg_start`` in cycles of
+    ``swa_cycle`` rounds (the run config's ``avg-start`` and ``swa-cycle``; the module docstring)."""
+    return ClientSchedule(lr=lr, decay=lr_decay, local_epochs=local_epochs, swa_start=avg_start, swa_cycle=swa_cycle)
