@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+
 def write_partitions(config: Mapping[str, Any], out: Path) -> list[Path]:
     """Write each partition of the validated run config ``config`` to ``out``/node-K; return the folders."""
     import datasets

@@ -22,8 +22,8 @@ from typing import Any
 import tomli_w
 
 from clients import warm_clientapp
-from clients.protocol import NODE_DATA_PATH
 from clients.flower_internals import speed_ups_off_because
+from clients.protocol import NODE_DATA_PATH
 from experiments.certificates import KeyPair, TlsFiles, write_supernode_key_pair, write_tls_certificates
 from experiments.runtime.flower_log import follow_run, read_summary
 from experiments.runtime.launch import TASK_POLL_SECONDS, TASK_POLL_VARIABLE, stage_app
