@@ -21,6 +21,7 @@ import pandas as pd
 
 from experiments.runtime.cli import exit_command, guarded, nonempty_path
 from experiments.runtime.finished_runs import save_figure
+from experiments.seed_intervals import SeedInterval, seed_interval
 
 AVERAGING_KEYS = ("averaging", "window", "avg-start", "avg-feedback", "avg-subset", "ima-exploration", "ima-decay",
                   "swa-cycle")
@@ -140,18 +141,56 @@ def paired_gains(results: pd.DataFrame) -> pd.DataFrame:
 
 def accuracy_data(results: pd.DataFrame) -> pd.DataFrame:
     """One row per method and setting, in fractions like every file a run writes:
-    ``acc-last-k`` (mean over seeds), ``acc-last-k-std`` (ddof 0), ``seeds``, and ``gain``, the
-    mean over paired seeds of acc-last-k − its base run's (NaN for a base method or no pair)."""
+    ``acc-last-k`` (mean over seeds), ``acc-last-k-std`` (ddof 0), ``seeds``, the 95 % Student-t
+    interval of the mean (``acc-last-k-ci95-low``/``-high``: experiments/seed_intervals.py,
+    NaN with one seed), and ``gain``, the mean over paired seeds of acc-last-k − its base run's
+    (NaN for a base method or no pair), with ``gain-seeds`` (the pairs) and the interval of
+    those paired differences (``gain-ci95-low``/``-high``)."""
     labelled = label_runs(_completed(results))
     accuracy = seed_stats(labelled, ["method", "setting"], "acc-last-k")
     # Unpaired seeds (e.g. a base run still pending) leave the gain to the paired ones.
     gains = paired_gains(results).dropna(subset=["gain"])
-    gain = seed_stats(gains, ["method", "setting"], "gain").set_index(["method", "setting"])["mean"]
+    accuracy_intervals = {key: seed_interval(group["acc-last-k"])
+                          for key, group in labelled.groupby(["method", "setting"], sort=False)}
+    gain_intervals = {key: seed_interval(group["gain"]) for key, group in gains.groupby(["method", "setting"], sort=False)}
+    keys = list(zip(accuracy["method"], accuracy["setting"]))
+    no_pairs = SeedInterval(float("nan"), float("nan"), float("nan"), 0)
     return pd.DataFrame({
         "method": accuracy["method"], "setting": accuracy["setting"], "acc-last-k": accuracy["mean"],
         "acc-last-k-std": accuracy["std"], "seeds": accuracy["n"],
-        "gain": [gain.get((m, s), float("nan")) for m, s in zip(accuracy["method"], accuracy["setting"])],
+        "acc-last-k-ci95-low": [accuracy_intervals[k].low for k in keys],
+        "acc-last-k-ci95-high": [accuracy_intervals[k].high for k in keys],
+        "gain": [gain_intervals.get(k, no_pairs).mean for k in keys],
+        "gain-seeds": [gain_intervals.get(k, no_pairs).seeds for k in keys],
+        "gain-ci95-low": [gain_intervals.get(k, no_pairs).low for k in keys],
+        "gain-ci95-high": [gain_intervals.get(k, no_pairs).high for k in keys],
     })
+
+
+INTERVALS_UNITS = ("Last-k test accuracy in percent over seeds: the mean, its 95 % Student-t interval "
+                   "[low, high] and the seeds (n); the gain of averaging over its base method in percentage "
+                   "points, paired over the seeds both ran (each seed's averaged run minus the same seed's base "
+                   "run), with its interval. One seed: no interval.")
+
+
+def intervals_table(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per method and setting: accuracy and paired gain with their 95 % intervals, in
+    percent (``INTERVALS_UNITS``; the fractions: :func:`accuracy_data`)."""
+    data = accuracy_data(results)
+
+    def text(mean: float, low: float, high: float, seeds: int) -> str:
+        if seeds == 0:
+            return ""
+        return SeedInterval(100 * mean, 100 * low, 100 * high, int(seeds)).text()
+
+    table = pd.DataFrame({
+        "setting": data["setting"].tolist(),
+        "accuracy (95 % CI)": [text(r["acc-last-k"], r["acc-last-k-ci95-low"], r["acc-last-k-ci95-high"], r["seeds"])
+                               for _, r in data.iterrows()],
+        "paired gain (95 % CI)": [text(r["gain"], r["gain-ci95-low"], r["gain-ci95-high"], r["gain-seeds"])
+                                  for _, r in data.iterrows()],
+    }, index=pd.Index(data["method"], name="method"))
+    return table
 
 
 ACCURACY_TABLE_UNITS = ("Last-k test accuracy in percent: mean ± std over seeds (ddof 0; one seed: no ±), and in "
@@ -319,11 +358,12 @@ def write_report(directory: str | Path, out: str | Path | None = None) -> list[P
     out = create_output_dir(Path(out) if out is not None else Path(directory) / "report")
     accuracy_data(results).to_csv(out / "accuracy-table.csv", index=False)
     (out / "accuracy-table.md").write_text(f"{ACCURACY_TABLE_UNITS}\n\n{markdown(accuracy_table(results))}")
+    (out / "intervals.md").write_text(f"{INTERVALS_UNITS}\n\n{markdown(intervals_table(results))}")
     paired_gains(results).to_csv(out / "gains.csv", index=False)
     figures = [plot_gain_vs(results, key, out / f"gain-vs-{key}.png") for key in GAIN_KEYS]
     figures += [plot_rounds_to_target_vs_start(results, out / "rounds-to-target-vs-start.png"),
                 plot_window_ablation(results, out / "window-ablation.png")]
-    paths = [out / "accuracy-table.csv", out / "accuracy-table.md", out / "gains.csv"]
+    paths = [out / "accuracy-table.csv", out / "accuracy-table.md", out / "intervals.md", out / "gains.csv"]
     return paths + [f for f in figures if f is not None] + plot_curves(results, curves, out)
 
 

@@ -376,3 +376,17 @@ def test_a_set_that_makes_several_rows_one_configuration_reports_its_one_cost_me
         assert merged.iloc[0]["row"] == "FedAvg / FedProx / MOON / Mixup / StochDepth / GradAug (n = 2) / FedAlign"
         assert merged.iloc[0]["verdict"].startswith("not compared: --set strategy=fedavg makes rows FedAvg, FedProx")
         assert not rows["row"].isin(["FedProx", "MOON", "FedAlign"]).any()
+
+
+def test_each_cell_carries_its_95_percent_interval_and_a_pairs_gain_its_paired_interval(fake_table):
+    """FedAvg Dir(0.5): seeds 80, 82, 81 ± 12.706 (t(0.975, 1) · s/√2, s = √2): [68.29, 93.71] covers the
+    paper's 80.0; + IMA 81, 84: per-seed gains 1, 2, mean 1.5 ± 6.35; the report states the verdict rules."""
+    values = {"FedAvg | Dir(0.5)": [80.0, 82.0], "FedAvg | Dir(0.5) | + IMA": [81.0, 84.0],
+              "FedAvg | Dir(5)": [60.0, 60.2]}
+    report = compare(fake_table, *fake_results(fake_table, values)).set_index(["row", "column", "variant"])
+    assert report.loc[("FedAvg", "Dir(0.5)", ""), "basin 95% CI"] == "[68.29, 93.71] covers the paper's"
+    assert report.loc[("FedAvg", "Dir(5)", ""), "basin 95% CI"] == "[58.83, 61.37] excludes the paper's"
+    assert report.loc[("FedAvg", "Dir(0.5)", "+ IMA"), "paired gain 95% CI"] == "1.50 [-4.85, 7.85] (n = 2)"
+    markdown = report_markdown(fake_table, report.reset_index())
+    assert "Verdicts: an accuracy matches within 3 points of a paper value without ±" in markdown
+    assert "| [68.29, 93.71] covers the paper's |  |" in markdown

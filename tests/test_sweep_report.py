@@ -8,7 +8,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.sweep_report import accuracy_table, load_results, main, paired_gains, write_report
+from experiments.sweep_report import (
+    accuracy_data,
+    accuracy_table,
+    intervals_table,
+    load_results,
+    main,
+    paired_gains,
+    write_report,
+)
 
 CONSTANT = {
     "dataset": "digits", "partition": "dirichlet", "alpha": 0.1, "classes-per-client": 2, "num-clients": 10,
@@ -114,7 +122,7 @@ def test_write_report_writes_tables_and_the_figures_that_apply(tmp_path):
     paths = write_report(tmp_path / "sweep")
     report = tmp_path / "sweep" / "report"
     names = {p.name for p in paths}
-    assert names == {"accuracy-table.csv", "accuracy-table.md", "gains.csv", "gain-vs-alpha.png",
+    assert names == {"accuracy-table.csv", "accuracy-table.md", "intervals.md", "gains.csv", "gain-vs-alpha.png",
                      "curves-dir-0.1.png", "curves-dir-0.5.png"}
     assert all(p.parent == report and p.is_file() for p in paths)
     assert not (report / "gain-vs-participation.png").exists()
@@ -125,8 +133,12 @@ def test_write_report_writes_tables_and_the_figures_that_apply(tmp_path):
     assert "| fedavg+ima | 64.00 ± 2.00 (+3.00) | 81.00 ± 0.00 (+1.00) |" in table
     # The CSV holds the same numbers in fractions, as every file a run or a sweep writes.
     data = pd.read_csv(report / "accuracy-table.csv").set_index(["method", "setting"])
-    assert list(data.columns) == ["acc-last-k", "acc-last-k-std", "seeds", "gain"]
-    assert data.loc[("fedavg+ima", "Dir(0.1)")].tolist() == pytest.approx([0.64, 0.02, 2, 0.03])
+    assert list(data.columns) == ["acc-last-k", "acc-last-k-std", "seeds", "acc-last-k-ci95-low", "acc-last-k-ci95-high",
+                                  "gain", "gain-seeds", "gain-ci95-low", "gain-ci95-high"]
+    assert data.loc[("fedavg+ima", "Dir(0.1)"), ["acc-last-k", "acc-last-k-std", "seeds", "gain", "gain-seeds"]].tolist() \
+        == pytest.approx([0.64, 0.02, 2, 0.03, 2])
+    assert "| fedavg+ima | Dir(0.1) | 64.00 [38.59, 89.41] (n = 2) | 3.00 [-9.71, 15.71] (n = 2) |" in \
+        (report / "intervals.md").read_text()
     assert np.isnan(data.loc[("fedavg", "Dir(0.1)"), "gain"])
     assert len(pd.read_csv(report / "gains.csv")) == 8
 
@@ -223,3 +235,32 @@ def test_gain_vs_alpha_draws_one_curve_per_method_across_alpha(tmp_path, monkeyp
     monkeypatch.setattr(report, "_errorbar_lines", record_lines)
     assert report.plot_gain_vs(grid(), "alpha", tmp_path / "gain-vs-alpha.png") is not None
     assert drawn == [{"fedavg+ima, Dir(α)": [0.1, 0.5], "fedprox+ima, Dir(α)": [0.1, 0.5]}]
+
+
+def test_the_accuracy_and_the_paired_gain_carry_95_percent_student_t_intervals():
+    """Two seeds: mean ± t(0.975, 1) · s/√2, s the sample std (ddof 1); fedavg Dir(0.1) 0.60, 0.62:
+    0.61 ± 12.7062 · 0.014142/√2 = 0.61 ± 0.12706; its +IMA gain pairs seed by seed (0.02, 0.04)."""
+    data = accuracy_data(grid()).set_index(["method", "setting"])
+    base, ima = data.loc[("fedavg", "Dir(0.1)")], data.loc[("fedavg+ima", "Dir(0.1)")]
+    assert (base["acc-last-k-ci95-low"], base["acc-last-k-ci95-high"]) == (pytest.approx(0.482938, abs=1e-6),
+                                                                           pytest.approx(0.737062, abs=1e-6))
+    assert (ima["gain"], ima["gain-seeds"]) == (pytest.approx(0.03), 2)
+    assert (ima["gain-ci95-low"], ima["gain-ci95-high"]) == (pytest.approx(-0.097062, abs=1e-6),
+                                                             pytest.approx(0.157062, abs=1e-6))
+    assert math.isnan(base["gain"]) and base["gain-seeds"] == 0
+    table = intervals_table(grid())
+    assert table.loc["fedavg+ima"].iloc[0].tolist() == ["Dir(0.1)", "64.00 [38.59, 89.41] (n = 2)",
+                                                        "3.00 [-9.71, 15.71] (n = 2)"]
+
+
+def test_the_gains_interval_is_over_the_paired_seeds_not_the_two_means():
+    """Seeds that move both runs alike (0.60, 0.70, 0.80 and each + 0.01): the paired gain is
+    0.01 on every seed, its interval [0.01, 0.01], where the means' spread would swamp it."""
+    rows = [run_row(i, acc=acc + (0.01 if averaging == "ima" else 0.0), strategy="fedavg", averaging=averaging,
+                    seed=seed)
+            for i, (averaging, (seed, acc)) in enumerate((a, s) for a in ("none", "ima")
+                                                         for s in enumerate((0.60, 0.70, 0.80)))]
+    ima = accuracy_data(pd.DataFrame(rows)).set_index("method").loc["fedavg+ima"]
+    assert ima["gain"] == pytest.approx(0.01) and ima["gain-seeds"] == 3
+    assert ima["gain-ci95-low"] == pytest.approx(0.01) and ima["gain-ci95-high"] == pytest.approx(0.01)
+    assert ima["acc-last-k-ci95-high"] - ima["acc-last-k-ci95-low"] > 0.4  # 0.71 ± 0.248

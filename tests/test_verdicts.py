@@ -91,7 +91,7 @@ def _measured(metric: str, results: pd.DataFrame) -> Measured:
     (_runs({"run": "s0"}, {"run": "s1"}), "acc-last-k", Measured(note="its runs' summaries hold no accuracy")),
     # accuracies in percent: the mean and the sample std over the finished seeds
     (_runs({"run": "s0", "acc-last-k": 0.8}, {"run": "s1", "acc-last-k": 0.82}), "acc-last-k",
-     Measured(pytest.approx(81.0), pytest.approx(2 ** 0.5), 2)),
+     Measured(pytest.approx(81.0), pytest.approx(2 ** 0.5), 2, per_seed={0: pytest.approx(80.0), 1: pytest.approx(82.0)})),
     # no seed reached the target: censored at the most rounds run
     (_runs({"run": "s0", "rounds": 90}, {"run": "s1"}), "rounds-to-target", Measured(100.0, 0.0, 2, censored=True)),
     # some seeds missed it: a lower bound, each missed seed counted at its last round

@@ -48,15 +48,26 @@ def setup_lines(table: PaperTable) -> list[str]:
     return lines
 
 
+def verdict_rules() -> str:
+    """The rules the verdicts follow (experiments/reproduction/verdicts.py's TOLERANCES), said beside the counts."""
+    t = TOLERANCES
+    return (f"Verdicts: an accuracy matches within {t.accuracy_points:g} points of a paper value without ±, else within "
+            f"max({t.spread_floor_points:g}, {t.spread_factor:g}·√(paper ±² + Basin std²)) points; rounds and "
+            f"speed-ups within {100 * t.rounds_relative:g} %, MFLOPs and parameters within {100 * t.cost_relative:g} %; "
+            f"a gain matches within {t.gain_points:g} points (else same sign, or opposite sign). Basin's 95 % interval is "
+            f"Student-t over its seeds; the paired gain's is over the seeds both variants ran, seed by seed.")
+
+
 def report_markdown(table: PaperTable, report: pd.DataFrame) -> str:
     lines = [f"# {table.title}: Basin beside the paper", "", table.caption, "",
              f"**{headline(report)}**", "",
              f"Paper's seeds: {table.paper_seeds}. Basin's: the seeds finished per cell (column `seeds`)."]
     for line in setup_lines(table):
         lines += ["", line]
-    lines += ["", "| row | column | variant | unit | paper | Basin | Basin − paper | verdict | paper gain | Basin gain | "
-                  "gain verdict |",
-              "| --- | --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
+    lines += ["", verdict_rules(), "",
+              "| row | column | variant | unit | paper | Basin | Basin − paper | verdict | paper gain | Basin gain | "
+              "gain verdict | Basin 95 % CI | paired gain 95 % CI |",
+              "| --- | --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | --- | --- | --- |"]
     notes: dict[str, int] = {}
     for _, r in report.iterrows():
         basin = basin_text(r)
@@ -67,7 +78,8 @@ def report_markdown(table: PaperTable, report: pd.DataFrame) -> str:
             paper += f" [{notes.setdefault(r['note'], len(notes) + 1)}]"
         lines.append(
             f"| {r['row']} | {r['column']} | {r['variant']} | {r['unit']} | {paper} | {basin} | {_format(r['difference'])} | "
-            f"{r['verdict']} | {_format(r['paper gain'])} | {_format(r['basin gain'])} | {r['gain verdict']} |")
+            f"{r['verdict']} | {_format(r['paper gain'])} | {_format(r['basin gain'])} | {r['gain verdict']} | "
+            f"{r.get('basin 95% CI', '') or ''} | {r.get('paired gain 95% CI', '') or ''} |")
     if notes:
         lines += ["", "Notes:", "", *(f"{number}. {note}" for note, number in notes.items())]
     problems = sorted({data_problem_of(c.config) for c in table.cells if c.config is not None and c.metric in RUN_METRICS}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -27,6 +27,7 @@ from experiments.reproduction.table_cells import (
     PaperTable,
     cell_status,
 )
+from experiments.seed_intervals import paired_interval, seed_interval
 
 # ---- comparing ------------------------------------------------------------------------
 
@@ -60,6 +61,7 @@ class Measured:
     censored: bool = False  # rounds-to-target: no seed reached the target
     note: str = ""  # why there is no value yet
     reached: int | None = None  # rounds-to-target where some seeds missed: how many reached (value: a lower bound)
+    per_seed: dict[int, float] = field(default_factory=dict)  # accuracy (%) by seed: the intervals' values
 
 
 def _run_rows(results: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
@@ -80,7 +82,11 @@ def measure_cell(cell: Cell, results: pd.DataFrame, runs_of: Mapping[str, list[s
         values = done["acc-last-k"].astype(float).dropna() * 100
         if values.empty:
             return Measured(note="its runs' summaries hold no accuracy")
-        return Measured(float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0, len(values))
+        seed_of = {run: seed for seed, run in enumerate(ids)}  # a cell's runs are its seeds 0, 1, … in order
+        per_seed = {seed_of[run]: float(value) * 100 for run, value in zip(done["run"], done["acc-last-k"].astype(float))
+                    if not math.isnan(value)}
+        return Measured(float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0, len(values),
+                        per_seed=per_seed)
     rounds = done["rounds-to-target"].astype(float)
     reached = rounds.dropna()
     if reached.empty:
@@ -172,9 +178,38 @@ def compare(table: PaperTable, results: pd.DataFrame, runs_of: Mapping[str, list
         }
         rows.append(row)
     frame = pd.DataFrame(rows)
+    frame["basin 95% CI"] = [_interval_text(measured.get(cell.key, Measured()), cell.paper.value) for cell in table.cells]
+    frame["paired gain 95% CI"] = ""
     if table.pair and len(table.variants) == 2:
         _add_gains(frame, table.variants, tolerances)
+        _add_paired_gain_intervals(frame, table, measured)
     return _one_row_per_configuration(frame, table, runs_of)
+
+
+def _interval_text(basin: Measured, paper: float | None) -> str:
+    """Basin's 95 % interval over seeds (experiments/seed_intervals.py) and whether it covers the
+    paper's value; "" with fewer than two seeds."""
+    if len(basin.per_seed) < 2:
+        return ""
+    interval = seed_interval(basin.per_seed.values())
+    text = f"[{interval.low:.2f}, {interval.high:.2f}]"
+    if paper is None:
+        return text
+    return f"{text} {'covers' if interval.covers(paper) else 'excludes'} the paper's"
+
+
+def _add_paired_gain_intervals(frame: pd.DataFrame, table: PaperTable, measured: Mapping[str, Measured]) -> None:
+    """The gain of each with-variant accuracy cell over its without-variant one as the mean of the
+    seeds both ran, paired seed by seed, with its 95 % interval."""
+    without, with_ = table.variants
+    cells = {(cell.row, cell.column, cell.variant): cell for cell in table.cells if cell.metric == "acc-last-k"}
+    for index, cell in enumerate(table.cells):
+        base = cells.get((cell.row, cell.column, without))
+        if cell.variant != with_ or cell.metric != "acc-last-k" or base is None:
+            continue
+        gain = paired_interval(measured.get(cell.key, Measured()).per_seed, measured.get(base.key, Measured()).per_seed)
+        if gain.seeds >= 2:
+            frame.at[index, "paired gain 95% CI"] = gain.text()
 
 
 def _one_row_per_configuration(frame: pd.DataFrame, table: PaperTable, runs_of: Mapping[str, list[str]]) -> pd.DataFrame:
