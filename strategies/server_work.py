@@ -45,6 +45,7 @@ from strategies.arrays import to_numpy
 from strategies.checkpoint import CHECKPOINT_FILE, read_checkpoint, restore_checkpoint, write_checkpoint
 from strategies.cohort import cohort_size
 from strategies.config import refuse_buffers_under_dp, summary_horizon, validate_run_config
+from strategies.discovery import discover_partitions
 from strategies.exchange import TRAFFIC, send_and_receive
 from strategies.indicators import CKA_SAMPLES, round_indicators
 from strategies.methods.registry import hand_over_client_halves, method
@@ -61,7 +62,6 @@ from strategies.reply_screening import (
 )
 from strategies.results import RunRecorder
 from strategies.round_interface import RoundStrategy
-from strategies.sampling import discover_partitions
 from strategies.schedules import ClientSchedule
 from strategies.tracking import Trackers
 

@@ -11,10 +11,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageTy
 
 from clients.faults import InjectedFault, inject_faults, parse_faults
 from strategies.averaging import ModelAveraging
+from strategies.discovery import NodeDiscoveryError, discover_partitions
 from strategies.exchange import send_and_receive
 from strategies.fedavg import FedAvg
 from strategies.reply_screening import TIMEOUT_REASON, screen_replies
-from strategies.sampling import NodeDiscoveryError, discover_partitions
 from tests.fakes import FakeGrid, train_reply, train_request
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py

@@ -144,7 +144,7 @@ def test_a_node_whose_data_does_not_fit_is_refused_before_round_1_and_one_that_c
     """Discovery asks every node what it holds: labels beyond the run's classes stop the run in
     one line naming the node; data the node cannot read is that node's failure in every round it
     is sampled, and the run goes on with the others."""
-    from strategies.sampling import NodeDiscoveryError
+    from strategies.discovery import NodeDiscoveryError
 
     config, folders = written
     config = resolve_config({}, {**SMALL, "client-evaluation": 0.0, "participation": 1.0, "min-replies": 3})

@@ -321,7 +321,7 @@ def test_the_serverapp_reads_the_engines_partitions_while_it_runs_and_nothing_ot
 def test_discovery_in_a_simulation_sends_no_message_and_checks_the_federation(monkeypatch):
     """The engine's map is the answer: no query reaches a client process; a map that is
     not the run's federation (another num-supernodes) is refused as the query round would."""
-    from strategies.sampling import NodeDiscoveryError, discover_partitions
+    from strategies.discovery import NodeDiscoveryError, discover_partitions
 
     class NoMessagesGrid:
         def get_node_ids(self):
@@ -333,7 +333,7 @@ def test_discovery_in_a_simulation_sends_no_message_and_checks_the_federation(mo
         push_messages = pull_messages = send_and_receive
 
     monkeypatch.setattr(engine, "simulated_partitions", lambda timeout: {907: 1, 31: 0})
-    monkeypatch.setattr("strategies.sampling.simulated_partitions", engine.simulated_partitions)
+    monkeypatch.setattr("strategies.discovery.simulated_partitions", engine.simulated_partitions)
     assert discover_partitions(NoMessagesGrid(), num_clients=2, timeout=1) == {907: 1, 31: 0}
     with pytest.raises(NodeDiscoveryError, match=r"partition ids \[0, 1\], expected each of 0\.\.2 once.*num-supernodes=3"):
         discover_partitions(NoMessagesGrid(), num_clients=3, timeout=1)

@@ -210,10 +210,8 @@ class LocalFederation:
                      else [sys.executable, "-m", "experiments.runtime.supernode_command"])
         command = [
             *supernode, "--superlink", f"{HOST}:{self.port}", "--port", str(free_port()),
-            "--isolation", "subprocess", "--node-config",
-            f"partition-id={partition_id} num-partitions={num_partitions}"
-            + (f' {NODE_DATA_PATH}="{data_path}"' if data_path is not None else ""),
-        ]
+            "--isolation", "subprocess", "--node-config", f"partition-id={partition_id} num-partitions={num_partitions}"
+            + (f' {NODE_DATA_PATH}="{data_path}"' if data_path is not None else "")]
         command += ["--root-certificates", str(self.tls.ca_certificate)] if self.tls else ["--insecure"]
         if key is not None:
             command += ["--auth-supernode-private-key", str(key.private_key)]

@@ -1,0 +1,122 @@
+"""Client discovery: the nodes of a federation and the partition each one holds, learnt once
+before round 1 (in simulation from the engine, in a deployment by asking every node), with
+what a node that holds its own data holds, checked against the run.
+
+Node ids are random per start of a federation: Basin samples and orders by partition id
+(strategies/sampling.py), which discovery maps to the nodes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from clients.log import log
+from clients.simulation_engine import simulated_partitions
+from strategies.exchange import send_and_receive
+
+
+class NodeDiscoveryError(RuntimeError):
+    """The connected nodes do not form the federation the run config describes."""
+
+
+def discover_partitions(grid: Grid, num_clients: int, timeout: float,
+                        data_fits: tuple[int, tuple[int, ...]] | None = None) -> dict[int, int]:
+    """Wait for ``num_clients`` nodes, learn each one's partition id, return {node id: partition id}.
+
+    In a simulation the engine's own map is read (clients/simulation_engine.py): the same
+    ids the nodes' ``node_config`` holds, without a message through every client process.
+    Otherwise each node is asked (a ``query`` message).
+
+    Raises :class:`NodeDiscoveryError` when fewer nodes connect or answer within
+    ``timeout`` seconds (run-config key ``node-timeout``), when their partitions do not
+    form the federation the run config describes, or when a node's own data does not fit
+    ``data_fits`` (the run's number of classes and input shape).
+    """
+    log.info(f"discovering clients: the partition of each of {num_clients} nodes")
+    simulated = simulated_partitions(timeout)
+    if simulated is not None:
+        log.info("partitions read from the simulation engine (no query round)")
+        return checked_federation(simulated, {}, num_clients)
+    log.info(f"asking {num_clients} nodes for their partition")
+    deadline = time.monotonic() + timeout
+    while len(node_ids := sorted(grid.get_node_ids())) < num_clients:
+        if time.monotonic() > deadline:
+            raise NodeDiscoveryError(
+                f"only {len(node_ids)} of num-clients = {num_clients} nodes connected within node-timeout = "
+                f"{timeout:g} s; in simulation pass --federation-config 'num-supernodes={num_clients}', in a "
+                f"deployment start {num_clients} SuperNodes (or raise node-timeout)"
+            )
+        time.sleep(0.5)
+    return checked_federation(*query_partitions(grid, node_ids, num_clients, timeout, data_fits), num_clients)
+
+
+def checked_federation(partition_of_node: dict[int, int], problems: dict[int, str], num_clients: int) -> dict[int, int]:
+    """``partition_of_node`` when no node had a problem and the partitions are each of
+    0..num_clients − 1 once; else NodeDiscoveryError saying what is wrong."""
+    if problems:
+        raise NodeDiscoveryError("; ".join(f"node {node}: {reason}" for node, reason in sorted(problems.items())[:10]))
+    found = sorted(partition_of_node.values())
+    if found != list(range(num_clients)):
+        raise NodeDiscoveryError(
+            f"nodes hold partition ids {found[:20]}{'…' if len(found) > 20 else ''}, expected each of "
+            f"0..{num_clients - 1} once (num-clients = {num_clients}; in simulation pass --federation-config "
+            f"'num-supernodes={num_clients}')"
+        )
+    return partition_of_node
+
+
+def query_partitions(
+    grid: Grid, node_ids: list[int], num_clients: int, timeout: float,
+    data_fits: tuple[int, tuple[int, ...]] | None = None,
+) -> tuple[dict[int, int], dict[int, str]]:
+    """Ask ``node_ids`` for their partition (a ``query`` message).
+
+    Returns {node id: partition id} of the nodes that answered well, and {node id: what
+    went wrong} of the others (an error, another num-partitions, or no answer in time).
+    """
+    messages = [
+        Message(content=RecordDict({"config": ConfigRecord()}), dst_node_id=node_id, message_type=MessageType.QUERY)
+        for node_id in node_ids
+    ]
+    partition_of_node: dict[int, int] = {}
+    problems = {node_id: f"did not report its partition within {timeout:g} s" for node_id in node_ids}
+    for reply in send_and_receive(grid, messages, timeout):
+        node_id = reply.metadata.src_node_id
+        if reply.has_error():
+            problems[node_id] = f"failed to report its partition: {reply.error.reason}"
+            continue
+        info = reply.content["partition"]
+        if int(info["num-partitions"]) != num_clients:
+            problems[node_id] = (
+                f"has num-partitions = {info['num-partitions']} but the run config says num-clients = "
+                f"{num_clients}; they must match"
+            )
+            continue
+        misfit = node_data_misfit(info, data_fits)
+        if misfit:
+            problems[node_id] = misfit
+            continue
+        if "data-problem" in info:  # its rounds fail with it, named in results.csv; the others train
+            log.warning(f"node {node_id} (partition {info['partition-id']}): {info['data-problem']}")
+        partition_of_node[node_id] = int(info["partition-id"])
+        del problems[node_id]
+    return partition_of_node, problems
+
+
+def node_data_misfit(info: Any, data_fits: tuple[int, tuple[int, ...]] | None) -> str:
+    """Why a node's own data (its query reply's ``info``) does not fit the run's number of
+    classes and input shape ``data_fits``; "" when it does or the node holds no data of its own."""
+    if data_fits is None or "largest-label" not in info:
+        return ""
+    num_classes, input_shape = data_fits
+    shape = tuple(int(side) for side in info["input-shape"])
+    if int(info["largest-label"]) >= num_classes:
+        return (f"holds label {info['largest-label']} in its {info['examples']} examples, but the run has {num_classes} "
+                f"classes (labels 0..{num_classes - 1})")
+    if shape != tuple(input_shape):
+        return f"holds inputs of shape {shape}, but the run's model takes {tuple(input_shape)}"
+    return ""
