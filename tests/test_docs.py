@@ -237,6 +237,12 @@ def test_every_method_and_averaging_rule_has_its_paper_in_the_references():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     citation = yaml.safe_load((REPO / "CITATION.cff").read_text())
     assert (citation["version"], citation["license"]) == (project["version"], project["license"])
+    assert str(citation["date-released"]).startswith("20")  # what, with the version, identifies a release
+    # The example plug-ins' methods too (examples/<name> with a basin_<name> package declaring METHODS).
+    examples = [folder.name for folder in sorted((REPO / "examples").iterdir())
+                if any("METHODS" in f.read_text() for f in folder.glob("basin_*/__init__.py"))]
+    assert {"feddecorr", "fedlc"} <= set(examples)
+    assert not [name for name in examples if f"`examples/{name}`" not in text], "example plug-ins without a reference"
     assert "Apache License" in (REPO / "LICENSE").read_text() and project["license"] == "Apache-2.0"
 
 
@@ -258,3 +264,18 @@ def test_the_docs_speak_of_the_project_not_of_how_they_were_written(page):
     text = " ".join(page.read_text().lower().split())
     found = [phrase for phrase in HISTORY_PHRASES if phrase in text]
     assert not found, f"{page.name} says {found}: state the project's figure (machine, date), history in CHANGELOG.md"
+
+
+def test_a_block_that_names_a_file_shows_that_file():
+    """A ```python block whose first line names a file of the repository "(the whole file but
+    its docstring)" holds exactly that file's code after its docstring: the example's ServerApp
+    in README and docs/your-own-app.md (they held other numbers than the file reads)."""
+    named = re.compile(r"```python\n# (\S+\.py) \(the whole file but its docstring\)\n(.*?)```", re.S)
+    shown = 0
+    for page in PAGES:
+        for block in named.finditer(page.read_text()):
+            source = (REPO / block.group(1)).read_text()
+            body = source[source.index('"""', 3) + 3:].lstrip("\n") if source.startswith('"""') else source
+            assert block.group(2) == body, f"{page.name}: the block of {block.group(1)} is not the file"
+            shown += 1
+    assert shown >= 2
