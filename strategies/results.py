@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 # largest peak CUDA memory of a client process (empty on CPU); round-status: "aggregated" or
 # why the round was skipped (too few accepted replies: the global model stays as it was);
 # failures: each failed client of the round, "partition P (node N): reason", ";"-separated;
-# bytes-sent, bytes-received: the arrays of the round's messages to and from clients;
+# bytes-sent, bytes-received: the arrays of the round's messages to and from clients, totals
+# over the cohort on the server's side; -per-client: over its sampled clients;
 # client-accuracy-mean/-worst-10pct/-std: with client-evaluation > 0, the received model on
 # each sampled client's held-out split, across the cohort (else empty);
 # dp-epsilon: with server-side DP, the ε spent after the round at δ = dp-delta where an
@@ -48,6 +49,7 @@ ROUND_COLUMNS = (
     "base-accuracy", "base-loss", "averaged-accuracy", "averaged-loss", "sent-model",
     "train-loss", "clients-ok", "clients-failed", "local-steps", "client-state-norm", "round-seconds",
     "client-steps", "train-seconds", "eval-seconds", "client-seconds", "client-gpu-mib", "bytes-sent", "bytes-received",
+    "bytes-sent-per-client", "bytes-received-per-client",
     "client-accuracy-mean", "client-accuracy-worst-10pct", "client-accuracy-std", "round-status", "failures",
     "locality", "locality-mean", "client-cka", "dp-epsilon",
 )

@@ -244,6 +244,7 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
             **strategy.round_clients,
             "bytes-sent": TRAFFIC.sent,
             "bytes-received": TRAFFIC.received,
+            **traffic_per_client(strategy.round_clients),
             "round-status": strategy.round_status,
             "failures": "; ".join(map(str, strategy.round_failures)),
             **(indicators_of_round(strategy, model, cka_inputs) if config["round-indicators"] else {}),
@@ -358,6 +359,14 @@ def test_split_by_domain(data) -> tuple[torch.Tensor, torch.Tensor, dict[str, sl
     slices = {f"accuracy-{name}": slice(int(end - count), int(end))
               for name, end, count in zip(names, ends, np.bincount(domains))}
     return data.x_test[order], data.y_test[order], slices
+
+
+def traffic_per_client(round_clients: Mapping[str, float]) -> dict[str, float]:
+    """The round's bytes each way over its sampled clients (clients-ok + clients-failed)."""
+    sampled = round_clients.get("clients-ok", 0) + round_clients.get("clients-failed", 0)
+    if not sampled:
+        return {}
+    return {"bytes-sent-per-client": TRAFFIC.sent / sampled, "bytes-received-per-client": TRAFFIC.received / sampled}
 
 
 def evaluate_round(strategy: RoundStrategy, sent: ArrayRecord, model, x_test, y_test,

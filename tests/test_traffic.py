@@ -70,3 +70,5 @@ def test_the_measured_traffic_is_what_a_real_round_of_the_method_counts(method, 
     assert [row["clients-ok"] for row in rows] == [3, 3]
     traffic = measure_traffic(config, resolve_model_name(config["model"], "digits"), SHAPE, CLASSES)
     assert (rows[1]["bytes-sent"], rows[1]["bytes-received"]) == (3 * traffic.down, 3 * traffic.up)
+    # what one client received and sent: the totals over the 3 sampled
+    assert (rows[1]["bytes-sent-per-client"], rows[1]["bytes-received-per-client"]) == (traffic.down, traffic.up)
