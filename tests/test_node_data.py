@@ -47,12 +47,14 @@ def test_each_written_folder_gives_its_partitions_tensors_bit_for_bit(written):
             assert theirs.dtype == ours.dtype and theirs.shape == ours.shape and torch.equal(theirs, ours)
 
 
-def test_nodes_on_their_own_folders_train_to_the_simulations_bits(written, tmp_path):
-    """FedProx + IMA through the round loop and the ClientApp's handlers: each node reads its own
-    folder (node config data-path, its partition id from the folder's basin-node.json), and
-    every round's row and model are the simulation's."""
+@pytest.mark.parametrize("keys", [{"strategy": "fedprox", "averaging": "ima", "window": 2, "avg-start": 2},
+                                  {"strategy": "scaffold", "momentum": 0.0}], ids=["fedprox+ima", "scaffold"])
+def test_nodes_on_their_own_folders_train_to_the_simulations_bits(written, tmp_path, keys):
+    """FedProx + IMA, and SCAFFOLD with its client state, through the round loop and the
+    ClientApp's handlers: each node reads its own folder (node config data-path, its partition
+    id from the folder's basin-node.json), and every round's row and model are the simulation's."""
     config, folders = written
-    config = resolve_config({}, {**SMALL, "strategy": "fedprox", "averaging": "ima", "window": 2, "avg-start": 2})
+    config = resolve_config({}, {**SMALL, **keys})
     data = load_dataset("digits", "", True)
     runs = {}
     for name in ("simulated", "own-data"):
