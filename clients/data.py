@@ -10,7 +10,7 @@ import torch
 
 from clients.memory_format import in_layout
 from partitions.cache import cached_partition
-from partitions.datasets import load_dataset
+from partitions.datasets import channel_statistics, load_dataset
 from partitions.feasibility import partition_settings
 
 
@@ -65,11 +65,10 @@ def client_tensors(run_config_items: tuple, partition_id: int, num_partitions: i
     indices = np.array(partition_indices(cfg["dataset"], cfg["data-dir"], bool(cfg["normalize"]), settings)[partition_id])
     index = torch.from_numpy(indices)  # a copy: the cached partition is a read-only mapped view
     x, y = data.x_train[index], data.y_train[index]
-    held_out = held_out_count(len(indices), float(cfg.get("client-evaluation", 0.0)))
-    if not held_out:
+    split = held_out_split(len(indices), float(cfg.get("client-evaluation", 0.0)), int(cfg["seed"]), partition_id)
+    if split is None:
         return in_layout(x.to(device), layout), y.to(device), x[:0].to(device), y[:0].to(device)
-    order = np.random.default_rng([int(cfg["seed"]), partition_id, HELD_OUT_STREAM]).permutation(len(indices))
-    train, test = torch.from_numpy(np.sort(order[held_out:])), torch.from_numpy(np.sort(order[:held_out]))
+    train, test = split
     return (in_layout(x[train].to(device), layout), y[train].to(device), in_layout(x[test].to(device), layout),
             y[test].to(device))
 
@@ -100,26 +99,32 @@ def node_tensors(path: str, run_config_items: tuple, partition_id: int, device: 
     x, y = inputs(node.x_train), torch.from_numpy(node.y_train)
     x_test = inputs(node.x_test) if node.x_test is not None else None
     if bool(cfg["normalize"]) and not node.is_text:
-        dims = (0, 2, 3)
-        mean = torch.tensor(node.described["mean"], dtype=torch.float32).reshape(1, -1, 1, 1) \
-            if "mean" in node.described else x.mean(dim=dims, keepdim=True)
-        std = torch.tensor(node.described["std"], dtype=torch.float32).reshape(1, -1, 1, 1) \
-            if "std" in node.described else x.std(dim=dims, keepdim=True).clamp_min(1e-8)
+        mean, std = channel_statistics(x)  # the node's own, where its folder records no federation's
+        if "mean" in node.described:
+            mean = torch.tensor(node.described["mean"], dtype=torch.float32).reshape(1, -1, 1, 1)
+            std = torch.tensor(node.described["std"], dtype=torch.float32).reshape(1, -1, 1, 1)
         x = x.sub_(mean).div_(std)
         x_test = x_test.sub_(mean).div_(std) if x_test is not None else None
     fraction = float(cfg.get("client-evaluation", 0.0))
     if fraction > 0 and x_test is not None and node.y_test is not None:
         held = (x_test, torch.from_numpy(node.y_test))
+    elif (split := held_out_split(len(y), fraction, int(cfg["seed"]), partition_id)) is not None:
+        train, test = split
+        x, y, held = x[train], y[train], (x[test], y[test])
     else:
-        held_out = held_out_count(len(y), fraction)
-        if held_out:
-            order = np.random.default_rng([int(cfg["seed"]), partition_id, HELD_OUT_STREAM]).permutation(len(y))
-            train, test = torch.from_numpy(np.sort(order[held_out:])), torch.from_numpy(np.sort(order[:held_out]))
-            x, y, held = x[train], y[train], (x[test], y[test])
-        else:
-            held = (x[:0], y[:0])
+        held = (x[:0], y[:0])
     return ((in_layout(x.to(device), layout), y.to(device), in_layout(held[0].to(device), layout), held[1].to(device)),
             num_classes)
+
+
+def held_out_split(samples: int, fraction: float, seed: int, partition_id: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(training, held-out) indices of a client's ``samples`` examples, both sorted: a seeded
+    :func:`held_out_count` of them held out (its own stream of draws); None when none is."""
+    held_out = held_out_count(samples, fraction)
+    if not held_out:
+        return None
+    order = np.random.default_rng([seed, partition_id, HELD_OUT_STREAM]).permutation(samples)
+    return torch.from_numpy(np.sort(order[held_out:])), torch.from_numpy(np.sort(order[:held_out]))
 
 
 def held_out_count(samples: int, fraction: float) -> int:

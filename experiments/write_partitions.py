@@ -31,7 +31,7 @@ def write_partitions(config: Mapping[str, Any], out: Path) -> list[Path]:
     import torch
 
     from clients.data import partition_indices
-    from partitions.datasets import load_dataset
+    from partitions.datasets import channel_statistics, load_dataset
     from partitions.feasibility import partition_settings
     from partitions.node_data import NODE_FILE, NODE_FOLDER
     from strategies.server_work import partition_statistics
@@ -47,10 +47,8 @@ def write_partitions(config: Mapping[str, Any], out: Path) -> list[Path]:
                                  "num-classes": scaled.num_classes, "partition": {
                                      key: config[key] for key in ("partition", "alpha", "num-clients", "seed")}}
     # The federation's per-channel mean and std, as load_dataset standardises (float32, exact in JSON).
-    dims = (0, 2, 3)
-    described.update({"max-value": scaled.max_value,
-                      "mean": [float(v) for v in scaled.x_train.mean(dim=dims).tolist()],
-                      "std": [float(v) for v in scaled.x_train.std(dim=dims).clamp_min(1e-8).tolist()]})
+    mean, std = channel_statistics(scaled.x_train)
+    described.update({"max-value": scaled.max_value, "mean": mean.flatten().tolist(), "std": std.flatten().tolist()})
     # Back to the decoded integers: x = pixel / max-value in float32 rounds to the pixel exactly.
     pixels = (scaled.x_train * scaled.max_value).round().to(dtype=torch.uint8).numpy()
     features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})

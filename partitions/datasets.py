@@ -31,6 +31,8 @@ import numpy as np
 from partitions.cache import cached_arrays, digest, file_digest, raw_arrays
 
 if TYPE_CHECKING:
+    import torch
+
     from partitions.tensor_dataset import TensorDataset
 
 FASHION_MNIST_DEFAULT_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -59,13 +61,18 @@ def load_dataset(name: str, data_dir: str = "", normalize: bool = True) -> Tenso
         return data
     if not normalize:
         return replace(data, black=(0.0,) * data.input_shape[0])
-    dims = (0, 2, 3)
-    mean = data.x_train.mean(dim=dims, keepdim=True)
-    std = data.x_train.std(dim=dims, keepdim=True).clamp_min(1e-8)
+    mean, std = channel_statistics(data.x_train)
     black = tuple(float(v) for v in (-mean / std).flatten())
     # In place: the scaled images are this call's own (not cached), and a copy costs a
     # fresh allocation per process (~0.3 s for Fashion-MNIST).
     return replace(data, x_train=data.x_train.sub_(mean).div_(std), x_test=data.x_test.sub_(mean).div_(std), black=black)
+
+
+def channel_statistics(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and std (float32, shape (1, C, 1, 1)) of images ``x`` (N, C, H, W):
+    what :func:`load_dataset` standardises by, and what a written node folder records."""
+    dims = (0, 2, 3)
+    return x.mean(dim=dims, keepdim=True), x.std(dim=dims, keepdim=True).clamp_min(1e-8)
 
 
 def _load_scaled(name: str, data_dir: str) -> TensorDataset:
