@@ -41,11 +41,11 @@ def _process_model(
 
 
 def _received_model_and_data(
-    msg: Message, context: Context,
+    msg: Message, context: Context, model_record: str = protocol.MODEL_RECORD,
 ) -> tuple[torch.device, torch.nn.Module, tuple[torch.Tensor, ...], int]:
-    """(device, the process's model holding the message's weights, this partition's training
-    x, y and held-out x, y on the device: clients/data.py's client_tensors, the data set's
-    number of classes)."""
+    """(device, the process's model holding the weights of the message's ArrayRecord
+    ``model_record``, this partition's training x, y and held-out x, y on the device:
+    clients/data.py's client_tensors, the data set's number of classes)."""
     run_config = context.run_config
     partition_id, num_partitions = partition_of(context)
     device = select_device(str(run_config["device"]))
@@ -63,8 +63,25 @@ def _received_model_and_data(
         input_shape, num_classes = data.input_shape, data.num_classes
     projection_head = uses_projection_head(model_name, str(run_config["strategy"]))
     model = _process_model(model_name, input_shape, num_classes, projection_head, str(device), layout)
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    model.load_state_dict(msg.content[model_record].to_torch_state_dict())
     return device, model, tensors, num_classes
+
+
+def evaluate_reply(msg: Message, context: Context) -> Message:
+    """evaluation = federated: the message's models (strategies/federated_evaluation.py) on
+    this node's test split, its data's own or its seeded hold-out (clients/data.py)."""
+    from strategies.federated_evaluation import AVERAGED_MODEL, BASE_MODEL
+
+    _, model, (_, _, x_test, y_test), _ = _received_model_and_data(msg, context, BASE_MODEL)
+    if not len(y_test):
+        raise ValueError("this node has no test split to evaluate on (its data has no test split and "
+                         "client-evaluation = 0 holds none of its examples out)")
+    metrics: dict[str, float] = {protocol.EVALUATED_EXAMPLES: len(y_test)}
+    for name in (BASE_MODEL, AVERAGED_MODEL):
+        if name in msg.content.array_records:
+            model.load_state_dict(msg.content[name].to_torch_state_dict())
+            metrics[f"{name}-loss"], metrics[f"{name}-accuracy"] = evaluate(model, x_test, y_test)
+    return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
 def full_gradient_reply(msg: Message, context: Context) -> Message:
@@ -99,8 +116,9 @@ def training_reply(msg: Message, context: Context, started: float, device: torch
     round_config = msg.content["config"]
     x, y, x_held_out, y_held_out = tensors
     # client-evaluation: the received model on this client's held-out split, before it trains
+    # (with federated evaluation the server asks for it after aggregation instead)
     held_out = {}
-    if len(y_held_out):
+    if len(y_held_out) and run_config.get("evaluation", "central") == "central":
         loss, accuracy = evaluate(model, x_held_out, y_held_out)
         held_out = {protocol.HELD_OUT_ACCURACY: accuracy, protocol.HELD_OUT_LOSS: loss,
                     protocol.HELD_OUT_EXAMPLES: len(y_held_out)}

@@ -51,3 +51,10 @@ def train(msg: Message, context: Context) -> Message:
     from clients.client_work import train_reply
 
     return train_reply(msg, context)
+
+
+def evaluate(msg: Message, context: Context) -> Message:
+    """evaluation = federated: score the received models on this node's own test split."""
+    from clients.client_work import evaluate_reply
+
+    return evaluate_reply(msg, context)

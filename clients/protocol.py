@@ -63,6 +63,9 @@ TRAIN_END = "train-end"  # … and when it finished, before its reply is seriali
 HELD_OUT_ACCURACY = "held-out-accuracy"  # client-evaluation > 0: the received model's accuracy on its held-out part
 HELD_OUT_LOSS = "held-out-loss"  # … its mean cross-entropy there
 HELD_OUT_EXAMPLES = "held-out-examples"  # … and how many examples that part holds
+# evaluation = federated: an evaluate reply's metrics, the examples of the node's test split
+# and, per model the message carried (base, averaged), "<model>-accuracy" and "<model>-loss"
+EVALUATED_EXAMPLES = "examples"
 CHANNELS_LAST = "channels-last"  # 1.0 where the client trained in channels-last (clients/memory_format.py), else 0.0
 GPU_PEAK_MIB = "gpu-peak-mib"  # the client process's peak CUDA memory allocated so far (MiB; CUDA only)
 

@@ -45,6 +45,16 @@ BUILTIN_DATASETS = ("digits", "fashion-mnist", *HUB_ALIASES)
 # is known before they load, so the launcher checks a model against it.
 TEXT_DATASETS = ("hf:flwrlabs/shakespeare",)
 INPUT_SHAPES = {"digits": (1, 8, 8), "fashion-mnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
+NUM_CLASSES = {"digits": 10, "fashion-mnist": 10, "cifar10": 10, "cifar100": 100}
+
+
+def dataset_shape(name: str, data_dir: str = "", normalize: bool = True) -> tuple[int, tuple[int, ...]]:
+    """(number of classes, input shape) of a data set: known without reading it for the
+    built-in sets (a server that holds no data: ``evaluation = federated``), else read."""
+    if name in NUM_CLASSES:
+        return NUM_CLASSES[name], INPUT_SHAPES[name]
+    data = load_dataset(name, data_dir, normalize)
+    return data.num_classes, data.input_shape
 
 
 def is_known_dataset(name: str) -> bool:

@@ -43,3 +43,9 @@ def full_gradient_query(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     provide(_client_halves)  # the same loader each message: what it gave is kept
     return basin_client.train(msg, context)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    provide(_client_halves)  # a plug-in model is built by its client half
+    return basin_client.evaluate(msg, context)

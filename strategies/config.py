@@ -190,6 +190,8 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
         )
     if config["averaging"] != "none" and (rule := AVERAGINGS_BY_NAME[config["averaging"]]).check is not None:
         rule.check(config)
+    if config["evaluation"] == "federated":
+        _check_federated_evaluation(config)
     if config["min-replies"] > cohort_size(config):
         raise ConfigError(
             f"run config key 'min-replies' = {config['min-replies']} exceeds the cohort size {cohort_size(config)} "
@@ -202,6 +204,25 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"allowed: partitions 0..{config['num-clients'] - 1}"
         )
     return config
+
+
+def _check_federated_evaluation(config: Mapping[str, Any]) -> None:
+    """Federated evaluation needs each node's test split, and the server, which holds no data,
+    cannot compute what needs its test set or its pixel statistics."""
+    if config["client-evaluation"] <= 0:
+        raise ConfigError(
+            "run config key 'evaluation' = 'federated' scores each sampled node's test split: its data's own "
+            "test split, else a seeded hold-out of client-evaluation of its examples; client-evaluation = 0 "
+            "gives none; allowed: client-evaluation in (0, 0.5] (e.g. --set client-evaluation=0.2)"
+        )
+    server_data = [key for key, off in (("round-indicators", False), ("augment", "none")) if config[key] != off]
+    if server_data:
+        raise ConfigError(
+            f"run config key 'evaluation' = 'federated': {', '.join(f'{k} = {config[k]!r}' for k in server_data)} "
+            f"needs the server's test set (round-indicators: its first samples; augment: its pixel statistics), "
+            f"which federated evaluation does not read; allowed: round-indicators = false, augment = 'none', or "
+            f"evaluation = 'central'"
+        )
 
 
 def _check_model_plugin(spec: ModelSpec, config: Mapping[str, Any]) -> None:

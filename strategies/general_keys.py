@@ -161,6 +161,11 @@ AVERAGING_AND_RUN: dict[str, Option] = {
             "a fraction in [0, 0.5] (0 = off; else each client holds out this seeded fraction of its partition, "
             "trains on the rest, and reports the received model's accuracy on it every round: results.csv's "
             "client-accuracy-mean, -worst-10pct and -std across the cohort)", lambda v: 0 <= v <= 0.5),
+    "evaluation": Option(str,
+            "'central' (the server scores each round's model on the run's test split) or 'federated' (it holds no "
+            "data: the round's sampled nodes score it on their own test splits, and results.csv has the "
+            "example-weighted mean of their replies; needs client-evaluation > 0)",
+            lambda v: v in ("central", "federated")),
     "resume": Option(bool, "true or false (continue from output-dir/checkpoint.pt when there is one)"),
     "fault-injection": Option(str, f"'' or {FAULT_FORMAT}", _parses_as_faults),
     "track": Option(str,

@@ -145,8 +145,8 @@ def privacy_summary(config: Mapping[str, Any]) -> dict[str, Any]:
         "noise-std": config["dp-noise-multiplier"] * config["dp-clipping-norm"] / cohort,
         "noise-added-to": (f"what averaging = {config['averaging']!r} returns" if outside
                            else "the mean, before the method's server step"),
-        "not-covered": "the clients' training metrics (train-loss, local-steps) and, with client-evaluation, their "
-                       "held-out scores, reported un-noised",
+        "not-covered": "the clients' training metrics (train-loss, local-steps) and, with client-evaluation (and "
+                       "evaluation = federated), their held-out scores, reported un-noised",
         **privacy_accounting(config, cohort).description(),
     }
 

@@ -77,6 +77,8 @@ class RoundStrategy:
 
         def round_client_evaluation(self) -> list[dict[str, Any]]: ...
 
+        def round_cohort(self) -> dict[int, int]: ...
+
     @property
     def sends_average(self) -> bool:
         return False
@@ -147,6 +149,9 @@ class WrappingStrategy(RoundStrategy):
 
     def round_client_evaluation(self) -> list[dict[str, Any]]:
         return self.wrapped.round_client_evaluation()
+
+    def round_cohort(self) -> dict[int, int]:
+        return self.wrapped.round_cohort()
 
 
 def wrapped_checkpoint_state(strategy: Any) -> dict[str, Any]:

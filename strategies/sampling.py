@@ -225,6 +225,10 @@ class CohortSampling(RoundStrategy):
                              "loss": float(metrics[protocol.HELD_OUT_LOSS])})
         return rows
 
+    def round_cohort(self) -> dict[int, int]:
+        """The last round's sampled nodes: {node id: partition id}."""
+        return dict(self.sent_to)
+
     def round_client_models(self, limit: int | None = None) -> dict[int, tuple[dict[str, np.ndarray], float]]:
         """The last round's accepted client models (at most ``limit``, partition order):
         {partition id: (state dict, sample count n_k)}."""

@@ -1,11 +1,13 @@
 """The work of Basin's ServerApp (strategies/server_app.py): validated config → strategy →
-rounds → central evaluation → results.
+rounds → evaluation → results.
 
 One round: the strategy samples a seeded cohort and sends the global model with the
 round's client config (lr_t = lr · lr-decay^(t−1), local epochs, batch size, …); replies
 are screened (a client that raised, timed out, or returned non-finite or misshapen
 arrays is left out and counted) and aggregated in partition order; the new global model
-is evaluated on the central test set; one row is appended to ``results.csv``. Every
+is evaluated on the central test set (``evaluation = central``) or on the round's sampled
+nodes' own test splits (``federated``: strategies/federated_evaluation.py, the server reads
+no data set); one row is appended to ``results.csv``. Every
 ``checkpoint-every`` rounds a checkpoint is written, and a run started again on the same
 output directory continues from it (strategies/checkpoint.py); stateful clients snapshot
 their state for it (clients/state_store.py). With ``save-models-every`` the round's base,
@@ -39,6 +41,7 @@ from clients.simulation_engine import simulated_partitions
 from clients.state_store import CLIENT_STATE_DIR, discard_snapshots_after, remove_run_snapshots
 from clients.training import evaluate, select_device
 from partitions import class_count_table, load_dataset, plot_class_counts
+from partitions.datasets import dataset_shape
 from partitions.feasibility import check_no_empty_clients, partition_settings
 from partitions.stats import partition_notation
 from strategies.arrays import to_numpy
@@ -47,6 +50,7 @@ from strategies.cohort import cohort_size
 from strategies.config import refuse_buffers_under_dp, summary_horizon, validate_run_config
 from strategies.discovery import discover_partitions
 from strategies.exchange import TRAFFIC, send_and_receive
+from strategies.federated_evaluation import FederatedEvaluation
 from strategies.indicators import CKA_SAMPLES, round_indicators
 from strategies.methods.registry import hand_over_client_halves, method
 from strategies.methods.strategy_builder import build_client_schedule, build_strategy
@@ -125,6 +129,12 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
     recorder.describe(arithmetic=arithmetic_record(device, config, config["cuda-deterministic"]))
     if config["dp-clipping-norm"] > 0:
         recorder.describe(privacy=privacy_summary(config))
+    if config["evaluation"] == "federated":  # the server reads no data set
+        recorder.describe(evaluation=FederatedEvaluation.description(config))
+        recorder.extend_columns(("clients-evaluated",))
+        train_rounds(grid, config, recorder, checkpoint, None, device)
+        return
+    recorder.describe(evaluation={"kind": "central", "test-split": f"{config['dataset']}'s test split, on the server"})
     log.info(f"loading {config['dataset']} and building its partition")
     data = load_dataset(config["dataset"], config["data-dir"], config["normalize"])
     statistics = partition_statistics(config, data, recorder.directory)
@@ -147,16 +157,18 @@ def round_timeout(config: dict[str, Any], first_contact: bool) -> float:
 def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: dict[str, Any] | None, data,
                  device: torch.device, on_training_start: Callable[[], None] = lambda: None) -> None:
     """Client discovery, then every round from the initial model (or the checkpoint) to the
-    final model; ``on_training_start`` is called once the clients are known, as training starts."""
-    cka_inputs = data.x_test[:CKA_SAMPLES].to(device)  # the first test samples, in the data set's order
-    # The central evaluation in the clients' layout too (clients/memory_format.py): it runs every round.
+    final model; ``on_training_start`` is called once the clients are known, as training starts.
+    ``data`` is None under federated evaluation: the server holds no data set."""
     layout = memory_format(resolve_model_name(config["model"], config["dataset"]), device.type)
-    x_test, y_test, domains = test_split_by_domain(data)
-    x_test, y_test = in_layout(x_test.to(device), layout), y_test.to(device)
-    if domains:
-        recorder.extend_columns(("domain-mean-accuracy", *domains))
+    if data is None:
+        num_classes, input_shape = dataset_shape(config["dataset"], config["data-dir"], config["normalize"])
+        evaluator: CentralEvaluation | FederatedEvaluation = FederatedEvaluation(config["round-timeout"])
+        black: Sequence[float] = ()  # augment is refused: no pixel statistics on the server
+    else:
+        num_classes, input_shape, black = data.num_classes, data.input_shape, data.black
+        evaluator = CentralEvaluation(data, device, layout, recorder)
     torch.manual_seed(config["seed"])
-    model = build_run_model(config, data.input_shape, data.num_classes)
+    model = build_run_model(config, input_shape, num_classes)
     if config["dp-clipping-norm"] > 0:  # the model as built: a plug-in's buffers, on any data set
         refuse_buffers_under_dp(resolve_model_name(config["model"], config["dataset"]), config,
                                 [name for name, _ in model.named_buffers()])
@@ -166,7 +178,7 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
     strategy = build_strategy(config)
     schedule = build_client_schedule(config)
     strategy.bind_partitions(
-        discover_partitions(grid, config["num-clients"], config["node-timeout"], (data.num_classes, data.input_shape)),
+        discover_partitions(grid, config["num-clients"], config["node-timeout"], (num_classes, input_shape)),
         cohort_size(config), config["seed"],
         config["min-replies"], skip_unavailable=config["dead-nodes"] == "skip",
     )
@@ -196,7 +208,7 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
         TRAFFIC.sent = TRAFFIC.received = 0  # this round's exchanges (MIME's extra one included)
         if not clients_unasked:  # simulated nodes never rejoin; asking the link for them costs O(K) a round
             strategy.follow_rejoined_nodes(grid, config["round-timeout"])
-        train_config = round_train_config(config, schedule, server_round, data.black)
+        train_config = round_train_config(config, schedule, server_round, black)
         if snapshots:
             train_config.update({**snapshots, protocol.RESUMED_AFTER_ROUND: first_round - 1})
         strategy.prepare_round(server_round, arrays, grid)  # a method's exchange before training (MIME's)
@@ -227,7 +239,7 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
         else:
             log.warning(f"round {server_round} {strategy.round_status}; the global model is unchanged")
         trained = time.perf_counter()
-        evaluation = evaluate_round(strategy, arrays, model, x_test, y_test, domains)
+        evaluation = evaluator(grid, strategy, arrays, server_round, model)
         test_accuracy = evaluation["test-accuracy"]
         round_metrics: Mapping[str, Any] = metrics or {}
         recorder.append({
@@ -247,13 +259,14 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
             **traffic_per_client(strategy.round_clients),
             "round-status": strategy.round_status,
             "failures": "; ".join(map(str, strategy.round_failures)),
-            **(indicators_of_round(strategy, model, cka_inputs) if config["round-indicators"] else {}),
+            **(indicators_of_round(strategy, model, evaluator.cka_inputs) if config["round-indicators"] else {}),
         })
         if protocol.CHANNELS_LAST in round_metrics and not clients_layout_recorded:  # the first round that has replies
             recorder.record_clients_layout(float(round_metrics[protocol.CHANNELS_LAST]))
             clients_layout_recorded = True
         if config["client-evaluation"]:
-            recorder.append_client_evaluation(server_round, strategy.round_client_evaluation())
+            recorder.append_client_evaluation(server_round, evaluator.client_rows
+                                              if data is None else strategy.round_client_evaluation())
         if saves_round(config, server_round) and aggregated is not None:
             save_models_of_round(config, recorder.directory, server_round, strategy, arrays)
         if config["checkpoint-every"] and (
@@ -367,6 +380,22 @@ def traffic_per_client(round_clients: Mapping[str, float]) -> dict[str, float]:
     if not sampled:
         return {}
     return {"bytes-sent-per-client": TRAFFIC.sent / sampled, "bytes-received-per-client": TRAFFIC.received / sampled}
+
+
+class CentralEvaluation:
+    """Each round's models scored on the run's test split, on the server (``evaluation = central``)."""
+
+    def __init__(self, data, device: torch.device, layout: torch.memory_format, recorder: RunRecorder):
+        self.cka_inputs = data.x_test[:CKA_SAMPLES].to(device)  # the first test samples, in the data set's order
+        # In the clients' layout too (clients/memory_format.py): it runs every round.
+        x_test, y_test, self.domains = test_split_by_domain(data)
+        self.x_test, self.y_test = in_layout(x_test.to(device), layout), y_test.to(device)
+        if self.domains:
+            recorder.extend_columns(("domain-mean-accuracy", *self.domains))
+
+    def __call__(self, grid: Grid, strategy: RoundStrategy, sent: ArrayRecord, server_round: int,
+                 model: torch.nn.Module) -> dict[str, Any]:
+        return evaluate_round(strategy, sent, model, self.x_test, self.y_test, self.domains)
 
 
 def evaluate_round(strategy: RoundStrategy, sent: ArrayRecord, model, x_test, y_test,

@@ -101,6 +101,9 @@ class Rows(list):
     def extend_columns(self, extra: tuple[str, ...]) -> None:
         pass
 
+    def describe(self, **entries: Any) -> None:
+        self.described = {**getattr(self, "described", {}), **entries}
+
     def training_starts(self) -> None:
         pass
 

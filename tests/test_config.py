@@ -53,6 +53,7 @@ BAD_VALUES = [
     ("prox-mu", -0.1),
     ("device", "tpu"),
     ("round-timeout", 0),
+    ("evaluation", "decentralised"),
 ]
 
 
@@ -85,6 +86,15 @@ def test_a_model_for_other_inputs_and_a_cohort_of_no_client_are_refused():
         resolve_config({"model": "fmnist-cnn"})  # digits are 8x8
     with pytest.raises(ConfigError, match="'participation'"):
         resolve_config({"num-clients": 4, "participation": 0.1})
+
+
+def test_federated_evaluation_needs_a_test_split_and_refuses_what_needs_the_servers_data():
+    with pytest.raises(ConfigError, match="'evaluation' = 'federated'.*client-evaluation = 0 gives none"):
+        resolve_config({"evaluation": "federated"})
+    with pytest.raises(ConfigError, match="round-indicators = True.*augment = 'crop-flip'.*allowed: round-indicators"):
+        resolve_config({"evaluation": "federated", "client-evaluation": 0.2, "round-indicators": True,
+                        "augment": "crop-flip", "dataset": "fashion-mnist"})
+    assert resolve_config({"evaluation": "federated", "client-evaluation": 0.2})["evaluation"] == "federated"
 
 
 def test_integers_are_accepted_for_float_keys():

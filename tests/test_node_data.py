@@ -18,6 +18,9 @@ from experiments.write_partitions import write_partitions
 from partitions import load_dataset
 from partitions.node_data import NodeDataError, load_node_data
 from strategies.model_store import load_round_models
+from clients.models import build_run_model
+from clients.training import evaluate
+from strategies import server_work
 from strategies.server_work import train_rounds
 from tests.test_compositions import Rows
 
@@ -47,15 +50,20 @@ def test_each_written_folder_gives_its_partitions_tensors_bit_for_bit(written):
             assert theirs.dtype == ours.dtype and theirs.shape == ours.shape and torch.equal(theirs, ours)
 
 
-@pytest.mark.parametrize("keys", [{"strategy": "fedprox", "averaging": "ima", "window": 2, "avg-start": 2},
-                                  {"strategy": "scaffold", "momentum": 0.0}], ids=["fedprox+ima", "scaffold"])
+FEDPROX_IMA = {"strategy": "fedprox", "averaging": "ima", "window": 2, "avg-start": 2}
+
+
+@pytest.mark.parametrize("keys", [FEDPROX_IMA, {"strategy": "scaffold", "momentum": 0.0},
+                                  {"strategy": "scaffold", "momentum": 0.0, "evaluation": "federated"}],
+                         ids=["fedprox+ima", "scaffold", "scaffold-federated-evaluation"])
 def test_nodes_on_their_own_folders_train_to_the_simulations_bits(written, tmp_path, keys):
-    """FedProx + IMA, and SCAFFOLD with its client state, through the round loop and the
-    ClientApp's handlers: each node reads its own folder (node config data-path, its partition
-    id from the folder's basin-node.json), and every round's row and model are the simulation's."""
+    """FedProx + IMA, and SCAFFOLD with its client state (scored centrally, and by the nodes
+    themselves), through the round loop and the ClientApp's handlers: each node reads its own
+    folder (node config data-path, its partition id from the folder's basin-node.json), and
+    every round's row and model are the simulation's."""
     config, folders = written
     config = resolve_config({}, {**SMALL, **keys})
-    data = load_dataset("digits", "", True)
+    data = load_dataset("digits", "", True) if config["evaluation"] == "central" else None
     runs = {}
     for name in ("simulated", "own-data"):
         grid = InProcessGrid(config, 4)
@@ -77,6 +85,45 @@ def test_nodes_on_their_own_folders_train_to_the_simulations_bits(written, tmp_p
         for kind in ("base", "averaged"):
             if theirs[kind] is not None:
                 assert all(torch.equal(ours[kind][k], theirs[kind][k]) for k in theirs[kind])
+
+
+def test_federated_evaluation_scores_the_rounds_models_on_the_nodes_and_the_server_reads_no_data(
+        written, tmp_path, monkeypatch):
+    """evaluation = federated: the ServerApp reads no data set (its loader and the partition
+    statistics raise here), and each round's accuracy is the example-weighted mean, over the
+    round's sampled nodes, of the reported model (IMA's average once there is one) scored on
+    each node's own held-out split, recomputed here from the saved models."""
+    config, folders = written
+    config = resolve_config({}, {**SMALL, **FEDPROX_IMA, "evaluation": "federated"})
+    grid = InProcessGrid(config, 4)
+    for node_id, context in grid.contexts.items():
+        context.node_config.clear()
+        context.node_config[protocol.NODE_DATA_PATH] = str(folders[node_id - 100])
+
+    def server_read_data(*args, **kwargs):
+        raise AssertionError("the server read a data set")
+
+    monkeypatch.setattr(server_work, "load_dataset", server_read_data)
+    monkeypatch.setattr(server_work, "partition_statistics", server_read_data)
+    rows = Rows(tmp_path)
+    server_work.run(grid, config, rows)
+    assert rows.described["evaluation"]["kind"] == "federated"
+
+    items = tuple(sorted(config.items()))
+    held_out = {p: node_tensors(str(folder), items, p, "cpu")[0][2:] for p, folder in enumerate(folders)}
+    model = build_run_model(config, (1, 8, 8), 10)
+    for row in rows:
+        saved = load_round_models(tmp_path, row["round"])
+        reported = "averaged" if saved["averaged"] is not None else "base"
+        model.load_state_dict(saved[reported])
+        clients = [c for c in rows.client_rows if c["round"] == row["round"]]
+        assert [c["partition"] for c in clients] == sorted(saved["clients"])  # the round's cohort, in order
+        scores = [(len(held_out[c["partition"]][1]), *evaluate(model, *held_out[c["partition"]])) for c in clients]
+        total = sum(n for n, _, _ in scores)
+        assert row["test-accuracy"] == pytest.approx(sum(n * accuracy for n, _, accuracy in scores) / total, abs=1e-12)
+        assert row["test-loss"] == pytest.approx(sum(n * loss for n, loss, _ in scores) / total, rel=1e-6)
+        assert row["clients-evaluated"] == 2 and row["sent-model"] == ("averaged" if row["round"] == 2 else "base")
+    assert rows[1]["averaged-accuracy"] == rows[1]["test-accuracy"] != rows[1]["base-accuracy"]
 
 
 def _image(path, value: int, size=(8, 8)) -> None:

@@ -25,6 +25,7 @@ Handler = Callable[[Message, Context], Message]
 CLIENT_APP_HANDLERS: Mapping[str, Handler] = {
     MessageType.TRAIN: client_app.train,
     MessageType.QUERY: client_app.query,
+    MessageType.EVALUATE: client_app.evaluate,
     f"{MessageType.QUERY}.{protocol.FULL_GRADIENT_ACTION}": client_app.full_gradient_query,
 }
 
