@@ -21,6 +21,7 @@ from clients.data import client_tensors, node_tensors
 from clients.faults import inject_faults
 from clients.halves import installed
 from clients.local_round import LocalRound, round_randomness
+from clients.log import log
 from clients.memory_format import CHANNELS_LAST, memory_format
 from clients.mime import full_gradient
 from clients.models import build_model, resolve_model_name, uses_projection_head
@@ -126,8 +127,12 @@ def training_reply(msg: Message, context: Context, started: float, device: torch
     server_round = int(round_config["server-round"])
     snapshots = ClientStateStore.for_round(round_config, context.node_config, partition_id)
     resumed_after = int(round_config.get(protocol.RESUMED_AFTER_ROUND, 0))
-    if snapshots and resumed_after and not context.state:  # this node's first round of a resumed run
-        snapshots.restore(context.state, resumed_after)
+    attempt = str(round_config.get(protocol.CLIENT_STATE_ATTEMPT, ""))
+    if snapshots and not context.state:  # this node's first round of a resumed run, or a restarted node's
+        restored = snapshots.restore(context.state, resumed_after, server_round, attempt)
+        if restored is not None and restored > resumed_after:
+            log.info(f"partition {partition_id}: a new process; its client state of round {restored} restored "
+                     f"from {snapshots.directory}")
 
     generator, rng = round_randomness(int(round_config["seed"]), server_round, partition_id)
     declared = installed().option_keys.get(str(run_config["strategy"]), ())
@@ -138,7 +143,7 @@ def training_reply(msg: Message, context: Context, started: float, device: torch
     metrics, records = local_round.finish(model, result)
     if snapshots:
         every = int(round_config[protocol.CHECKPOINT_EVERY])
-        snapshots.save(context.state, server_round, last_checkpoint_round(server_round, every, resumed_after))
+        snapshots.save(context.state, server_round, last_checkpoint_round(server_round, every, resumed_after), attempt)
     metrics.update({**held_out, **process_usage(started, device)})
     trained_in = memory_format(resolve_model_name(str(run_config["model"]), str(run_config["dataset"])), device.type)
     metrics[protocol.CHANNELS_LAST] = float(trained_in == CHANNELS_LAST)

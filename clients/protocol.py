@@ -41,6 +41,7 @@ CLIENT_STATE_ROOT = "client-state-root"  # the server's output-dir/client-state
 CLIENT_STATE_RUN = "client-state-run"  # the token naming this run's snapshots (kept in the checkpoint)
 CHECKPOINT_EVERY = "checkpoint-every"  # the server checkpoints every this many rounds
 RESUMED_AFTER_ROUND = "resumed-after-round"  # the checkpoint's round this run resumed after (0: fresh run)
+CLIENT_STATE_ATTEMPT = "client-state-attempt"  # a token per start of the ServerApp (fresh or resumed)
 
 # Client state (context.state) entries.
 # Node config entry: where this SuperNode keeps its state snapshots instead of CLIENT_STATE_ROOT.

@@ -10,7 +10,11 @@ So after each round it trains in, a stateful client writes its state to
 ``output-dir/client-state`` (or the node's own ``client-state-dir`` node-config entry, for
 SuperNodes that do not share the server's disk) and RUN a token the checkpoint keeps, so
 a fresh run never reads an older run's files. When a resumed run first reaches a client,
-the client loads its newest snapshot of a round ≤ the checkpoint's round. Snapshots are
+the client loads its newest snapshot of a round ≤ the checkpoint's round. A SuperNode that
+restarts mid-run (a new process, an empty ``context.state``) loads its newest snapshot of an
+earlier round the same way, taking a round after the checkpoint only where this start of
+the ServerApp (its attempt token) wrote it: a node keeps its state on its own disk
+(``client-state-dir``), where a resumed server cannot discard what a killed run wrote. Snapshots are
 pruned to the ones a later resume could need: the newest one up to the server's last
 checkpoint and those after it (at most ``checkpoint-every`` + 1 per client).
 """
@@ -86,28 +90,33 @@ class ClientStateStore:
         root = node_config.get(protocol.NODE_CLIENT_STATE_DIR, round_config[protocol.CLIENT_STATE_ROOT])
         return cls(Path(str(root)) / str(round_config[protocol.CLIENT_STATE_RUN]) / f"partition-{partition_id}")
 
-    def save(self, state: RecordDict, server_round: int, last_checkpoint: int) -> None:
-        """Write the state after ``server_round``; drop snapshots no resume can need any more
-        (those older than the newest one of a round ≤ ``last_checkpoint``)."""
+    def save(self, state: RecordDict, server_round: int, last_checkpoint: int, attempt: str = "") -> None:
+        """Write the state after ``server_round`` (by the ServerApp start ``attempt``); drop
+        snapshots no resume can need any more (those older than the newest one of a round ≤
+        ``last_checkpoint``)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         records = {key: record.to_torch_state_dict() for key, record in state.items() if isinstance(record, ArrayRecord)}
-        atomic_save(records, self.directory / f"round-{server_round}.pt")
+        atomic_save({"attempt": attempt, "records": records}, self.directory / f"round-{server_round}.pt")
         rounds = snapshot_rounds(self.directory)
         kept = max((r for r in rounds if r <= last_checkpoint), default=None)
         for r, path in rounds.items():
             if kept is not None and r < kept:
                 path.unlink(missing_ok=True)
 
-    def restore(self, state: RecordDict, resumed_after: int) -> int | None:
-        """Fill ``state`` from the newest snapshot of a round ≤ ``resumed_after``; return that
-        round (None: the client had not trained before the checkpoint, its state stays empty)."""
-        rounds = [r for r in snapshot_rounds(self.directory) if r <= resumed_after]
-        if not rounds:
-            return None
-        newest = max(rounds)
-        for key, tensors in torch.load(self.directory / f"round-{newest}.pt", weights_only=True).items():
-            state[key] = ArrayRecord(tensors)
-        return newest
+    def restore(self, state: RecordDict, resumed_after: int, server_round: int = 0, attempt: str = "") -> int | None:
+        """Fill ``state`` from the newest snapshot of a round ≤ ``resumed_after`` or, before
+        ``server_round``, one that ``attempt`` wrote (a node restarted mid-run); return that
+        round (None: the client had not trained before, its state stays empty)."""
+        for newest in sorted(snapshot_rounds(self.directory), reverse=True):
+            if newest > resumed_after and (newest >= server_round or not attempt):
+                continue
+            payload = torch.load(self.directory / f"round-{newest}.pt", weights_only=True)
+            if newest > resumed_after and payload["attempt"] != attempt:  # a killed run's, after its checkpoint
+                continue
+            for key, tensors in payload["records"].items():
+                state[key] = ArrayRecord(tensors)
+            return newest
+        return None
 
 
 def discard_snapshots_after(run_directory: Path, resumed_after: int) -> None:

@@ -309,6 +309,7 @@ def client_state_snapshots(config: dict[str, Any], directory: Path, run_token: s
     return {
         protocol.CLIENT_STATE_ROOT: str(directory / CLIENT_STATE_DIR),
         protocol.CLIENT_STATE_RUN: run_token,
+        protocol.CLIENT_STATE_ATTEMPT: secrets.token_hex(8),  # this start's: a restarted node skips a killed run's
         protocol.CHECKPOINT_EVERY: config["checkpoint-every"],
     }
 

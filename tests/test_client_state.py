@@ -52,6 +52,20 @@ def test_restore_takes_the_newest_snapshot_up_to_the_checkpoint(tmp_path):
     assert store.restore(RecordDict(), resumed_after=0) is None  # had not trained before it
 
 
+def test_a_restarted_node_takes_its_newest_earlier_snapshot_of_this_attempt_or_up_to_the_checkpoint(tmp_path):
+    """A SuperNode restarted mid-run (empty state) continues from its last trained round; after
+    a resume, a killed run's snapshot past the checkpoint (another attempt's) is skipped."""
+    store = ClientStateStore(tmp_path)
+    store.save(_state(2.0), 2, last_checkpoint=0, attempt="killed")
+    store.save(_state(4.0), 4, last_checkpoint=2, attempt="killed")  # after checkpoint 2: the killed run's
+    store.save(_state(5.0), 5, last_checkpoint=2, attempt="resumed")
+    state = RecordDict()
+    assert store.restore(state, resumed_after=2, server_round=5, attempt="resumed") == 2  # not round 4's
+    assert state[protocol.SCAFFOLD_CLIENT_CONTROL]["w"].numpy().tolist()[0] == 2.0
+    assert store.restore(RecordDict(), resumed_after=2, server_round=6, attempt="resumed") == 5
+    assert store.restore(RecordDict(), resumed_after=0, server_round=5, attempt="killed") == 4  # never a later round's
+
+
 def test_only_snapshots_a_later_resume_could_need_are_kept(tmp_path):
     store = ClientStateStore(tmp_path)
     for server_round, checkpointed in ((1, 0), (2, 0), (5, 4), (6, 4), (7, 6)):

@@ -1,7 +1,9 @@
 """Basin on Flower's Deployment Engine (real SuperLink and SuperNodes on localhost).
 
-The same config gives the same rounds and the same final model as in simulation (its
-SuperNodes reading their own folders of the partition); a
+A federation of SuperNodes that each read their own folder (the simulation's partition,
+written by experiments.write_partitions), over TLS with SuperNode authentication and with
+federated evaluation (the ServerApp reads no data set), gives the same rounds and the same
+final model as the simulation, for FedProx + IMA and for SCAFFOLD (its client state); a
 SuperLink with SuperNode authentication admits registered nodes only (over TLS), and a
 dead and a frozen SuperNode are each one failure a round (one deployment for both). No
 process a test starts may outlive it.
@@ -31,12 +33,15 @@ from experiments.runtime.run_config import resolve_config
 from experiments.write_partitions import write_partitions
 
 SHORT = {"num-rounds": 2, "local-epochs": 1, "device": "cpu"}
-# 3 clients, 2 sampled per round (cohort_size: round(0.67 · 3) = 2); IMA averages the
-# window of rounds 1–2 and sends the average from round 2 on.
-FEDAVG_IMA = {**SHORT, "num-clients": 3, "participation": 0.67, "averaging": "ima", "window": 2, "avg-start": 2}
-# The same config in simulation, launched with the session's other reference runs
-# (tests/conftest.py's flower_runs) instead of with a Ray of its own.
-FLOWER_RUNS = {"deployment-simulated": FEDAVG_IMA}
+# 3 clients, 2 sampled per round (cohort_size: round(0.67 · 3) = 2), each scoring the round's
+# models on its own held-out quarter (evaluation = federated).
+NODES_OWN_DATA = {**SHORT, "num-clients": 3, "participation": 0.67, "evaluation": "federated", "client-evaluation": 0.25}
+# IMA averages the window of rounds 1–2 and sends the average from round 2 on.
+FEDPROX_IMA = {**NODES_OWN_DATA, "strategy": "fedprox", "averaging": "ima", "window": 2, "avg-start": 2}
+SCAFFOLD = {**NODES_OWN_DATA, "strategy": "scaffold", "momentum": 0.0}
+# The same configs in simulation, launched with the session's other reference runs
+# (tests/conftest.py's flower_runs) instead of with a Ray of their own.
+FLOWER_RUNS = {"deployment-simulated": FEDPROX_IMA, "deployment-simulated-scaffold": SCAFFOLD}
 
 
 def _rounds(out_dir: Path) -> pd.DataFrame:
@@ -108,59 +113,72 @@ def _over_tls(folder: Path, once_broken: Callable[[], None]) -> OverTls:
 
 @dataclass
 class Deployments:
-    """``deployments``: the TLS one's outcome; the plain one's, with its folder; and the
-    processes of either that still ran once both had ended."""
+    """``deployments``: the faults' one's outcome; those of the nodes on their own data, by
+    reference run, with their folders; and the processes of any that still ran once all had ended."""
 
     over_tls: Future
-    plain: Future | None  # None where its test is not selected
-    plain_folder: Path
+    own_data: dict[str, Future]  # {} where their test is not selected
+    own_data_folders: dict[str, Path]
     left: list[int]
 
 
 @pytest.fixture(scope="module")
 def deployments(flower_runs, tmp_path_factory) -> Deployments:
-    """The two deployments, the plain one started once the TLS one's nodes are broken: it
-    runs while the TLS run's round 2 waits `round-timeout` for them (the TLS one alone left
-    about 40 % of 2 cores idle), not before: the TLS run's round 1 fills the 2 cores and must
-    end within `round-timeout`. A deployment leaves no process behind (one that does is
-    recognised by its FLWR_HOME, which LocalFederation puts in a basin-deploy- directory)."""
+    """The deployments, those on the nodes' own data started once the faults' one's nodes are
+    broken, one after the other: the first runs while the faults' run's round 2 waits
+    `round-timeout` for them (that one alone left about 40 % of 2 cores idle), not before: its
+    round 1 fills the 2 cores and must end within `round-timeout`. A deployment leaves no
+    process behind (one that does is recognised by its FLWR_HOME, which LocalFederation puts
+    in a basin-deploy- directory)."""
     before = set(flwr_homes())
-    plain_folder = tmp_path_factory.mktemp("plain") / "deployment"
+    folders = {name: tmp_path_factory.mktemp(name) / "deployment" for name in FLOWER_RUNS if name in flower_runs}
     with ThreadPoolExecutor(max_workers=1) as beside, ThreadPoolExecutor(max_workers=1) as pool:
-        started: list[Future] = []
+        started: dict[str, Future] = {}
 
-        def start_plain() -> None:
-            if "deployment-simulated" not in flower_runs:  # its test is not selected
-                return
-            reference = flower_runs["deployment-simulated"]
-            # Its SuperNodes hold their own data: the simulation's partition, written to one folder each.
-            node_data = write_partitions(reference.config, plain_folder.parent / "node-data")[0].parent
-            started.append(beside.submit(deploy, reference.config, plain_folder, cpus_per_client=2.0, progress=False,
-                                         node_data=node_data))
+        def start_own_data() -> None:
+            for name, folder in folders.items():
+                reference = flower_runs[name]
+                # Its SuperNodes hold their own data: the simulation's partition, written to one folder each.
+                node_data = write_partitions(reference.config, folder.parent / "node-data")[0].parent
+                started[name] = beside.submit(deploy, reference.config, folder, Security(tls=True, auth=True),
+                                              cpus_per_client=2.0, progress=False, node_data=node_data)
 
-        over_tls = pool.submit(_over_tls, tmp_path_factory.mktemp("tls"), start_plain)
+        over_tls = pool.submit(_over_tls, tmp_path_factory.mktemp("tls"), start_own_data)
         if over_tls.exception() is not None and not started:
-            start_plain()  # the TLS one failed before its nodes broke: the plain one runs alone
+            start_own_data()  # the faults' one failed before its nodes broke: these run alone
     left = [pid for pid, home in flwr_homes().items() if pid not in before and "/basin-deploy-" in home and alive(pid)]
-    return Deployments(over_tls, started[0] if started else None, plain_folder, left)
+    return Deployments(over_tls, started, folders, left)
 
 
 @pytest.mark.slow
-@pytest.mark.flower_runs("deployment-simulated")
-def test_deployment_and_simulation_give_identical_rounds_and_model(flower_runs, deployments):
+@pytest.mark.flower_runs("deployment-simulated", "deployment-simulated-scaffold")
+@pytest.mark.parametrize("reference", ["deployment-simulated", "deployment-simulated-scaffold"],
+                         ids=["fedprox+ima", "scaffold"])
+def test_nodes_on_their_own_data_over_tls_give_the_simulations_rounds_and_model(flower_runs, deployments, reference):
     """SuperNodes each on their own folder (the simulation's partition, written by
-    experiments.write_partitions) train to the simulation's bits, every metric and the model."""
-    simulated = flower_runs["deployment-simulated"].completed()
+    experiments.write_partitions), authenticated over TLS, scoring the rounds' models on
+    their own held-out splits with no data set on the server, train to the simulation's
+    bits: every metric, each node's scores and the model (FedProx + IMA; SCAFFOLD, whose
+    nodes keep c_i across rounds)."""
+    simulated = flower_runs[reference].completed()
     # SuperNodes of 2 CPUs (OMP_NUM_THREADS = 2) against simulated clients of 1: torch-threads
     # keeps both at one thread, so the bits agree however each is given CPUs.
-    assert deployments.plain is not None
-    deployed, folder = deployments.plain.result(), deployments.plain_folder
+    deployed, folder = deployments.own_data[reference].result(), deployments.own_data_folders[reference]
 
     assert deployed["status"] == "completed"
+    assert deployed["evaluation"]["kind"] == "federated"
+    superlink_log = (folder / "superlink.log").read_text()
+    assert "Uvicorn running on https://" in superlink_log  # over TLS, the nodes' keys registered (--auth)
     a, b = _rounds(folder), _rounds(simulated)
     assert list(a.columns) == list(b.columns)
-    assert (a["clients-ok"] == 2).all() and a["sent-model"].tolist() == ["base", "averaged"]
+    assert (a["clients-ok"] == 2).all() and (a["clients-evaluated"] == 2).all()
+    if reference == "deployment-simulated":
+        assert a["sent-model"].tolist() == ["base", "averaged"]
     assert a.to_csv() == b.to_csv()  # every metric, to the last bit of its decimal form
+    # each node's scores, but its node id (random per start of a federation)
+    clients_a, clients_b = (pd.read_csv(f / "client-evaluation.csv").drop(columns="node") for f in (folder, simulated))
+    assert len(clients_a) == 4 and clients_a.to_csv() == clients_b.to_csv()
+    assert not (folder / "partition.csv").exists()  # the server holds no labels to count
     model_a = torch.load(folder / "final_model.pt", weights_only=True)
     model_b = torch.load(simulated / "final_model.pt", weights_only=True)
     assert model_a.keys() == model_b.keys()
@@ -168,9 +186,10 @@ def test_deployment_and_simulation_give_identical_rounds_and_model(flower_runs, 
     # Each process logged into the run's directory.
     assert {"superlink.log", "supernode-0.log", "supernode-2.log", "flwr.log"} <= {p.name for p in folder.iterdir()}
     # Every ClientApp process of a node was forked from its warm one (clients/warm_clientapp.py):
-    # one per message, a query for its partition before round 1 and each round it was sampled in.
+    # one per message, a query for its partition before round 1 and, each round it was
+    # sampled in, its training and its evaluation.
     forks = [(folder / f"supernode-{k}.log").read_text().count("forked from the warm one") for k in range(3)]
-    assert sum(forks) == 3 + 2 * 2 and min(forks) >= 1, forks
+    assert sum(forks) == 3 + 2 * 2 * 2 and min(forks) >= 1, forks
     assert not deployments.left, f"processes left running: {deployments.left}"
 
 

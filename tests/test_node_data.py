@@ -8,11 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from flwr.app import MessageType
 from PIL import Image
 
 from clients import protocol
 from clients.data import client_tensors, node_tensors
-from experiments.measurement.in_process_grid import InProcessGrid
+from experiments.measurement.in_process_grid import CLIENT_APP_HANDLERS, InProcessGrid
 from experiments.runtime.run_config import resolve_config
 from experiments.write_partitions import write_partitions
 from partitions import load_dataset
@@ -124,6 +125,42 @@ def test_federated_evaluation_scores_the_rounds_models_on_the_nodes_and_the_serv
         assert row["test-loss"] == pytest.approx(sum(n * loss for n, loss, _ in scores) / total, rel=1e-6)
         assert row["clients-evaluated"] == 2 and row["sent-model"] == ("averaged" if row["round"] == 2 else "base")
     assert rows[1]["averaged-accuracy"] == rows[1]["test-accuracy"] != rows[1]["base-accuracy"]
+
+
+def test_a_node_restarted_mid_run_continues_with_the_client_state_on_its_disk(written, tmp_path):
+    """SCAFFOLD's c_i kept on each node's disk (node config client-state-dir): a node whose
+    process restarts before round 3 (its context.state empty) restores its state of round 2
+    from there and trains to the bits of the run where it never restarted."""
+    config, folders = written
+    config = resolve_config({}, {**SMALL, "strategy": "scaffold", "momentum": 0.0, "participation": 1.0,
+                                 "num-rounds": 3, "checkpoint-every": 2})
+    data = load_dataset("digits", "", True)
+    restarted: list[int] = []
+
+    def train(msg, context):
+        if context.node_id == 101 and int(msg.content["config"]["server-round"]) == 3:
+            for key in list(context.state):  # a new process: nothing in memory
+                del context.state[key]
+            restarted.append(3)
+        return CLIENT_APP_HANDLERS[MessageType.TRAIN](msg, context)
+
+    runs = {}
+    for name, handlers in (("uninterrupted", CLIENT_APP_HANDLERS), ("restarted", {**CLIENT_APP_HANDLERS, MessageType.TRAIN: train})):
+        grid = InProcessGrid(config, 4, handlers)
+        for node_id, context in grid.contexts.items():
+            context.node_config.clear()
+            context.node_config[protocol.NODE_DATA_PATH] = str(folders[node_id - 100])
+            context.node_config[protocol.NODE_CLIENT_STATE_DIR] = str(tmp_path / name / f"node-{node_id - 100}-state")
+        directory = tmp_path / name / "run"
+        directory.mkdir(parents=True)
+        rows = Rows(directory)
+        train_rounds(grid, config, rows, None, data, torch.device("cpu"))
+        runs[name] = (rows, load_round_models(directory, 3))
+    assert restarted == [3]
+    kept = ("test-accuracy", "test-loss", "train-loss", "client-state-norm")
+    assert [[row[k] for k in kept] for row in runs["restarted"][0]] == [[row[k] for k in kept] for row in runs["uninterrupted"][0]]
+    ours, theirs = runs["restarted"][1]["base"], runs["uninterrupted"][1]["base"]
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
 
 def _image(path, value: int, size=(8, 8)) -> None:

@@ -23,7 +23,7 @@ import tomli_w
 
 from clients import warm_clientapp
 from clients.flower_internals import speed_ups_off_because
-from clients.protocol import NODE_DATA_PATH
+from clients.protocol import NODE_CLIENT_STATE_DIR, NODE_DATA_PATH
 from experiments.certificates import KeyPair, TlsFiles, write_supernode_key_pair, write_tls_certificates
 from experiments.runtime.flower_log import follow_run, read_summary
 from experiments.runtime.launch import TASK_POLL_SECONDS, TASK_POLL_VARIABLE, stage_app
@@ -202,7 +202,8 @@ class LocalFederation:
         SuperNodes; it is admitted only if the public key was registered). ``name``
         names its log and FLWR_HOME (default ``supernode-<partition_id>``). ``data_path``:
         the node's own data (node config ``data-path``), which it trains on in place of its
-        partition of the run's data set.
+        partition of the run's data set, keeping its client state (snapshots of a stateful
+        method's) in ``<name>-client-state`` beside its log (node config ``client-state-dir``).
         """
         name = name or f"supernode-{partition_id}"
         # Basin's, polling every 0.2 s (experiments/runtime/supernode_command.py), or Flower's own with the speed-ups off.
@@ -211,7 +212,9 @@ class LocalFederation:
         command = [
             *supernode, "--superlink", f"{HOST}:{self.port}", "--port", str(free_port()),
             "--isolation", "subprocess", "--node-config", f"partition-id={partition_id} num-partitions={num_partitions}"
-            + (f' {NODE_DATA_PATH}="{data_path}"' if data_path is not None else "")]
+            # a node on its own data keeps its client state on its own disk too (here: beside its log)
+            + (f' {NODE_DATA_PATH}="{data_path}" {NODE_CLIENT_STATE_DIR}="{self.log_dir / (name + "-client-state")}"'
+               if data_path is not None else "")]
         command += ["--root-certificates", str(self.tls.ca_certificate)] if self.tls else ["--insecure"]
         if key is not None:
             command += ["--auth-supernode-private-key", str(key.private_key)]
