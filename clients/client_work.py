@@ -71,14 +71,12 @@ def _received_model_and_data(
 def evaluate_reply(msg: Message, context: Context) -> Message:
     """evaluation = federated: the message's models (strategies/federated_evaluation.py) on
     this node's test split, its data's own or its seeded hold-out (clients/data.py)."""
-    from strategies.federated_evaluation import AVERAGED_MODEL, BASE_MODEL
-
-    _, model, (_, _, x_test, y_test), _ = _received_model_and_data(msg, context, BASE_MODEL)
+    _, model, (_, _, x_test, y_test), _ = _received_model_and_data(msg, context, protocol.EVALUATED_BASE_MODEL)
     if not len(y_test):
         raise ValueError("this node has no test split to evaluate on (its data has no test split and "
                          "client-evaluation = 0 holds none of its examples out)")
     metrics: dict[str, float] = {protocol.EVALUATED_EXAMPLES: len(y_test)}
-    for name in (BASE_MODEL, AVERAGED_MODEL):
+    for name in (protocol.EVALUATED_BASE_MODEL, protocol.EVALUATED_AVERAGED_MODEL):
         if name in msg.content.array_records:
             model.load_state_dict(msg.content[name].to_torch_state_dict())
             metrics[f"{name}-loss"], metrics[f"{name}-accuracy"] = evaluate(model, x_test, y_test)

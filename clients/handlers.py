@@ -20,11 +20,18 @@ from clients import protocol
 
 
 def query(msg: Message, context: Context) -> Message:
-    """Tell the server which partition this node holds and, for a node with its own data
+    """Tell the server which partition this node holds (or its ``node-name``, if it has no
+    partition id) and, for a node with its own data
     (node config ``data-path``), what that data is: its examples, input shape and largest
     label, which the server checks against the run before round 1, or why it cannot be read."""
-    partition_id, num_partitions = protocol.partition_of(context)
-    info = ConfigRecord({"partition-id": partition_id, "num-partitions": num_partitions})
+    name = context.node_config.get(protocol.NODE_NAME)
+    info = ConfigRecord({protocol.NODE_NAME: str(name)} if name else {})
+    try:
+        partition_id, num_partitions = protocol.partition_of(context)
+        info.update({"partition-id": partition_id, "num-partitions": num_partitions})
+    except (KeyError, ValueError):
+        if not name:  # neither identity: the server names this node in its refusal
+            raise
     path = context.node_config.get(protocol.NODE_DATA_PATH)
     if path:
         from partitions.node_data import NodeDataError, load_node_data  # datasets, no torch
@@ -43,6 +50,7 @@ def full_gradient_query(msg: Message, context: Context) -> Message:
     received model, with no update (clients/mime.py)."""
     from clients.client_work import full_gradient_reply
 
+    protocol.adopt_assignment(msg, context)
     return full_gradient_reply(msg, context)
 
 
@@ -50,6 +58,7 @@ def train(msg: Message, context: Context) -> Message:
     """Load the global model, run local SGD with the round's config, reply with the result."""
     from clients.client_work import train_reply
 
+    protocol.adopt_assignment(msg, context)
     return train_reply(msg, context)
 
 
@@ -57,4 +66,5 @@ def evaluate(msg: Message, context: Context) -> Message:
     """evaluation = federated: score the received models on this node's own test split."""
     from clients.client_work import evaluate_reply
 
+    protocol.adopt_assignment(msg, context)
     return evaluate_reply(msg, context)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from flwr.app import Context
+    from flwr.app import Context, Message
 
 # Round config entries (ConfigRecord "config").
 OBJECTIVE = "objective"  # name of the local objective (clients/objectives/); absent = cross-entropy
@@ -67,6 +67,8 @@ HELD_OUT_EXAMPLES = "held-out-examples"  # … and how many examples that part h
 # evaluation = federated: an evaluate reply's metrics, the examples of the node's test split
 # and, per model the message carried (base, averaged), "<model>-accuracy" and "<model>-loss"
 EVALUATED_EXAMPLES = "examples"
+# ArrayRecords of an evaluate message (evaluation = federated): the round's models.
+EVALUATED_BASE_MODEL, EVALUATED_AVERAGED_MODEL = "base", "averaged"
 CHANNELS_LAST = "channels-last"  # 1.0 where the client trained in channels-last (clients/memory_format.py), else 0.0
 GPU_PEAK_MIB = "gpu-peak-mib"  # the client process's peak CUDA memory allocated so far (MiB; CUDA only)
 
@@ -90,11 +92,27 @@ FEDCM_DIRECTION = "fedcm-direction"  # server → client: D, the cohort's mean �
 # Node config: the path of the node's own data on its machine (partitions/node_data.py); a
 # node without it trains on its partition of the run's data set.
 NODE_DATA_PATH = "data-path"
+# Node config: the node's name, its identity in a federation whose nodes have no partition id
+# (strategies/discovery.py ranks the names; each message then carries the node's rank).
+NODE_NAME = "node-name"
+# Message config entries, to a named node: the partition id and count the server gave it.
+ASSIGNED_PARTITION = "assigned-partition-id"
+ASSIGNED_PARTITIONS = "assigned-num-partitions"
+
+
+def adopt_assignment(msg: Message, context: Context) -> None:
+    """A named node (node config ``node-name``, no partition id) takes the partition id the
+    server gave it from the message, for this message's work."""
+    config = msg.content.config_records.get("config")
+    if config is not None and ASSIGNED_PARTITION in config:
+        context.node_config["partition-id"] = int(config[ASSIGNED_PARTITION])
+        context.node_config["num-partitions"] = int(config[ASSIGNED_PARTITIONS])
 
 
 def partition_of(context: Context) -> tuple[int, int]:
-    """(partition id, number of partitions) of this node: its node config's, or, for a node
-    whose own data experiments.write_partitions wrote, what that folder's basin-node.json says."""
+    """(partition id, number of partitions) of this node: its node config's (for a named node,
+    the one its message assigned: :func:`adopt_assignment`), or, for a node whose own data
+    experiments.write_partitions wrote, what that folder's basin-node.json says."""
     config = context.node_config
     if "partition-id" not in config and NODE_DATA_PATH in config:
         from partitions.node_data import node_description

@@ -161,10 +161,11 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 def write_checkpoint(
     directory: Path, config: Mapping[str, Any], server_round: int, arrays: ArrayRecord, strategy,
-    rows: list[dict[str, Any]], client_state_run: str,
+    rows: list[dict[str, Any]], client_state_run: str, partition_names: list[str] | None = None,
 ) -> None:
     """Write ``directory/checkpoint.pt``: everything needed to continue after ``server_round``
-    (``client_state_run`` names the clients' state snapshots of this run)."""
+    (``client_state_run`` names the clients' state snapshots of this run; ``partition_names``,
+    a federation of named nodes' order: strategies/discovery.py)."""
     save_checkpoint(Path(directory) / CHECKPOINT_FILE, {
         "format": CHECKPOINT_FORMAT,
         "config": run_identity(config),
@@ -174,6 +175,7 @@ def write_checkpoint(
         "rng": rng_states(),
         "rows": list(rows),
         "client-state-run": client_state_run,
+        "partition-names": partition_names,
     })
 
 

@@ -3,7 +3,11 @@ before round 1 (in simulation from the engine, in a deployment by asking every n
 what a node that holds its own data holds, checked against the run.
 
 Node ids are random per start of a federation: Basin samples and orders by partition id
-(strategies/sampling.py), which discovery maps to the nodes.
+(strategies/sampling.py), which discovery maps to the nodes. A federation whose nodes have
+no partition id names them instead (node config ``node-name``, which survives a restart of
+the node and of the SuperLink): the sorted names are partitions 0 … N − 1 (a resumed run
+keeps its checkpoint's order, a node that joins later takes the next id), and every message
+to a named node carries its id (strategies/exchange.py).
 """
 
 from __future__ import annotations
@@ -16,15 +20,25 @@ from flwr.serverapp import Grid
 
 from clients.log import log
 from clients.simulation_engine import simulated_partitions
-from strategies.exchange import send_and_receive
+from strategies.exchange import ASSIGNED_PARTITIONS, send_and_receive
 
 
 class NodeDiscoveryError(RuntimeError):
     """The connected nodes do not form the federation the run config describes."""
 
 
+class Federation(dict):
+    """{node id: partition id}, and ``names``: partition p's node name at index p, for a
+    federation of named nodes (None where the nodes hold partition ids)."""
+
+    def __init__(self, partition_of_node: dict[int, int], names: list[str] | None = None):
+        super().__init__(partition_of_node)
+        self.names = names
+
+
 def discover_partitions(grid: Grid, num_clients: int, timeout: float,
-                        data_fits: tuple[int, tuple[int, ...]] | None = None) -> dict[int, int]:
+                        data_fits: tuple[int, tuple[int, ...]] | None = None,
+                        known_names: list[str] | None = None) -> Federation:
     """Wait for ``num_clients`` nodes, learn each one's partition id, return {node id: partition id}.
 
     In a simulation the engine's own map is read (clients/simulation_engine.py): the same
@@ -34,13 +48,15 @@ def discover_partitions(grid: Grid, num_clients: int, timeout: float,
     Raises :class:`NodeDiscoveryError` when fewer nodes connect or answer within
     ``timeout`` seconds (run-config key ``node-timeout``), when their partitions do not
     form the federation the run config describes, or when a node's own data does not fit
-    ``data_fits`` (the run's number of classes and input shape).
+    ``data_fits`` (the run's number of classes and input shape). ``known_names``: a resumed
+    run's order of named nodes.
     """
+    ASSIGNED_PARTITIONS.clear()  # a former run's named nodes (this process's)
     log.info(f"discovering clients: the partition of each of {num_clients} nodes")
     simulated = simulated_partitions(timeout)
     if simulated is not None:
         log.info("partitions read from the simulation engine (no query round)")
-        return checked_federation(simulated, {}, num_clients)
+        return Federation(checked_federation(simulated, {}, num_clients))
     log.info(f"asking {num_clients} nodes for their partition")
     deadline = time.monotonic() + timeout
     while len(node_ids := sorted(grid.get_node_ids())) < num_clients:
@@ -51,7 +67,33 @@ def discover_partitions(grid: Grid, num_clients: int, timeout: float,
                 f"deployment start {num_clients} SuperNodes (or raise node-timeout)"
             )
         time.sleep(0.5)
-    return checked_federation(*query_partitions(grid, node_ids, num_clients, timeout, data_fits), num_clients)
+    partition_of_node, problems, names = query_partitions(grid, node_ids, num_clients, timeout, data_fits)
+    if names and not problems:
+        return named_federation(partition_of_node, names, num_clients, known_names or [])
+    return Federation(checked_federation(partition_of_node, problems, num_clients))
+
+
+def named_federation(partition_of_node: dict[int, int], names: dict[int, str], num_clients: int,
+                     known_names: list[str]) -> Federation:
+    """The federation of named nodes: partition p is the p-th of ``known_names`` followed by
+    the other names sorted; NodeDiscoveryError where some nodes hold partition ids and some
+    names only, or two nodes share a name."""
+    if partition_of_node:
+        raise NodeDiscoveryError(
+            f"nodes {sorted(partition_of_node)[:5]} hold partition ids and nodes {sorted(names)[:5]} only a node-name; "
+            f"give every node a partition-id (0..{num_clients - 1}) or every node a distinct node-name"
+        )
+    by_name: dict[str, list[int]] = {}
+    for node, name in names.items():
+        by_name.setdefault(name, []).append(node)
+    shared = {name: nodes for name, nodes in by_name.items() if len(nodes) > 1}
+    if shared:
+        name, nodes = sorted(shared.items())[0]
+        raise NodeDiscoveryError(f"nodes {sorted(nodes)} all have node-name = {name!r}; each node needs its own name")
+    order = [*known_names, *sorted(set(by_name) - set(known_names))]
+    if len(by_name) < num_clients:  # more may answer: nodes that joined a resumed run before its checkpoint
+        raise NodeDiscoveryError(f"{len(by_name)} named nodes answered, but num-clients = {num_clients}")
+    return Federation({node: order.index(name) for node, name in names.items()}, order)
 
 
 def checked_federation(partition_of_node: dict[int, int], problems: dict[int, str], num_clients: int) -> dict[int, int]:
@@ -72,17 +114,19 @@ def checked_federation(partition_of_node: dict[int, int], problems: dict[int, st
 def query_partitions(
     grid: Grid, node_ids: list[int], num_clients: int, timeout: float,
     data_fits: tuple[int, tuple[int, ...]] | None = None,
-) -> tuple[dict[int, int], dict[int, str]]:
+) -> tuple[dict[int, int], dict[int, str], dict[int, str]]:
     """Ask ``node_ids`` for their partition (a ``query`` message).
 
-    Returns {node id: partition id} of the nodes that answered well, and {node id: what
-    went wrong} of the others (an error, another num-partitions, or no answer in time).
+    Returns {node id: partition id} of the nodes that answered well with one, {node id: what
+    went wrong} of the others (an error, another num-partitions, or no answer in time), and
+    {node id: node-name} of those that answered well with a name only.
     """
     messages = [
         Message(content=RecordDict({"config": ConfigRecord()}), dst_node_id=node_id, message_type=MessageType.QUERY)
         for node_id in node_ids
     ]
     partition_of_node: dict[int, int] = {}
+    names: dict[int, str] = {}
     problems = {node_id: f"did not report its partition within {timeout:g} s" for node_id in node_ids}
     for reply in send_and_receive(grid, messages, timeout):
         node_id = reply.metadata.src_node_id
@@ -90,21 +134,26 @@ def query_partitions(
             problems[node_id] = f"failed to report its partition: {reply.error.reason}"
             continue
         info = reply.content["partition"]
+        misfit = node_data_misfit(info, data_fits)
+        if misfit:
+            problems[node_id] = misfit
+            continue
+        if "data-problem" in info:  # its rounds fail with it, named in results.csv; the others train
+            log.warning(f"node {node_id} ({info.get('node-name') or 'partition ' + str(info['partition-id'])}): "
+                        f"{info['data-problem']}")
+        if "partition-id" not in info:  # a named node: discover_partitions ranks the names
+            names[node_id] = str(info["node-name"])
+            del problems[node_id]
+            continue
         if int(info["num-partitions"]) != num_clients:
             problems[node_id] = (
                 f"has num-partitions = {info['num-partitions']} but the run config says num-clients = "
                 f"{num_clients}; they must match"
             )
             continue
-        misfit = node_data_misfit(info, data_fits)
-        if misfit:
-            problems[node_id] = misfit
-            continue
-        if "data-problem" in info:  # its rounds fail with it, named in results.csv; the others train
-            log.warning(f"node {node_id} (partition {info['partition-id']}): {info['data-problem']}")
         partition_of_node[node_id] = int(info["partition-id"])
         del problems[node_id]
-    return partition_of_node, problems
+    return partition_of_node, problems, names
 
 
 def node_data_misfit(info: Any, data_fits: tuple[int, tuple[int, ...]] | None) -> str:

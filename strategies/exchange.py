@@ -18,9 +18,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from flwr.app import Message
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
+from clients import protocol
 from clients.flower_internals import pull_replies
 from clients.simulation_engine import expect_replies, wait_for_reply
 
@@ -37,6 +38,24 @@ class Traffic:
 
 # Every exchange of this process adds to it; the ServerApp reads it once a round.
 TRAFFIC = Traffic()
+# {node id: (partition id, number of partitions)} of a federation of named nodes
+# (strategies/discovery.py), set by the cohort's sampling: every message to one carries its own.
+ASSIGNED_PARTITIONS: dict[int, tuple[int, int]] = {}
+
+
+def with_assigned_partition(message: Message) -> Message:
+    """``message``, carrying its named node's partition id in its config where it has one
+    (its content is replaced, not changed: Flower's strategies send one content to all nodes)."""
+    assigned = ASSIGNED_PARTITIONS.get(message.metadata.dst_node_id)
+    if assigned is None:
+        return message
+    content = message.content
+    config = content.config_records.get("config")
+    entries = {**(dict(config) if config is not None else {}),
+               protocol.ASSIGNED_PARTITION: assigned[0], protocol.ASSIGNED_PARTITIONS: assigned[1]}
+    message.content = RecordDict({**{name: record for name, record in content.items() if name != "config"},
+                                  "config": ConfigRecord(entries)})
+    return message
 
 
 def array_bytes(message: Message) -> int:
@@ -59,7 +78,7 @@ class Replies(list):
 
 def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float, max_poll: float = 0.02) -> Replies:
     """Push ``messages``; return the replies that arrive within ``timeout`` seconds."""
-    messages = list(messages)
+    messages = [with_assigned_partition(message) for message in messages]
     # A message the SuperLink did not accept gets no id (None): its node simply never replies.
     ids = list(grid.push_messages(messages))
     TRAFFIC.sent += sum(array_bytes(message) for message, message_id in zip(messages, ids) if message_id)

@@ -27,8 +27,7 @@ from strategies.exchange import send_and_receive
 from strategies.round_interface import RoundStrategy
 from strategies.sampling import client_accuracy
 
-# The records of an evaluate message: the models it carries, under these names.
-BASE_MODEL, AVERAGED_MODEL = "base", "averaged"
+BASE_MODEL, AVERAGED_MODEL = protocol.EVALUATED_BASE_MODEL, protocol.EVALUATED_AVERAGED_MODEL
 
 
 def evaluate_message_content(server_round: int, base: ArrayRecord, averaged: ArrayRecord | None) -> RecordDict:

@@ -22,6 +22,7 @@ from flwr.serverapp import Grid
 from clients import protocol
 from clients.log import log
 from strategies.discovery import query_partitions
+from strategies.exchange import ASSIGNED_PARTITIONS
 from strategies.reply_screening import NODE_UNAVAILABLE, ClientFailure, Layout, layout_of, screen_replies
 from strategies.round_interface import RoundStrategy
 from strategies.weighted_mean import array_view
@@ -85,6 +86,9 @@ class CohortSampling(RoundStrategy):
         if not 1 <= min_replies <= cohort_size:
             raise ValueError(f"min_replies must be between 1 and the cohort size {cohort_size}, got {min_replies}")
         self.partition_of_node = dict(partition_of_node)
+        # A federation of named nodes (strategies/discovery.Federation): partition p's name.
+        self.partition_names: list[str] | None = getattr(partition_of_node, "names", None)
+        self._assign_partitions()
         self.ignored_nodes: set[int] = set()
         self.cohort_size = cohort_size
         self.seed = seed
@@ -101,19 +105,36 @@ class CohortSampling(RoundStrategy):
         self.skip_unavailable = skip_unavailable
         self.unavailable_nodes: set[int] = set()
 
+    def _assign_partitions(self) -> None:
+        """Tell the exchange each named node's partition id (strategies/exchange.py)."""
+        ASSIGNED_PARTITIONS.clear()
+        if self.partition_names is not None:
+            count = len(self.partition_names)
+            ASSIGNED_PARTITIONS.update({node: (p, count) for node, p in self.partition_of_node.items()})
+
     def follow_rejoined_nodes(self, grid: Grid, timeout: float) -> None:
         """Map partitions to the nodes that hold them now.
 
         A SuperNode that restarts comes back under a new node id. Nodes the map does not
-        know are asked for their partition, which then moves to them; until a node
-        returns, messages for its partition fail (counted as timeouts). A new node that
-        cannot say which partition it holds is reported and left out.
+        know are asked for their partition (or name), which then moves to them; until a node
+        returns, messages for its partition fail (counted as timeouts). A named node that
+        joins with a new name becomes the next partition, sampled from the next round on. A
+        new node that cannot say which partition it holds is reported and left out.
         """
         new = sorted(set(grid.get_node_ids()) - set(self.partition_of_node) - self.ignored_nodes)
         if not new:
             return
-        found, problems = query_partitions(grid, new, len(self.partition_of_node), timeout)
-        found = {node: partition for node, partition in found.items() if 0 <= partition < len(self.partition_of_node)}
+        found, problems, names = query_partitions(grid, new, len(self.partition_of_node), timeout)
+        if self.partition_names is None:
+            found = {node: partition for node, partition in found.items() if 0 <= partition < len(self.partition_of_node)}
+        else:  # named nodes only: a partition id is no identity here
+            found = {}
+            for node, name in names.items():
+                if name not in self.partition_names:
+                    self.partition_names.append(name)
+                    log.info(f"node {node} joined as {name!r}: partition {len(self.partition_names) - 1}, sampled "
+                             f"from the next round on")
+                found[node] = self.partition_names.index(name)
         # Asked once: a node that cannot say which partition it holds must not cost every round a timeout.
         self.ignored_nodes.update(set(new) - set(found))
         for node, reason in problems.items():
@@ -121,6 +142,7 @@ class CohortSampling(RoundStrategy):
         if found:
             moved = set(found.values())
             self.partition_of_node = {n: p for n, p in self.partition_of_node.items() if p not in moved} | found
+            self._assign_partitions()
             log.info(f"partitions {sorted(moved)} now on nodes {sorted(found)} (rejoined)")
 
     def sample_partitions(self, server_round: int) -> list[int]:

@@ -177,9 +177,10 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
 
     strategy = build_strategy(config)
     schedule = build_client_schedule(config)
+    federation = discover_partitions(grid, config["num-clients"], config["node-timeout"], (num_classes, input_shape),
+                                     checkpoint.get("partition-names") if checkpoint else None)
     strategy.bind_partitions(
-        discover_partitions(grid, config["num-clients"], config["node-timeout"], (num_classes, input_shape)),
-        cohort_size(config), config["seed"],
+        federation, cohort_size(config), config["seed"],
         config["min-replies"], skip_unavailable=config["dead-nodes"] == "skip",
     )
     # In a simulation discovery read the engine's map: round 1 is the client processes' first message.
@@ -272,7 +273,8 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
         if config["checkpoint-every"] and (
             server_round % config["checkpoint-every"] == 0 or server_round == config["num-rounds"]
         ):
-            write_checkpoint(recorder.directory, config, server_round, arrays, strategy, recorder.rows, client_state_run)
+            write_checkpoint(recorder.directory, config, server_round, arrays, strategy, recorder.rows, client_state_run,
+                             federation.names)
         log.info(f"round {server_round}/{config['num-rounds']} accuracy {test_accuracy:.4f} "
                  f"({time.perf_counter() - started:.2f} s)")
     never = nothing_trained_reason(recorder.rows, config)

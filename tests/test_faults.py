@@ -125,9 +125,10 @@ class QueryGrid(FakeGrid):
     """A Grid whose nodes answer partition queries (node n holds partition n % 10), except
     ``silent`` ones; ``refused`` nodes' messages are not accepted (no message id)."""
 
-    def __init__(self, node_ids, silent=(), refused=()):
+    def __init__(self, node_ids, silent=(), refused=(), names=None):
         super().__init__(node_ids)
         self.silent, self.refused, self.replies, self.asked = set(silent), set(refused), {}, []
+        self.names = names or {}  # {node: node-name}: those nodes answer with a name, no partition id
 
     def push_messages(self, messages):
         ids = []
@@ -140,7 +141,8 @@ class QueryGrid(FakeGrid):
             message.metadata.__dict__["_message_id"] = f"m{node}"
             ids.append(f"m{node}")
             if node not in self.silent:
-                info = ConfigRecord({"partition-id": node % 10, "num-partitions": 4})
+                info = ConfigRecord({"node-name": self.names[node]} if node in self.names else
+                                    {"partition-id": node % 10, "num-partitions": 4})
                 self.replies[f"m{node}"] = Message(content=RecordDict({"partition": info}), reply_to=message)
         return ids
 
@@ -161,6 +163,33 @@ def test_a_restarted_node_takes_its_partition_back_and_a_silent_newcomer_is_aske
     rounds = [r for r in range(1, 30) if 2 in strategy.sample_partitions(r)]
     messages = strategy.configure_train(rounds[0], SENT, ConfigRecord(), grid)
     assert 112 in {m.metadata.dst_node_id for m in messages} and 102 not in {m.metadata.dst_node_id for m in messages}
+
+
+def test_named_nodes_keep_their_partition_when_they_rejoin_and_a_new_name_is_sampled_from_the_next_round():
+    """Named nodes (node-name, no partition id): ranked by name; one restarts under a new node id
+    and keeps its partition (and its messages carry it); a new name joins as partition 4."""
+    from strategies.exchange import ASSIGNED_PARTITIONS, with_assigned_partition
+
+    names = {100: "d", 101: "b", 102: "a", 103: "c"}
+    federation = discover_partitions(QueryGrid(list(names), names=names), num_clients=4, timeout=5)
+    assert dict(federation) == {102: 0, 101: 1, 103: 2, 100: 3} and federation.names == ["a", "b", "c", "d"]
+    # a resumed run keeps its checkpoint's order
+    assert dict(discover_partitions(QueryGrid(list(names), names=names), 4, 5, known_names=["d", "c", "b", "a"])) == {
+        100: 0, 103: 1, 101: 2, 102: 3}
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=0)
+    strategy.bind_partitions(federation, 2, seed=0)
+    grid = QueryGrid([100, 101, 103, 112, 140], names={**names, 112: "a", 140: "e"})  # a came back as 112; e is new
+    strategy.follow_rejoined_nodes(grid, timeout=1)
+    assert strategy.partition_of_node == {101: 1, 103: 2, 100: 3, 112: 0, 140: 4}
+    assert federation.names == ["a", "b", "c", "d", "e"]  # the checkpoint's order from now on
+    assert 4 in {p for r in range(1, 20) for p in strategy.sample_partitions(r)}
+    message = with_assigned_partition(train_request(112))
+    assert message.content["config"]["assigned-partition-id"] == 0 and ASSIGNED_PARTITIONS[140] == (4, 5)
+    for named, refusal in (({**names, 101: "d"}, "nodes \\[100, 101\\] all have node-name = 'd'"),
+                           ({100: "a"}, "nodes \\[101, 102, 103\\] hold partition ids and nodes \\[100\\] only a node-name")):
+        with pytest.raises(NodeDiscoveryError, match=refusal):
+            discover_partitions(QueryGrid(list(names), names=named), num_clients=4, timeout=5)
+    ASSIGNED_PARTITIONS.clear()
 
 
 def test_a_message_the_superlink_refuses_counts_as_no_reply_and_does_not_stall_the_round():

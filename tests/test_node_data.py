@@ -88,6 +88,44 @@ def test_nodes_on_their_own_folders_train_to_the_simulations_bits(written, tmp_p
                 assert all(torch.equal(ours[kind][k], theirs[kind][k]) for k in theirs[kind])
 
 
+def test_named_nodes_without_partition_ids_are_ranked_by_name_and_train_to_the_simulations_bits(written, tmp_path):
+    """Nodes known by a node-name only (their folders' basin-node.json without a partition id,
+    node ids in another order than the names): the sorted names are partitions 0..3, each
+    message carries the node's, and the run is the simulation's, row for row and model for model."""
+    import json
+    import shutil
+
+    config, folders = written
+    config = resolve_config({}, {**SMALL, "strategy": "scaffold", "momentum": 0.0})
+    data = load_dataset("digits", "", True)
+    names = ["a-clinic", "b-hospital", "c-lab", "d-phone"]  # partition k's folder goes to the k-th name
+    runs = {}
+    for name in ("simulated", "named"):
+        grid = InProcessGrid(config, 4)
+        if name == "named":
+            for node_id, context in grid.contexts.items():
+                k = 3 - (node_id - 100)  # node 100 holds partition 3's data, …
+                folder = shutil.copytree(folders[k], tmp_path / "named-data" / names[k])
+                described = json.loads((folder / "basin-node.json").read_text())
+                del described["partition-id"], described["num-partitions"]
+                (folder / "basin-node.json").write_text(json.dumps(described))
+                context.node_config.clear()
+                context.node_config.update({protocol.NODE_DATA_PATH: str(folder), protocol.NODE_NAME: names[k]})
+        directory = tmp_path / name
+        directory.mkdir()
+        rows = Rows(directory)
+        train_rounds(grid, config, rows, None, data, torch.device("cpu"))
+        runs[name] = (rows, load_round_models(directory, 2))
+    timing = ("round-seconds", "train-seconds", "eval-seconds", "client-seconds", "failures")
+    for ours, theirs in zip(runs["named"][0], runs["simulated"][0], strict=True):
+        kept = [k for k in theirs if k not in timing]
+        assert pd.Series({k: ours[k] for k in kept}).equals(pd.Series({k: theirs[k] for k in kept}))
+    assert [(c["partition"], c["node"]) for c in runs["named"][0].client_rows][:2] == [
+        (c["partition"], 103 - c["partition"]) for c in runs["named"][0].client_rows][:2]
+    ours, theirs = runs["named"][1]["base"], runs["simulated"][1]["base"]
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
 def test_federated_evaluation_scores_the_rounds_models_on_the_nodes_and_the_server_reads_no_data(
         written, tmp_path, monkeypatch):
     """evaluation = federated: the ServerApp reads no data set (its loader and the partition
