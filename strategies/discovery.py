@@ -28,12 +28,15 @@ class NodeDiscoveryError(RuntimeError):
 
 
 class Federation(dict):
-    """{node id: partition id}, and ``names``: partition p's node name at index p, for a
-    federation of named nodes (None where the nodes hold partition ids)."""
+    """{node id: partition id}; ``names``: partition p's node name at index p, for a
+    federation of named nodes (None where the nodes hold partition ids); ``data_problems``:
+    {partition: why the node cannot read its own data}, the nodes whose rounds will fail."""
 
-    def __init__(self, partition_of_node: dict[int, int], names: list[str] | None = None):
+    def __init__(self, partition_of_node: dict[int, int], names: list[str] | None = None,
+                 data_problems: dict[int, str] | None = None):
         super().__init__(partition_of_node)
         self.names = names
+        self.data_problems = data_problems or {}
 
 
 def discover_partitions(grid: Grid, num_clients: int, timeout: float,
@@ -67,10 +70,13 @@ def discover_partitions(grid: Grid, num_clients: int, timeout: float,
                 f"deployment start {num_clients} SuperNodes (or raise node-timeout)"
             )
         time.sleep(0.5)
-    partition_of_node, problems, names = query_partitions(grid, node_ids, num_clients, timeout, data_fits)
+    partition_of_node, problems, names, data_problems = query_partitions(grid, node_ids, num_clients, timeout, data_fits)
     if names and not problems:
-        return named_federation(partition_of_node, names, num_clients, known_names or [])
-    return Federation(checked_federation(partition_of_node, problems, num_clients))
+        federation = named_federation(partition_of_node, names, num_clients, known_names or [])
+    else:
+        federation = Federation(checked_federation(partition_of_node, problems, num_clients))
+    federation.data_problems = {federation[node]: problem for node, problem in data_problems.items()}
+    return federation
 
 
 def named_federation(partition_of_node: dict[int, int], names: dict[int, str], num_clients: int,
@@ -114,12 +120,13 @@ def checked_federation(partition_of_node: dict[int, int], problems: dict[int, st
 def query_partitions(
     grid: Grid, node_ids: list[int], num_clients: int, timeout: float,
     data_fits: tuple[int, tuple[int, ...]] | None = None,
-) -> tuple[dict[int, int], dict[int, str], dict[int, str]]:
+) -> tuple[dict[int, int], dict[int, str], dict[int, str], dict[int, str]]:
     """Ask ``node_ids`` for their partition (a ``query`` message).
 
     Returns {node id: partition id} of the nodes that answered well with one, {node id: what
-    went wrong} of the others (an error, another num-partitions, or no answer in time), and
-    {node id: node-name} of those that answered well with a name only.
+    went wrong} of the others (an error, another num-partitions, or no answer in time),
+    {node id: node-name} of those that answered well with a name only, and {node id: why it
+    cannot read its own data} of the nodes among these whose rounds will fail for it.
     """
     messages = [
         Message(content=RecordDict({"config": ConfigRecord()}), dst_node_id=node_id, message_type=MessageType.QUERY)
@@ -127,6 +134,7 @@ def query_partitions(
     ]
     partition_of_node: dict[int, int] = {}
     names: dict[int, str] = {}
+    data_problems: dict[int, str] = {}
     problems = {node_id: f"did not report its partition within {timeout:g} s" for node_id in node_ids}
     for reply in send_and_receive(grid, messages, timeout):
         node_id = reply.metadata.src_node_id
@@ -138,7 +146,8 @@ def query_partitions(
         if misfit:
             problems[node_id] = misfit
             continue
-        if "data-problem" in info:  # its rounds fail with it, named in results.csv; the others train
+        if "data-problem" in info:  # its rounds fail with it, named in results.csv and the summary; the others train
+            data_problems[node_id] = str(info["data-problem"])
             log.warning(f"node {node_id} ({info.get('node-name') or 'partition ' + str(info['partition-id'])}): "
                         f"{info['data-problem']}")
         if "partition-id" not in info:  # a named node: discover_partitions ranks the names
@@ -153,7 +162,7 @@ def query_partitions(
             continue
         partition_of_node[node_id] = int(info["partition-id"])
         del problems[node_id]
-    return partition_of_node, problems, names
+    return partition_of_node, problems, names, data_problems
 
 
 def node_data_misfit(info: Any, data_fits: tuple[int, tuple[int, ...]] | None) -> str:

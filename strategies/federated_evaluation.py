@@ -43,7 +43,7 @@ class FederatedEvaluation:
 
     def __init__(self, timeout: float):
         self.timeout = timeout
-        self.client_rows: list[dict[str, Any]] = []
+        self.scored_clients: list[dict[str, Any]] = []
 
     @staticmethod
     def description(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -78,7 +78,7 @@ class FederatedEvaluation:
         if missing:
             log.warning(f"round {server_round}: {missing} of {len(messages)} sampled nodes gave no evaluation")
         reported = AVERAGED_MODEL if averaged is not None else BASE_MODEL
-        self.client_rows = [
+        self.scored_clients = [
             {"partition": partition, "node": node, "examples": int(metrics[protocol.EVALUATED_EXAMPLES]),
              "accuracy": float(metrics[f"{reported}-accuracy"]), "loss": float(metrics[f"{reported}-loss"])}
             for partition, node, metrics in scored
@@ -89,7 +89,11 @@ class FederatedEvaluation:
         row["test-accuracy"], row["test-loss"] = row[f"{reported}-accuracy"], row[f"{reported}-loss"]
         if averaged is not None and strategy.sends_average:
             row["sent-model"] = "averaged"
-        return {**row, **client_accuracy([client["accuracy"] for client in self.client_rows])}
+        return {**row, **client_accuracy([client["accuracy"] for client in self.scored_clients])}
+
+    def client_rows(self, strategy: RoundStrategy) -> list[dict[str, Any]]:
+        """The last round's nodes' scores of its reported model (partition order)."""
+        return self.scored_clients
 
 
 def weighted_scores(scored: list[tuple[int, int, Mapping[str, Any]]], model: str) -> tuple[float, float]:

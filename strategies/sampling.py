@@ -124,7 +124,7 @@ class CohortSampling(RoundStrategy):
         new = sorted(set(grid.get_node_ids()) - set(self.partition_of_node) - self.ignored_nodes)
         if not new:
             return
-        found, problems, names = query_partitions(grid, new, len(self.partition_of_node), timeout)
+        found, problems, names, _ = query_partitions(grid, new, len(self.partition_of_node), timeout)
         if self.partition_names is None:
             found = {node: partition for node, partition in found.items() if 0 <= partition < len(self.partition_of_node)}
         else:  # named nodes only: a partition id is no identity here

@@ -25,7 +25,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid
@@ -34,24 +33,25 @@ from clients import protocol
 from clients.arithmetic import arithmetic_record, fix_arithmetic
 from clients.data import partition_indices
 from clients.log import log
-from clients.memory_format import in_layout, memory_format
+from clients.memory_format import memory_format
 from clients.model_names import resolve_model_name
 from clients.models import build_run_model
 from clients.simulation_engine import simulated_partitions
 from clients.state_store import CLIENT_STATE_DIR, discard_snapshots_after, remove_run_snapshots
-from clients.training import evaluate, select_device
+from clients.training import select_device
 from partitions import class_count_table, load_dataset, plot_class_counts
 from partitions.datasets import dataset_shape
 from partitions.feasibility import check_no_empty_clients, partition_settings
 from partitions.stats import partition_notation
 from strategies.arrays import to_numpy
+from strategies.central_evaluation import CentralEvaluation
 from strategies.checkpoint import CHECKPOINT_FILE, read_checkpoint, restore_checkpoint, write_checkpoint
 from strategies.cohort import cohort_size
 from strategies.config import refuse_buffers_under_dp, summary_horizon, validate_run_config
 from strategies.discovery import discover_partitions
 from strategies.exchange import TRAFFIC, send_and_receive
 from strategies.federated_evaluation import FederatedEvaluation
-from strategies.indicators import CKA_SAMPLES, round_indicators
+from strategies.indicators import round_indicators
 from strategies.methods.registry import hand_over_client_halves, method
 from strategies.methods.strategy_builder import build_client_schedule, build_strategy
 from strategies.model_store import discard_rounds_after, save_round_models, saves_round
@@ -179,6 +179,10 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
     schedule = build_client_schedule(config)
     federation = discover_partitions(grid, config["num-clients"], config["node-timeout"], (num_classes, input_shape),
                                      checkpoint.get("partition-names") if checkpoint else None)
+    if federation.data_problems:  # the nodes whose rounds will fail: named in the summary too
+        recorder.describe(**{"node-data-problems": {
+            f"partition {p}" + (f" ({federation.names[p]})" if federation.names else ""): problem
+            for p, problem in sorted(federation.data_problems.items())}})
     strategy.bind_partitions(
         federation, cohort_size(config), config["seed"],
         config["min-replies"], skip_unavailable=config["dead-nodes"] == "skip",
@@ -260,14 +264,15 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
             **traffic_per_client(strategy.round_clients),
             "round-status": strategy.round_status,
             "failures": "; ".join(map(str, strategy.round_failures)),
-            **(indicators_of_round(strategy, model, evaluator.cka_inputs) if config["round-indicators"] else {}),
+            # round-indicators needs the server's test set: central evaluation's (strategies/config.py)
+            **(indicators_of_round(strategy, model, evaluator.cka_inputs)
+               if config["round-indicators"] and isinstance(evaluator, CentralEvaluation) else {}),
         })
         if protocol.CHANNELS_LAST in round_metrics and not clients_layout_recorded:  # the first round that has replies
             recorder.record_clients_layout(float(round_metrics[protocol.CHANNELS_LAST]))
             clients_layout_recorded = True
         if config["client-evaluation"]:
-            recorder.append_client_evaluation(server_round, evaluator.client_rows
-                                              if data is None else strategy.round_client_evaluation())
+            recorder.append_client_evaluation(server_round, evaluator.client_rows(strategy))
         if saves_round(config, server_round) and aggregated is not None:
             save_models_of_round(config, recorder.directory, server_round, strategy, arrays)
         if config["checkpoint-every"] and (
@@ -363,68 +368,9 @@ class PartitionStatistics(threading.Thread):
             raise self.error
 
 
-def test_split_by_domain(data) -> tuple[torch.Tensor, torch.Tensor, dict[str, slice]]:
-    """The test split ordered by domain, and {``accuracy-<domain>`` column: that domain's
-    slice of it} ({} without domains): per-domain scores read views, no copies, every round."""
-    if data.test_domains is None:
-        return data.x_test, data.y_test, {}
-    domains = np.asarray(data.test_domains)
-    order = torch.from_numpy(np.argsort(domains, kind="stable"))
-    ends = np.cumsum(np.bincount(domains))
-    names = data.domain_names or tuple(str(d) for d in range(len(ends)))
-    slices = {f"accuracy-{name}": slice(int(end - count), int(end))
-              for name, end, count in zip(names, ends, np.bincount(domains))}
-    return data.x_test[order], data.y_test[order], slices
-
-
 def traffic_per_client(round_clients: Mapping[str, float]) -> dict[str, float]:
     """The round's bytes each way over its sampled clients (clients-ok + clients-failed)."""
     sampled = round_clients.get("clients-ok", 0) + round_clients.get("clients-failed", 0)
     if not sampled:
         return {}
     return {"bytes-sent-per-client": TRAFFIC.sent / sampled, "bytes-received-per-client": TRAFFIC.received / sampled}
-
-
-class CentralEvaluation:
-    """Each round's models scored on the run's test split, on the server (``evaluation = central``)."""
-
-    def __init__(self, data, device: torch.device, layout: torch.memory_format, recorder: RunRecorder):
-        self.cka_inputs = data.x_test[:CKA_SAMPLES].to(device)  # the first test samples, in the data set's order
-        # In the clients' layout too (clients/memory_format.py): it runs every round.
-        x_test, y_test, self.domains = test_split_by_domain(data)
-        self.x_test, self.y_test = in_layout(x_test.to(device), layout), y_test.to(device)
-        if self.domains:
-            recorder.extend_columns(("domain-mean-accuracy", *self.domains))
-
-    def __call__(self, grid: Grid, strategy: RoundStrategy, sent: ArrayRecord, server_round: int,
-                 model: torch.nn.Module) -> dict[str, Any]:
-        return evaluate_round(strategy, sent, model, self.x_test, self.y_test, self.domains)
-
-
-def evaluate_round(strategy: RoundStrategy, sent: ArrayRecord, model, x_test, y_test,
-                   domains: dict[str, slice] | None = None) -> dict[str, Any]:
-    """Central accuracy/loss of the base model and, when there is one, the averaged model;
-    with ``domains`` (:func:`test_split_by_domain`), the reported model's accuracy on each domain's
-    test samples and their mean.
-
-    The reported model is the averaged one when it exists (IMA: it is also the one sent),
-    else the base model.
-    """
-    def score(arrays: ArrayRecord) -> tuple[float, float]:
-        model.load_state_dict(arrays.to_torch_state_dict())
-        return evaluate(model, x_test, y_test)
-
-    base, averaged = strategy.round_models(sent)
-    base_loss, base_accuracy = score(base)
-    row: dict[str, Any] = {"base-accuracy": base_accuracy, "base-loss": base_loss, "sent-model": "base",
-           "test-accuracy": base_accuracy, "test-loss": base_loss}
-    if averaged is not None:
-        averaged_loss, averaged_accuracy = score(averaged)
-        row.update({"averaged-accuracy": averaged_accuracy, "averaged-loss": averaged_loss,
-                    "test-accuracy": averaged_accuracy, "test-loss": averaged_loss})
-        row["sent-model"] = "averaged" if strategy.sends_average else "base"
-    if domains:  # the model holds the reported weights (scored last)
-        for column, part in domains.items():
-            row[column] = evaluate(model, x_test[part], y_test[part])[1]
-        row["domain-mean-accuracy"] = sum(row[c] for c in domains) / len(domains)
-    return row

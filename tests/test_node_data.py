@@ -13,15 +13,15 @@ from PIL import Image
 
 from clients import protocol
 from clients.data import client_tensors, node_tensors
+from clients.models import build_run_model
+from clients.training import evaluate
 from experiments.measurement.in_process_grid import CLIENT_APP_HANDLERS, InProcessGrid
 from experiments.runtime.run_config import resolve_config
 from experiments.write_partitions import write_partitions
 from partitions import load_dataset
 from partitions.node_data import NodeDataError, load_node_data
-from strategies.model_store import load_round_models
-from clients.models import build_run_model
-from clients.training import evaluate
 from strategies import server_work
+from strategies.model_store import load_round_models
 from strategies.server_work import train_rounds
 from tests.test_compositions import Rows
 
@@ -267,7 +267,7 @@ def test_a_node_whose_data_does_not_fit_is_refused_before_round_1_and_one_that_c
         written, tmp_path):
     """Discovery asks every node what it holds: labels beyond the run's classes stop the run in
     one line naming the node; data the node cannot read is that node's failure in every round it
-    is sampled, and the run goes on with the others."""
+    is sampled, named in the summary, and the run goes on with the others."""
     from strategies.discovery import NodeDiscoveryError
 
     config, folders = written
@@ -291,3 +291,5 @@ def test_a_node_whose_data_does_not_fit_is_refused_before_round_1_and_one_that_c
         assert (row["clients-ok"], row["clients-failed"], row["round-status"]) == (3, 1, "aggregated")
         assert row["failures"].startswith(f"partition 3 (node 103): client error: NodeDataError: node data "
                                           f"{tmp_path / 'gone'}: no such file or folder")
+    assert rows.described["node-data-problems"] == {
+        "partition 3": f"node data {tmp_path / 'gone'}: no such file or folder"}  # the summary names the node

@@ -201,9 +201,8 @@ class LocalFederation:
         ``key``: its authentication key pair (needed when the SuperLink authenticates
         SuperNodes; it is admitted only if the public key was registered). ``name``
         names its log and FLWR_HOME (default ``supernode-<partition_id>``). ``data_path``:
-        the node's own data (node config ``data-path``), which it trains on in place of its
-        partition of the run's data set, keeping its client state (snapshots of a stateful
-        method's) in ``<name>-client-state`` beside its log (node config ``client-state-dir``).
+        the node's own data (node config ``data-path``), in place of its partition of the run's
+        data set, and its client state in ``<name>-client-state`` beside its log (``client-state-dir``).
         """
         name = name or f"supernode-{partition_id}"
         # Basin's, polling every 0.2 s (experiments/runtime/supernode_command.py), or Flower's own with the speed-ups off.
@@ -212,7 +211,6 @@ class LocalFederation:
         command = [
             *supernode, "--superlink", f"{HOST}:{self.port}", "--port", str(free_port()),
             "--isolation", "subprocess", "--node-config", f"partition-id={partition_id} num-partitions={num_partitions}"
-            # a node on its own data keeps its client state on its own disk too (here: beside its log)
             + (f' {NODE_DATA_PATH}="{data_path}" {NODE_CLIENT_STATE_DIR}="{self.log_dir / (name + "-client-state")}"'
                if data_path is not None else "")]
         command += ["--root-certificates", str(self.tls.ca_certificate)] if self.tls else ["--insecure"]
