@@ -31,6 +31,11 @@ from clients.training import evaluate, select_device
 from partitions.datasets import load_dataset
 
 
+class ClientStateLost(RuntimeError):
+    """A stateful node that trained before has none of its client state (a restarted node
+    whose client-state-dir is gone): its reply stops the run (strategies/server_work.py)."""
+
+
 @lru_cache(maxsize=4)
 def _process_model(
     name: str, input_shape: tuple[int, ...], num_classes: int, projection_head: bool, device: str,
@@ -128,6 +133,12 @@ def training_reply(msg: Message, context: Context, started: float, device: torch
     attempt = str(round_config.get(protocol.CLIENT_STATE_ATTEMPT, ""))
     if snapshots and not context.state:  # this node's first round of a resumed run, or a restarted node's
         restored = snapshots.restore(context.state, resumed_after, server_round, attempt)
+        trained = int(round_config.get(protocol.CLIENT_STATE_TRAINED_ROUND, 0))
+        if trained and (restored is None or restored < trained):
+            raise ClientStateLost(
+                f"partition {partition_id} trained in round {trained}, but neither its memory nor "
+                f"{snapshots.directory} holds its client state of that round or later: this node lost it; put its "
+                f"client-state-dir back, or start the run afresh (resume = false)")
         if restored is not None and restored > resumed_after:
             log.info(f"partition {partition_id}: a new process; its client state of round {restored} restored "
                      f"from {snapshots.directory}")

@@ -42,6 +42,10 @@ CLIENT_STATE_RUN = "client-state-run"  # the token naming this run's snapshots (
 CHECKPOINT_EVERY = "checkpoint-every"  # the server checkpoints every this many rounds
 RESUMED_AFTER_ROUND = "resumed-after-round"  # the checkpoint's round this run resumed after (0: fresh run)
 CLIENT_STATE_ATTEMPT = "client-state-attempt"  # a token per start of the ServerApp (fresh or resumed)
+# To one node: the last round its reply was accepted in; a node whose memory and snapshots
+# hold no state of that round or later has lost its client state (clients/client_work.py).
+CLIENT_STATE_TRAINED_ROUND = "client-state-trained-round"
+CLIENT_STATE_LOST = "ClientStateLost"  # the error a node that lost its client state replies with
 
 # Client state (context.state) entries.
 # Node config entry: where this SuperNode keeps its state snapshots instead of CLIENT_STATE_ROOT.

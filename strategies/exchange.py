@@ -41,18 +41,21 @@ TRAFFIC = Traffic()
 # {node id: (partition id, number of partitions)} of a federation of named nodes
 # (strategies/discovery.py), set by the cohort's sampling: every message to one carries its own.
 ASSIGNED_PARTITIONS: dict[int, tuple[int, int]] = {}
-
-
 def with_assigned_partition(message: Message) -> Message:
-    """``message``, carrying its named node's partition id in its config where it has one
-    (its content is replaced, not changed: Flower's strategies send one content to all nodes)."""
+    """``message``, carrying its named node's partition id in its config where it has one."""
     assigned = ASSIGNED_PARTITIONS.get(message.metadata.dst_node_id)
     if assigned is None:
         return message
+    return with_config_entries(message, {protocol.ASSIGNED_PARTITION: assigned[0],
+                                         protocol.ASSIGNED_PARTITIONS: assigned[1]})
+
+
+def with_config_entries(message: Message, own: dict[str, int]) -> Message:
+    """``message`` with ``own`` entries added to its config, for its node alone: its content is
+    replaced, not changed (Flower's strategies send one content to all nodes)."""
     content = message.content
     config = content.config_records.get("config")
-    entries = {**(dict(config) if config is not None else {}),
-               protocol.ASSIGNED_PARTITION: assigned[0], protocol.ASSIGNED_PARTITIONS: assigned[1]}
+    entries = {**(dict(config) if config is not None else {}), **own}
     message.content = RecordDict({**{name: record for name, record in content.items() if name != "config"},
                                   "config": ConfigRecord(entries)})
     return message

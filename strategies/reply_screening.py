@@ -165,6 +165,11 @@ class ClientProcessesDied(RuntimeError):
     unavailable): the run stops, and that round is neither recorded nor checkpointed."""
 
 
+class ClientStateLost(RuntimeError):
+    """A stateful node that trained before came back without its client state (its
+    client-state-dir is gone): the run stops, its checkpoint kept."""
+
+
 class ClientOutOfGpuMemory(RuntimeError):
     """A client process ran out of GPU memory: the run stops, its checkpoint kept."""
 

@@ -35,8 +35,9 @@ if TYPE_CHECKING:
 from clients.flower_internals import STRATEGY_STATE_ATTRIBUTES
 
 # Attributes in which strategies keep server state across rounds: Flower's FedAvgM's and
-# FedOpt's, and SCAFFOLD's server control.
-BASE_STATE_ATTRIBUTES = (*STRATEGY_STATE_ATTRIBUTES, "control")
+# FedOpt's, SCAFFOLD's server control, and the round each partition last trained in
+# (strategies/sampling.py, with client-state snapshots).
+BASE_STATE_ATTRIBUTES = (*STRATEGY_STATE_ATTRIBUTES, "control", "trained_rounds")
 
 
 def attribute_state(strategy: Any) -> dict[str, Any]:
@@ -69,7 +70,8 @@ class RoundStrategy:
                             replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]: ...
 
         def bind_partitions(self, partition_of_node: dict[int, int], cohort_size: int, seed: int,
-                            min_replies: int = 1, skip_unavailable: bool = False) -> None: ...
+                            min_replies: int = 1, skip_unavailable: bool = False,
+                            follow_trained_rounds: bool = False) -> None: ...
 
         def follow_rejoined_nodes(self, grid: Grid, timeout: float) -> None: ...
 
@@ -138,8 +140,9 @@ class WrappingStrategy(RoundStrategy):
         return self.wrapped.round_status
 
     def bind_partitions(self, partition_of_node: dict[int, int], cohort_size: int, seed: int,
-                        min_replies: int = 1, skip_unavailable: bool = False) -> None:
-        self.wrapped.bind_partitions(partition_of_node, cohort_size, seed, min_replies, skip_unavailable)
+                        min_replies: int = 1, skip_unavailable: bool = False, follow_trained_rounds: bool = False) -> None:
+        self.wrapped.bind_partitions(partition_of_node, cohort_size, seed, min_replies, skip_unavailable,
+                                     follow_trained_rounds)
 
     def follow_rejoined_nodes(self, grid: Grid, timeout: float) -> None:
         self.wrapped.follow_rejoined_nodes(grid, timeout)

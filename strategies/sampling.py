@@ -22,7 +22,7 @@ from flwr.serverapp import Grid
 from clients import protocol
 from clients.log import log
 from strategies.discovery import query_partitions
-from strategies.exchange import ASSIGNED_PARTITIONS
+from strategies.exchange import ASSIGNED_PARTITIONS, with_config_entries
 from strategies.reply_screening import NODE_UNAVAILABLE, ClientFailure, Layout, layout_of, screen_replies
 from strategies.round_interface import RoundStrategy
 from strategies.weighted_mean import array_view
@@ -82,7 +82,7 @@ class CohortSampling(RoundStrategy):
     min_replies: int = 1
 
     def bind_partitions(self, partition_of_node: dict[int, int], cohort_size: int, seed: int, min_replies: int = 1,
-                        skip_unavailable: bool = False) -> None:
+                        skip_unavailable: bool = False, follow_trained_rounds: bool = False) -> None:
         if not 1 <= min_replies <= cohort_size:
             raise ValueError(f"min_replies must be between 1 and the cohort size {cohort_size}, got {min_replies}")
         self.partition_of_node = dict(partition_of_node)
@@ -104,6 +104,9 @@ class CohortSampling(RoundStrategy):
         # their partitions are left out of the sampling until they rejoin under a new id.
         self.skip_unavailable = skip_unavailable
         self.unavailable_nodes: set[int] = set()
+        # With client-state snapshots (strategies/server_work.py): {partition: the last round its
+        # reply was accepted in}, sent to it, so a node that lost its client state says so.
+        self.trained_rounds: dict[int, int] | None = {} if follow_trained_rounds else None
 
     def _assign_partitions(self) -> None:
         """Tell the exchange each named node's partition id (strategies/exchange.py)."""
@@ -188,7 +191,12 @@ class CohortSampling(RoundStrategy):
         node_of_partition = self.node_of_partition
         self.sent_to = {node_of_partition[p]: p for p in self.sample_partitions(server_round)}
         self.sent_layout = layout_of(arrays)
-        return super().configure_train(server_round, arrays, config, CohortGrid(grid, list(self.sent_to)))
+        messages = super().configure_train(server_round, arrays, config, CohortGrid(grid, list(self.sent_to)))
+        if not self.trained_rounds:
+            return messages
+        return [with_config_entries(message, {protocol.CLIENT_STATE_TRAINED_ROUND: trained})
+                if (trained := self.trained_rounds.get(self.sent_to[message.metadata.dst_node_id])) else message
+                for message in messages]
 
     def aggregate_train(self, server_round, replies):
         accepted, self.round_failures = screen_replies(
@@ -198,6 +206,8 @@ class CohortSampling(RoundStrategy):
         self.unavailable_nodes.update(f.node_id for f in self.round_failures if NODE_UNAVAILABLE in f.reason.lower())
         self.round_clients = {"clients-ok": len(accepted), "clients-failed": len(self.round_failures), **client_usage(accepted)}
         self.round_replies = accepted
+        if self.trained_rounds is not None:
+            self.trained_rounds.update({self.sent_to[reply.metadata.src_node_id]: server_round for reply in accepted})
         # What a method's clients send besides their model (its declaration's reply_records),
         # handed to the method (declared_records) and taken out of the replies: Flower's FedAvg,
         # which checks and averages them, expects exactly one ArrayRecord per reply.

@@ -59,6 +59,7 @@ from strategies.privacy import privacy_summary
 from strategies.reply_screening import (
     ClientOutOfGpuMemory,
     ClientProcessesDied,
+    ClientStateLost,
     NothingTrained,
     infrastructure_loss,
     nothing_trained_reason,
@@ -186,6 +187,8 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
     strategy.bind_partitions(
         federation, cohort_size(config), config["seed"],
         config["min-replies"], skip_unavailable=config["dead-nodes"] == "skip",
+        # with client-state snapshots, each node is told when it last trained (a lost state is then its error)
+        follow_trained_rounds=bool(method(config["strategy"]).client_state and config["checkpoint-every"]),
     )
     # In a simulation discovery read the engine's map: round 1 is the client processes' first message.
     clients_unasked = simulated_partitions(timeout=0) is not None
@@ -231,6 +234,9 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
                 f"counted and the run stops: start the same command again to resume from its last checkpoint "
                 f"(written every {config['checkpoint-every']} rounds)"
             )
+        lost_state = [f for f in strategy.round_failures if protocol.CLIENT_STATE_LOST in f.reason]
+        if lost_state:  # its method cannot go on as its paper's without it: refuse, naming the node
+            raise ClientStateLost(f"round {server_round}: {lost_state[0]}")
         out_of_memory = out_of_gpu_memory(strategy.round_failures)
         if out_of_memory:  # every later round would fail the same way: stop, resumable
             raise ClientOutOfGpuMemory(

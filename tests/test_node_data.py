@@ -195,10 +195,41 @@ def test_a_node_restarted_mid_run_continues_with_the_client_state_on_its_disk(wr
         train_rounds(grid, config, rows, None, data, torch.device("cpu"))
         runs[name] = (rows, load_round_models(directory, 3))
     assert restarted == [3]
+    assert not runs["restarted"][0][2]["failures"]
     kept = ("test-accuracy", "test-loss", "train-loss", "client-state-norm")
     assert [[row[k] for k in kept] for row in runs["restarted"][0]] == [[row[k] for k in kept] for row in runs["uninterrupted"][0]]
     ours, theirs = runs["restarted"][1]["base"], runs["uninterrupted"][1]["base"]
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+def test_a_node_that_lost_its_client_state_stops_the_run_in_one_line_naming_it(written, tmp_path):
+    """The same restart, its client-state-dir gone with it: the node says it trained in round 2
+    and holds no state of it, and the run stops with that line (its checkpoint kept)."""
+    import shutil
+
+    from strategies.reply_screening import ClientStateLost
+
+    config, folders = written
+    config = resolve_config({}, {**SMALL, "strategy": "scaffold", "momentum": 0.0, "participation": 1.0,
+                                 "num-rounds": 3, "checkpoint-every": 2})
+
+    def train(msg, context):
+        if context.node_id == 101 and int(msg.content["config"]["server-round"]) == 3:
+            for key in list(context.state):
+                del context.state[key]
+            shutil.rmtree(context.node_config[protocol.NODE_CLIENT_STATE_DIR])
+        return CLIENT_APP_HANDLERS[MessageType.TRAIN](msg, context)
+
+    grid = InProcessGrid(config, 4, {**CLIENT_APP_HANDLERS, MessageType.TRAIN: train})
+    for node_id, context in grid.contexts.items():
+        context.node_config.clear()
+        context.node_config[protocol.NODE_DATA_PATH] = str(folders[node_id - 100])
+        context.node_config[protocol.NODE_CLIENT_STATE_DIR] = str(tmp_path / f"node-{node_id - 100}-state")
+    rows = Rows(tmp_path)
+    with pytest.raises(ClientStateLost, match=r"^round 3: partition 1 \(node 101\): client error: ClientStateLost: "
+                                              r"partition 1 trained in round 2, but neither its memory nor .*node-1-state"):
+        train_rounds(grid, config, rows, None, load_dataset("digits", "", True), torch.device("cpu"))
+    assert len(rows) == 2
 
 
 def _image(path, value: int, size=(8, 8)) -> None:
