@@ -4,9 +4,10 @@
         --set num-clients=10 --out nodes/
 
 Any partition Basin builds (Dirichlet, shards, Pachinko, client-wise Dirichlet, feature +
-label skew …: the run config's keys) of any image set it loads: ``nodes/node-K/`` holds
-partition K's training examples, in order, as ``datasets.save_to_disk`` writes them (an
-``image`` and a ``label`` column), and ``basin-node.json`` (its partition id, the data set, the images' largest
+label skew, natural …: the run config's keys) of any data set it loads: ``nodes/node-K/``
+holds partition K's training examples, in order, as ``datasets.save_to_disk`` writes them
+(an ``image`` and a ``label`` column; for next-character text, string columns ``x`` and
+``y``), and ``basin-node.json`` (its partition id, the data set, the images' largest
 value, the federation's per-channel mean and std, the number of classes), which a SuperNode
 started with ``--node-config "data-path=nodes/node-K"`` reads (partitions/node_data.py);
 ``nodes/partition.csv`` and ``partition.png`` are the partition's statistics. Flower's
@@ -38,14 +39,18 @@ def write_partitions(config: Mapping[str, Any], out: Path) -> list[Path]:
 
     datasets.disable_progress_bars()
     scaled = load_dataset(config["dataset"], config["data-dir"], False)  # the scaled images, before standardising
-    if scaled.is_text:
-        raise ValueError(f"dataset {config['dataset']!r} is next-character text; experiments.write_partitions writes "
-                         f"image sets (a text node's own data: a Parquet or CSV file of columns x and y)")
     indices = partition_indices(config["dataset"], config["data-dir"], config["normalize"], partition_settings(config))
     out.mkdir(parents=True, exist_ok=True)
     described: dict[str, Any] = {"num-partitions": len(indices), "dataset": config["dataset"],
                                  "num-classes": scaled.num_classes, "partition": {
                                      key: config[key] for key in ("partition", "alpha", "num-clients", "seed")}}
+    if scaled.is_text:
+        folders = [write_text_node(out, partition_id, np.array(members), scaled, described)
+                   for partition_id, members in enumerate(indices)]
+        statistics = partition_statistics(dict(config), scaled, out)
+        statistics.run()
+        statistics.finish()
+        return folders
     # The federation's per-channel mean and std, as load_dataset standardises (float32, exact in JSON).
     mean, std = channel_statistics(scaled.x_train)
     described.update({"max-value": scaled.max_value, "mean": mean.flatten().tolist(), "std": std.flatten().tolist()})
@@ -67,6 +72,22 @@ def write_partitions(config: Mapping[str, Any], out: Path) -> list[Path]:
     statistics.run()
     statistics.finish()
     return folders
+
+
+def write_text_node(out: Path, partition_id: int, members: np.ndarray, data, described: Mapping[str, Any]) -> Path:
+    """Partition ``partition_id`` of a next-character text set: its snippets and next
+    characters as string columns ``x`` and ``y`` (which encode to its ids again)."""
+    import datasets
+
+    from partitions.node_data import NODE_FILE, NODE_FOLDER
+    from partitions.text import decode_text
+
+    folder = out / NODE_FOLDER.format(partition_id)
+    snippets, following = decode_text(data.x_train[members].numpy(), data.y_train[members].numpy())
+    datasets.Dataset.from_dict({"x": snippets, "y": following}).save_to_disk(str(folder))
+    (folder / NODE_FILE).write_text(json.dumps({**described, "partition-id": partition_id,
+                                                "examples": len(members)}, indent=1))
+    return folder
 
 
 def main(argv: Sequence[str] | None = None) -> int:

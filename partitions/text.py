@@ -27,3 +27,21 @@ def encode_text(snippets, next_characters) -> tuple[np.ndarray, np.ndarray]:
         inputs[row, : len(text)] = [lookup.get(c, OOV_ID) for c in text]
         targets[row, : len(following)] = [lookup.get(c, OOV_ID) for c in following]
     return inputs, targets
+
+
+# What an id outside the vocabulary decodes to: a character it does not hold, so that it
+# encodes to OOV_ID again.
+OOV_CHARACTER = "~"
+
+
+def decode_text(inputs: np.ndarray, targets: np.ndarray) -> tuple[list[str], list[str]]:
+    """The snippets and next characters that :func:`encode_text` turns into ``inputs`` and
+    ``targets`` again, id for id (a node's own text: experiments.write_partitions)."""
+    characters = {i + 2: c for i, c in enumerate(VOCABULARY)}
+    snippets, following = [], []
+    for ids, after in zip(inputs, targets):
+        length = int((ids != PAD_ID).sum())
+        snippets.append("".join(characters.get(int(i), OOV_CHARACTER) for i in ids[:length]))
+        last = int(after[length - 1]) if length else IGNORE_INDEX
+        following.append("" if last == IGNORE_INDEX else characters.get(last, OOV_CHARACTER))
+    return snippets, following

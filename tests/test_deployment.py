@@ -61,6 +61,7 @@ class OverTls:
     summary: dict
     nodes: list  # the 3 registered SuperNodes
     impostor: Any  # the SuperNode with an unregistered key
+    restarted: Any  # the killed SuperNode, started again
     listed: set[int]  # the node ids the SuperLink lists at the end
     cli_config: dict  # the CLI's config.toml in the federation's homes
     port: int
@@ -85,8 +86,10 @@ def _over_tls(folder: Path, once_broken: Callable[[], None]) -> OverTls:
     # already waits round-timeout for them: 12 s, over twice round 1's 5.1 s, when the three
     # nodes trained at once (in round 2 the healthy one trains alone). The test took 46 s
     # with 20 s, 37-38 s with 12 s (2 cores, 2026-12-05): ROUND_TIMEOUT.
-    config = resolve_config({**SHORT, "num-clients": 3, "participation": 1.0, "min-replies": 1, "num-rounds": 2,
-                             "round-timeout": ROUND_TIMEOUT})
+    # SCAFFOLD, whose nodes keep c_i: the killed node, restarted, goes on with its state.
+    config = resolve_config({**SHORT, "num-clients": 3, "participation": 1.0, "min-replies": 1, "num-rounds": 3,
+                             "round-timeout": ROUND_TIMEOUT, "strategy": "scaffold", "momentum": 0.0,
+                             "checkpoint-every": 1})
     out = folder / "run"
     with LocalFederation(out, Security(tls=True, auth=True)) as federation, ThreadPoolExecutor(max_workers=1) as pool:
         # The impostor tries while the registered nodes start and the run goes on (its
@@ -103,11 +106,16 @@ def _over_tls(folder: Path, once_broken: Callable[[], None]) -> OverTls:
         freeze(nodes[2].process)
         broken_after = len((out / "results.csv").read_text().splitlines()) - 1
         once_broken()
+        # The killed node starts again (a new process and node id, its partition in its node
+        # config; a key of its own, registered) while round 2 waits for it: sampled in round 3.
+        again_key = write_supernode_key_pair(folder / "keys", "supernode-1-again")
+        federation.register(again_key.public_key)
+        restarted = federation.start_supernode(1, 3, again_key, name="supernode-1-again")
         summary = running.result(timeout=600)
         impostor.process.wait(timeout=60)  # the SuperLink refused it, and it gave up
         listed = {int(node["node-id"]) for node in federation.list_supernodes()}
         cli_config = tomllib.loads((federation.work_dir / "homes" / "cli" / "config.toml").read_text())
-    return OverTls(out, summary, nodes, impostor, listed, cli_config, federation.port, federation.name,
+    return OverTls(out, summary, nodes, impostor, restarted, listed, cli_config, federation.port, federation.name,
                    federation.work_dir, broken_after)
 
 
@@ -194,8 +202,9 @@ def test_nodes_on_their_own_data_over_tls_give_the_simulations_rounds_and_model(
 
 
 @pytest.mark.slow
-def test_over_tls_only_registered_nodes_join_and_a_dead_and_a_frozen_one_are_one_failure_each_a_round(deployments):
-    """One deployment, over TLS with SuperNode authentication, for two claims (each
+def test_over_tls_only_registered_nodes_join_a_dead_and_a_frozen_one_fail_and_a_restarted_one_keeps_its_state(
+        deployments):
+    """One deployment, over TLS with SuperNode authentication, for three claims (each
     deployment costs a SuperLink and its nodes' start, and each broken node a wait of
     `round-timeout`: apart, about 25 s and 45 s more on 2 cores).
 
@@ -204,8 +213,10 @@ def test_over_tls_only_registered_nodes_join_and_a_dead_and_a_frozen_one_are_one
     after round 1 one is killed (with its children) and one is stopped (SIGSTOP, with its
     children: frozen, not dead). Round 2 waits for them `round-timeout` seconds at most,
     counts each once, under its own partition on its own node, and goes on with the third;
-    the run completes, and the stopped processes are cleaned up with the rest (checked
-    once both deployments have ended). (Flower's SuperLink may answer "Node Unavailable" for the dead one once
+    the killed one, started again as a new process under a new node id, takes its partition
+    back in round 3 and trains there with its SCAFFOLD state of round 1 restored from its
+    snapshot; the run completes, and the stopped processes are cleaned up with the rest (checked
+    once all deployments have ended). (Flower's SuperLink may answer "Node Unavailable" for the dead one once
     it has missed its heartbeats: either way one failure under its partition; that reply's
     attribution is tested with Flower's own error message in tests/test_faults.py.)"""
     tls = deployments.over_tls.result()
@@ -213,7 +224,7 @@ def test_over_tls_only_registered_nodes_join_and_a_dead_and_a_frozen_one_are_one
 
     assert not tls.work_dir.exists()  # keys, certificates and FLWR_HOMEs are gone
     # Only the registered nodes are known to the SuperLink; the impostor never got an id.
-    assert tls.listed == {node.node_id for node in nodes}
+    assert tls.listed >= {node.node_id for node in nodes[::2]} | {tls.restarted.node_id}
     assert impostor.node_id is None and impostor.process.returncode != 0
     assert "Failed to activate SuperNode" in impostor.log.read_text()
     assert "No SuperNode found with the given public key" in (out / "superlink.log").read_text()
@@ -224,9 +235,12 @@ def test_over_tls_only_registered_nodes_join_and_a_dead_and_a_frozen_one_are_one
 
     assert tls.summary["status"] == "completed"
     rows = pd.read_csv(out / "results.csv")
-    assert tls.broken_after == 1 and rows["clients-ok"].tolist() == [3, 1] and rows["clients-failed"].tolist() == [0, 2]
+    assert tls.broken_after == 1 and rows["clients-ok"].tolist() == [3, 1, 2]
+    assert rows["clients-failed"].tolist() == [0, 2, 1]
     dead, frozen = rows["failures"].iloc[1].split("; ")  # one entry each, in partition order
     assert dead.startswith(f"partition 1 (node {nodes[1].node_id}): ")
     assert frozen.startswith(f"partition 2 (node {nodes[2].node_id}): ")
     assert rows["round-seconds"].iloc[1] < ROUND_TIMEOUT + 3
+    assert rows["failures"].iloc[2].startswith(f"partition 2 (node {nodes[2].node_id}): ")  # still frozen
+    assert "partition 1: a new process; its client state of round 1 restored from" in tls.restarted.log.read_text()
     assert not deployments.left, f"processes left running: {deployments.left}"

@@ -54,6 +54,28 @@ def test_each_written_folder_gives_its_partitions_tensors_bit_for_bit(written):
 FEDPROX_IMA = {"strategy": "fedprox", "averaging": "ima", "window": 2, "avg-start": 2}
 
 
+def test_a_text_sets_partition_is_written_as_strings_that_give_its_ids_again(miniature_hub, tmp_path):
+    """Next-character text (a Shakespeare-like set, one node per speaking role): each node's
+    folder holds its snippets as strings, read back to the partition's ids and targets exactly."""
+    config = resolve_config({}, {"dataset": f"hf:{miniature_hub['shakespeare']}", "model": "char-lstm",
+                                 "partition": "natural", "num-clients": 4, "client-evaluation": 0.25})
+    folders = write_partitions(config, tmp_path)
+    items = tuple(sorted(config.items()))
+    for partition_id, folder in enumerate(folders):
+        simulated = client_tensors(items, partition_id, 4, "cpu")
+        own, num_classes = node_tensors(str(folder), items, partition_id, "cpu")
+        assert num_classes == load_dataset(config["dataset"]).num_classes
+        for theirs, ours in zip(simulated, own, strict=True):
+            assert theirs.dtype == ours.dtype and theirs.shape == ours.shape and torch.equal(theirs, ours)
+    assert (tmp_path / "partition.csv").is_file()
+    # characters outside the vocabulary, an empty snippet, one longer than a sequence
+    from partitions.text import decode_text, encode_text
+
+    ids = encode_text(["Ab é€", "", "x" * 100, "end"], ["c", "x", "é", ""])
+    again = encode_text(*decode_text(*ids))
+    assert all(np.array_equal(a, b) for a, b in zip(ids, again, strict=True))
+
+
 @pytest.mark.parametrize("keys", [FEDPROX_IMA, {"strategy": "scaffold", "momentum": 0.0},
                                   {"strategy": "scaffold", "momentum": 0.0, "evaluation": "federated"}],
                          ids=["fedprox+ima", "scaffold", "scaffold-federated-evaluation"])
