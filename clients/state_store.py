@@ -111,6 +111,8 @@ class ClientStateStore:
             if newest > resumed_after and (newest >= server_round or not attempt):
                 continue
             payload = torch.load(self.directory / f"round-{newest}.pt", weights_only=True)
+            if "records" not in payload:  # an earlier release's snapshot: the records alone, no attempt
+                payload = {"attempt": "", "records": payload}
             if newest > resumed_after and payload["attempt"] != attempt:  # a killed run's, after its checkpoint
                 continue
             for key, tensors in payload["records"].items():

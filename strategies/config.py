@@ -29,7 +29,7 @@ from clients.options import one_of as _one_of
 from partitions.datasets import INPUT_SHAPES, TEXT_DATASETS
 from partitions.stats import LABEL_SCHEMES
 from strategies.cohort import cohort_size
-from strategies.general_keys import AVERAGING_AND_RUN, DATA_AND_TRAINING
+from strategies.general_keys import AVERAGING_AND_RUN, DATA_AND_TRAINING, DEFAULT_PARTICIPATION
 from strategies.methods.registry import AVERAGINGS_BY_NAME, METHODS_BY_NAME, method, method_options, refuse_broken_plugin
 
 # Every declared method (strategies/methods/registry.py): server-side methods, then methods that only
@@ -178,7 +178,18 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             f"run config key 'data-dir' = {config['data-dir']!r} is read only for dataset = 'fashion-mnist' "
             f"(dataset here: {config['dataset']!r}); allowed: '' (a hub set's local copy: dataset = 'hf:/path')"
         )
-    if round(config["participation"] * config["num-clients"]) < 1:
+    if config["clients-per-round"] > config["num-clients"]:
+        raise ConfigError(
+            f"run config key 'clients-per-round' = {config['clients-per-round']} exceeds num-clients = "
+            f"{config['num-clients']}; allowed: 0 (participation · num-clients) or 1..{config['num-clients']}"
+        )
+    if config["clients-per-round"] > 0 and config["participation"] != DEFAULT_PARTICIPATION:
+        raise ConfigError(
+            f"run config key 'clients-per-round' = {config['clients-per-round']} and participation = "
+            f"{config['participation']} both set the cohort; allowed: one of them (clients-per-round = 0, or "
+            f"participation left at its default {DEFAULT_PARTICIPATION})"
+        )
+    if config["clients-per-round"] == 0 and round(config["participation"] * config["num-clients"]) < 1:
         raise ConfigError(
             f"run config key 'participation' = {config['participation']} samples no client out of "
             f"num-clients = {config['num-clients']}; allowed: participation * num-clients >= 0.5"

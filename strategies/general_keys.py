@@ -21,6 +21,8 @@ from strategies.privacy import DP_ORDERS
 from strategies.schedules import EXPLORATIONS, LR_SCHEDULES
 from strategies.tracking import TRACKERS, tracker_names
 
+# participation's default (pyproject.toml's): with clients-per-round > 0 it must stay so.
+DEFAULT_PARTICIPATION = 0.5
 # IMA on FedAdam/FedYogi/FedAdagrad: the window of FMA aggregates is the target of the
 # optimiser's step (the IMA authors' code), or the window of the optimiser's outputs is sent.
 IMA_SERVER_OPT_ORDERINGS = ("fma-target", "output-window")
@@ -76,6 +78,9 @@ DATA_AND_TRAINING: dict[str, Option] = {
     "min-partition-size": Option(int, "an integer >= 0", lambda v: v >= 0),
     "num-clients": Option(int, "an integer >= 1", lambda v: v >= 1),
     "participation": Option(float, "a number in (0, 1]", lambda v: 0 < v <= 1),
+    "clients-per-round": Option(int,
+            "an integer >= 0 (clients sampled each round; 0 = participation · num-clients; else participation "
+            f"stays at its default {DEFAULT_PARTICIPATION})", lambda v: v >= 0),
     "num-rounds": Option(int, f"an integer from 1 to {MAX_ROUNDS:,}", lambda v: 1 <= v <= MAX_ROUNDS),
     "local-epochs": Option(int, f"an integer from 1 to {MAX_LOCAL_EPOCHS:,}", lambda v: 1 <= v <= MAX_LOCAL_EPOCHS),
     "batch-size": Option(int, f"an integer from 1 to {MAX_BATCH:,}", lambda v: 1 <= v <= MAX_BATCH),

@@ -54,6 +54,7 @@ BAD_VALUES = [
     ("device", "tpu"),
     ("round-timeout", 0),
     ("evaluation", "decentralised"),
+    ("clients-per-round", -1),
 ]
 
 
@@ -95,6 +96,19 @@ def test_federated_evaluation_needs_a_test_split_and_refuses_what_needs_the_serv
         resolve_config({"evaluation": "federated", "client-evaluation": 0.2, "round-indicators": True,
                         "augment": "crop-flip", "dataset": "fashion-mnist"})
     assert resolve_config({"evaluation": "federated", "client-evaluation": 0.2})["evaluation"] == "federated"
+
+
+def test_clients_per_round_sets_the_cohort_as_a_count_and_refuses_a_participation_beside_it():
+    from strategies.cohort import cohort_size
+    from strategies.general_keys import DEFAULT_PARTICIPATION
+
+    assert default_run_config()["participation"] == DEFAULT_PARTICIPATION  # pyproject.toml's default
+    assert cohort_size(resolve_config({"num-clients": 40, "clients-per-round": 3, "min-partition-size": 1})) == 3
+    assert cohort_size(resolve_config({"num-clients": 10})) == 5  # participation 0.5
+    with pytest.raises(ConfigError, match="'clients-per-round' = 10 and participation = 0.2 both set the cohort"):
+        resolve_config({"num-clients": 40, "clients-per-round": 10, "participation": 0.2})
+    with pytest.raises(ConfigError, match="'clients-per-round' = 11 exceeds num-clients = 10"):
+        resolve_config({"num-clients": 10, "clients-per-round": 11})
 
 
 def test_integers_are_accepted_for_float_keys():
