@@ -65,12 +65,34 @@ def client_tensors(run_config_items: tuple, partition_id: int, num_partitions: i
     indices = np.array(partition_indices(cfg["dataset"], cfg["data-dir"], bool(cfg["normalize"]), settings)[partition_id])
     index = torch.from_numpy(indices)  # a copy: the cached partition is a read-only mapped view
     x, y = data.x_train[index], data.y_train[index]
-    split = held_out_split(len(indices), float(cfg.get("client-evaluation", 0.0)), int(cfg["seed"]), partition_id)
+    fraction = float(cfg.get("client-evaluation", 0.0))
+    if fraction > 0 and cfg.get("client-evaluation-split", "hold-out") == "test-slice":  # nothing taken from training
+        sliced = torch.from_numpy(partition_test_slices(cfg["dataset"], cfg["data-dir"], bool(cfg["normalize"]),
+                                                        settings, fraction, int(cfg["seed"]))[partition_id])
+        return (in_layout(x.to(device), layout), y.to(device), in_layout(data.x_test[sliced].to(device), layout),
+                data.y_test[sliced].to(device))
+    split = held_out_split(len(indices), fraction, int(cfg["seed"]), partition_id)
     if split is None:
         return in_layout(x.to(device), layout), y.to(device), x[:0].to(device), y[:0].to(device)
     train, test = split
     return (in_layout(x[train].to(device), layout), y[train].to(device), in_layout(x[test].to(device), layout),
             y[test].to(device))
+
+
+@lru_cache(maxsize=2)
+def partition_test_slices(dataset: str, data_dir: str, normalize: bool, settings: tuple, fraction: float,
+                          seed: int) -> list[np.ndarray]:
+    """Every client's slice of the test split (partitions/test_slices.py), once per process:
+    :func:`held_out_count` of its examples, by its label proportions."""
+    from partitions.test_slices import test_slices
+
+    data = load_dataset(dataset, data_dir, normalize)
+    labels = partition_labels_of(data)
+    test_labels = data.y_test.numpy()
+    test_labels = test_labels if test_labels.ndim == 1 else last_targets(test_labels)
+    members = partition_indices(dataset, data_dir, normalize, settings)
+    return test_slices([labels[m] for m in members], test_labels, [held_out_count(len(m), fraction) for m in members],
+                       seed, data.num_classes)
 
 
 @lru_cache(maxsize=4)

@@ -171,6 +171,11 @@ AVERAGING_AND_RUN: dict[str, Option] = {
             "data: the round's sampled nodes score it on their own test splits, and results.csv has the "
             "example-weighted mean of their replies; needs client-evaluation > 0)",
             lambda v: v in ("central", "federated")),
+    "client-evaluation-split": Option(str,
+            "'hold-out' (each client holds out client-evaluation of its partition and trains on the rest) or "
+            "'test-slice' (it trains on all of it and is scored on a slice of the test split of client-evaluation "
+            "times its examples, drawn with its label proportions: a paper's setup, unchanged)",
+            lambda v: v in ("hold-out", "test-slice")),
     "resume": Option(bool, "true or false (continue from output-dir/checkpoint.pt when there is one)"),
     "fault-injection": Option(str, f"'' or {FAULT_FORMAT}", _parses_as_faults),
     "track": Option(str,

@@ -116,6 +116,25 @@ CLIENT_EVALUATION_FILE = "client-evaluation.csv"
 CLIENT_EVALUATION_COLUMNS = ("round", "partition", "node", "examples", "accuracy", "loss")
 
 
+def client_accuracy_summary(server_round: int, accuracies: Sequence[float]) -> dict[str, Any]:
+    """summary.json's ``client-accuracy``: a round's clients' accuracies, their mean, the mean
+    of the worst 10 % (at least one), the 10th, 50th and 90th percentiles (linear
+    interpolation) and the standard deviation over clients (ddof 0)."""
+    ordered = sorted(float(a) for a in accuracies)
+    mean = sum(ordered) / len(ordered)
+    worst = ordered[:max(1, math.ceil(0.1 * len(ordered)))]
+
+    def percentile(q: float) -> float:  # numpy's default (linear) rule
+        at = q / 100 * (len(ordered) - 1)
+        low = math.floor(at)
+        high = min(low + 1, len(ordered) - 1)
+        return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+    return {"round": server_round, "clients": len(ordered), "mean": mean, "worst-10pct": sum(worst) / len(worst),
+            "p10": percentile(10), "p50": percentile(50), "p90": percentile(90),
+            "std": math.sqrt(sum((a - mean) ** 2 for a in ordered) / len(ordered))}
+
+
 class RunRecorder:
     """Writes a run's config, per-round rows and summary into ``directory``.
 
@@ -172,9 +191,12 @@ class RunRecorder:
             self.trackers.log_round(row)
 
     def append_client_evaluation(self, server_round: int, clients: Sequence[Mapping[str, Any]]) -> None:
-        """Add a round's per-client rows (client-evaluation) to ``client-evaluation.csv``."""
+        """Add a round's per-client rows (client-evaluation) to ``client-evaluation.csv``; the
+        summary's ``client-accuracy`` is of the newest round's."""
         if self.clients_path is None:
             return
+        if clients:
+            self.described["client-accuracy"] = client_accuracy_summary(server_round, [c["accuracy"] for c in clients])
         with open(self.clients_path, "a", newline="") as f:
             writer = csv.writer(f)
             writer.writerows([[server_round, *(client[c] for c in CLIENT_EVALUATION_COLUMNS[1:])] for client in clients])

@@ -111,3 +111,61 @@ def test_a_label_beyond_the_classes_is_an_error_not_a_count_dropped():
     with pytest.raises(ValueError, match="partition 4 holds label 10, out of range for num_classes = 10"):
         ClientInfo.of(torch.tensor([0, 10, -100]), 10, partition_id=4)
     assert ClientInfo.of(torch.tensor([0, 9, -100]), 10).label_counts == (1,) + (0,) * 8 + (1,)
+
+
+def test_apportion_is_proportional_with_the_largest_remainders():
+    from partitions.test_slices import apportion
+
+    # 7 · (6, 3, 1, 0) / 10 = (4.2, 2.1, 0.7, 0): floors (4, 2, 0, 0), the one left to the 0.7
+    assert apportion(7, np.array([6, 3, 1, 0])).tolist() == [4, 2, 1, 0]
+    assert apportion(3, np.array([1, 1, 1, 1])).tolist() == [1, 1, 1, 0]  # ties: the lower class
+    assert apportion(5, np.array([0, 0])).tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("partition", ["iid", "dirichlet"])
+def test_a_test_slice_takes_nothing_from_training_and_follows_the_clients_label_proportions(partition):
+    """client-evaluation-split = test-slice: each client trains on its whole partition (the
+    tensors of client-evaluation = 0) and is scored on test examples whose class counts are
+    its own apportioned to round(f · n_k); slices are disjoint where the test split has enough
+    of a class (IID), and a class's examples are reused, in one order, only once it runs out."""
+    from clients.data import client_tensors, partition_test_slices
+    from partitions.test_slices import apportion
+
+    # digits: 1438 training and 359 test examples; f = 0.2 asks for about 288 of them
+    keys = {"num-clients": 6, "client-evaluation": 0.2 if partition == "dirichlet" else 0.15,
+            "client-evaluation-split": "test-slice", "partition": partition}
+    config = resolve_config({}, keys)
+    plain = resolve_config({}, {**keys, "client-evaluation": 0.0})
+    data = load_dataset("digits", "", True)
+    members = partition_indices("digits", "", True, partition_settings(config))
+    slices = partition_test_slices("digits", "", True, partition_settings(config), config["client-evaluation"],
+                                   config["seed"])
+    for k in range(6):
+        x, y, x_test, y_test = client_tensors(tuple(sorted(config.items())), k, 6, "cpu")
+        x_all, y_all, _, _ = client_tensors(tuple(sorted(plain.items())), k, 6, "cpu")
+        assert torch.equal(x, x_all) and torch.equal(y, y_all) and len(y) == len(members[k])
+        counts = np.bincount(y.numpy(), minlength=10)
+        wanted = apportion(held_out_count(len(y), config["client-evaluation"]), counts)
+        assert np.bincount(y_test.numpy(), minlength=10).tolist() == wanted.tolist()
+        assert torch.equal(x_test, data.x_test[torch.from_numpy(slices[k])])
+    every = np.concatenate(slices)
+    exhausted = 0
+    for c in range(10):
+        drawn = every[data.y_test.numpy()[every] == c]
+        pool = int((data.y_test == c).sum())
+        if len(drawn) <= pool:
+            assert len(set(drawn.tolist())) == len(drawn)  # disjoint while the class lasts
+        else:
+            assert len(set(drawn.tolist())) == pool  # every one used, then reused
+            exhausted += 1
+    assert (exhausted == 0) if partition == "iid" else (exhausted > 0)
+
+
+def test_the_summary_has_the_last_rounds_spread_over_clients():
+    from strategies.results import client_accuracy_summary
+
+    accuracies = [0.9, 0.1, 0.5, 0.7, 0.3]
+    summary = client_accuracy_summary(4, accuracies)
+    assert summary["round"] == 4 and summary["clients"] == 5 and summary["worst-10pct"] == 0.1
+    assert [summary[k] for k in ("p10", "p50", "p90")] == pytest.approx(np.percentile(accuracies, [10, 50, 90]).tolist())
+    assert (summary["mean"], summary["std"]) == pytest.approx((np.mean(accuracies), np.std(accuracies)))
