@@ -163,9 +163,9 @@ AVERAGING_AND_RUN: dict[str, Option] = {
             "an integer >= 0 (client models kept per saved round, the first in partition order)", lambda v: v >= 0),
     "round-indicators": Option(bool, "true or false (add IMA's locality and client-model CKA to results.csv every round)"),
     "client-evaluation": Option(float,
-            "a fraction in [0, 0.5] (0 = off; else each client holds out this seeded fraction of its partition, "
-            "trains on the rest, and reports the received model's accuracy on it every round: results.csv's "
-            "client-accuracy-mean, -worst-10pct and -std across the cohort)", lambda v: 0 <= v <= 0.5),
+            "a fraction in [0, 0.5] (0 = off; else each client scores the received model every round on this "
+            "fraction of its examples, held out of its partition or a test slice (client-evaluation-split): "
+            "results.csv's client-accuracy-mean, -worst-10pct and -std across the cohort)", lambda v: 0 <= v <= 0.5),
     "evaluation": Option(str,
             "'central' (the server scores each round's model on the run's test split) or 'federated' (it holds no "
             "data: the round's sampled nodes score it on their own test splits, and results.csv has the "
