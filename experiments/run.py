@@ -58,9 +58,12 @@ def variants(compare: list[str]) -> list[dict]:
 
 
 def list_presets() -> str:
-    """Each preset's name and the first sentence of its description (its leading comment)."""
-    from experiments.runtime.run_config import PRESETS_DIR
+    """Each preset's name and the first sentence of its description (its leading comment), and
+    below it, indented, its estimated wall time (experiments/estimates.py)."""
+    from experiments.reproduction.estimates import estimate, step_costs
+    from experiments.runtime.run_config import PRESETS_DIR, load_preset, resolve_config
 
+    costs = step_costs()
     lines = []
     for path in sorted(PRESETS_DIR.glob("*.toml")):
         comment = []
@@ -71,6 +74,7 @@ def list_presets() -> str:
         text = " ".join(part for part in comment if part)
         sentence = re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
         lines.append(f"{path.stem:32s} {sentence}")
+        lines.append(f"{'':32s} {estimate(resolve_config(load_preset(path.stem), {}), costs).text()}")
     return "\n".join(lines)
 
 

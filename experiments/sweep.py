@@ -92,7 +92,18 @@ def run_command(args: argparse.Namespace) -> int:
         data = {run.run_id: data_problem_of(run.config) for run in sweep.runs}
         table, _ = collect(sweep, out_dir)
         table["data"] = ["ok" if data[run] is None else "unavailable" for run in table["run"]]
-        print(table[["run", "status", "data", "acc-last-k", "error"]].to_string(index=False))
+        from experiments.reproduction.estimates import estimate, step_costs
+
+        costs = step_costs()
+        estimates = {run.run_id: estimate(run.config, costs) for run in sweep.runs}
+        table["estimate"] = [estimates[run].text() for run in table["run"]]
+        print(table[["run", "status", "data", "acc-last-k", "estimate", "error"]].to_string(index=False))
+        known = [e.cpu_seconds for e in estimates.values() if e.cpu_seconds is not None]
+        if known:
+            from experiments.reproduction.estimates import duration
+
+            print(f"all {len(known)} estimated runs: ≈ {duration(sum(known))} on 2 CPU cores one run at a time "
+                  f"(FedAvg's measured step of each model; experiments/reproduction/estimates.py)")
         for problem in dict.fromkeys(p for p in data.values() if p):
             print(f"data unavailable: {problem}", file=sys.stderr)
         return 0

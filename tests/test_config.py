@@ -262,8 +262,13 @@ def test_every_preset_says_in_its_listing_what_sets_it_apart():
     """`--list-presets` prints each preset's first sentence: no two may read the same."""
     from experiments.run import list_presets
 
-    descriptions = [line.split(maxsplit=1)[1] for line in list_presets().splitlines()]
+    lines = list_presets().splitlines()
+    descriptions = [line.split(maxsplit=1)[1] for line in lines[::2]]
     assert len(descriptions) == len(set(descriptions)), [d for d in descriptions if descriptions.count(d) > 1]
+    # below each, its estimated wall time (experiments/reproduction/estimates.py), or why there is none
+    assert all(line.startswith(" " * 33) and ("on 2 CPU cores" in line or "not estimated" in line) for line in lines[1::2])
+    assert "≈ 17 min on 2 CPU cores; ≈ 44 s on one H100" in lines[lines.index(next(
+        line for line in lines if line.startswith("ima-fmnist-shards "))) + 1]
 
 
 @pytest.mark.parametrize("strategy", ["mime", "mimelite", "fedcm", "mofedsam", "fedacg", "adabest", "fedmoswa"])

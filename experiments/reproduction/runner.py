@@ -21,14 +21,13 @@ import pandas as pd
 
 from clients.atomic_files import write_atomically
 from clients.log import log
+from experiments.reproduction.estimates import GPU_ADVISED_CPU_SECONDS, client_steps, duration, estimate
 from experiments.reproduction.report_files import printed_table, setup_lines, write_report
 from experiments.reproduction.table_cells import (
     COST_METRICS,
-    GPU_ADVISED_STEPS,
     Cell,
     PaperTable,
     cell_status,
-    client_steps,
     load_table,
     select,
     table_counts,
@@ -168,6 +167,7 @@ def dry_run_table(table: PaperTable, seeds: int, timing: bool = True) -> tuple[p
             "cell": cell.key, "paper": cell.paper.text, "metric": cell.metric, "status": cell_status(cell),
             "run": cell.recipe if cell.config is not None else (cell.reason or cell.paper.missing),
             "client-steps/seed": steps, "hours/seed": steps * per_step / 3600 if steps and per_step else None,
+            "estimate/seed (2 CPU cores; GPU)": estimate(cell.config).text() if steps is not None else "",
         })
     device = "this machine's device"
     total = (f"{len(runnable)} run cells × {seeds} seeds: {total_steps:,} client steps"
@@ -276,9 +276,9 @@ def run_command(args) -> int:
         print()
         for _, row in listing[listing["why unsupported"] != ""].iterrows():
             print(f"{row['table']} unsupported: {row['why unsupported']}")
-        print("\nrunnable here: its data loads on this machine; GPU advised: runnable, ≥ "
-              f"{GPU_ADVISED_STEPS:,} client steps per seed (a 300-round Fashion-MNIST cell, 180,000 steps, took 17 min on 2 CPU "
-              f"cores; larger models' steps take longer); needs data: its data set is not on "
+        print("\nrunnable here: its data loads on this machine; GPU advised: runnable, estimated over "
+              f"{duration(GPU_ADVISED_CPU_SECONDS)} a seed on 2 CPU cores (its client steps × its model's measured step; "
+              f"a 300-round Fashion-MNIST cell: 17 min; experiments/reproduction/estimates.py); needs data: its data set is not on "
               "this machine (CIFAR downloads where the hub is reachable); cost: MFLOPs/parameters measured here on the CPU")
         return 0
     if args.dry_run:

@@ -14,16 +14,15 @@ row or cell may instead say why it cannot run (``unsupported``) or what a reader
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from experiments.reproduction.estimates import estimate
 from experiments.runtime.machine import data_problem_of
 from experiments.runtime.run_config import default_run_config, load_preset, named_toml, read_toml, resolve_config
-from strategies.cohort import cohort_size
 from strategies.config import ConfigError
 
 TABLES_DIR = Path(__file__).resolve().parents[1] / "paper_tables"
@@ -46,11 +45,6 @@ NOT_THE_SETUP = frozenset({
     "output-dir", "checkpoint-every", "resume", "round-timeout", "node-timeout", "save-models-every",
     "save-models-last", "save-client-models", "round-indicators", "track", "track-dir", "track-group",
 })
-# A runnable cell with at least this many client steps per seed is marked "GPU advised":
-# about an hour or more on 2 CPU cores (a 300-round Fashion-MNIST cell has 180 000).
-GPU_ADVISED_STEPS = 100_000
-# Training-split sizes of the built-in sets (for the client-step estimate without loading them).
-TRAIN_SIZES = {"digits": 1437, "fashion-mnist": 60_000, "cifar10": 50_000, "cifar100": 50_000}
 VALUE = re.compile(r"^\s*(?P<value>-?\d+(?:\.\d+)?)\s*(?:±\s*(?P<spread>\d+(?:\.\d+)?))?\s*(?P<plus>\+)?\s*$")
 MISSING = {"n/a": "the paper reports no number (N/A)", "lost": "the number was lost in the text the table was copied from"}
 
@@ -250,22 +244,6 @@ def select(table: PaperTable, only: Sequence[str]) -> PaperTable:
 
 # ---- what can run here ---------------------------------------------------------------------
 
-def local_steps_per_round(config: Mapping[str, Any]) -> int | None:
-    """Local steps one client takes per round, for the mean partition size (None when the
-    data set's size is not known without loading it)."""
-    size = TRAIN_SIZES.get(str(config["dataset"]))
-    if size is None:
-        return None
-    per_client = size / max(1, int(config["num-clients"]))
-    return int(config["local-epochs"]) * max(1, math.ceil(per_client / int(config["batch-size"])))
-
-
-def client_steps(config: Mapping[str, Any]) -> int | None:
-    """Client steps of one run (rounds × cohort × local steps), or None when unknown."""
-    steps = local_steps_per_round(config)
-    return None if steps is None else int(config["num-rounds"]) * cohort_size(config) * steps
-
-
 def cell_status(cell: Cell) -> str:
     """``not reported``, ``unsupported``, ``cost`` (computed here on the CPU),
     ``needs data`` (its data set cannot be loaded here), ``GPU advised`` or ``runnable``."""
@@ -277,8 +255,7 @@ def cell_status(cell: Cell) -> str:
         return "cost"
     if data_problem_of(cell.config) is not None:
         return "needs data"
-    steps = client_steps(cell.config)
-    return "GPU advised" if steps is not None and steps >= GPU_ADVISED_STEPS else "runnable"
+    return "GPU advised" if estimate(cell.config).gpu_advised else "runnable"
 
 
 def table_counts(table: PaperTable) -> dict[str, int]:
