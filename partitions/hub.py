@@ -45,14 +45,16 @@ def load_hub_dataset(hub_id: str) -> TensorDataset:
 
     The image column is the first ``Image`` feature, the label column the first
     ``ClassLabel`` (or the one named in ``HUB_LABEL_KEYS``); a text set has string columns
-    ``x`` and ``y``.
+    ``x`` and ``y``. ``ID@REVISION`` pins the hub repository's revision (a commit, tag or branch).
     """
     from datasets import ClassLabel, Image
     from flwr_datasets import FederatedDataset
     from flwr_datasets.partitioner import IidPartitioner
 
+    name, _, revision = hub_id.partition("@")
+    pinned = {"revision": revision} if revision else {}
     # The partitioner is unused: Basin partitions the labels itself (see partitions/).
-    fds = FederatedDataset(dataset=hub_id, partitioners={"train": IidPartitioner(1)}, shuffle=False)
+    fds = FederatedDataset(dataset=name, partitioners={"train": IidPartitioner(1)}, shuffle=False, **pinned)
     splits = {"train": fds.load_split("train")}
     try:
         splits["test"] = fds.load_split("test")
@@ -62,7 +64,7 @@ def load_hub_dataset(hub_id: str) -> TensorDataset:
     features = splits["train"].features
     text = {"x", "y"} <= set(features) and all(getattr(features[k], "dtype", "") == "string" for k in ("x", "y"))
     image_key = next((k for k, f in features.items() if isinstance(f, Image)), None)
-    label_key = HUB_LABEL_KEYS.get(hub_id) or next(
+    label_key = HUB_LABEL_KEYS.get(name) or next(
         (k for k, f in features.items() if isinstance(f, ClassLabel) and k not in ("coarse_label", "domain")), None
     )
     if not text and (image_key is None or label_key is None):

@@ -35,7 +35,7 @@ GPU_ADVISED_CPU_SECONDS = 3600.0  # over an hour on 2 CPU cores
 # (an hour of the FMNIST CNN's: a floor, as every other shipped model's step takes longer).
 GPU_ADVISED_STEPS = 200_000
 # Training-split sizes of the built-in sets (for the client-step estimate without loading them).
-TRAIN_SIZES = {"digits": 1437, "fashion-mnist": 60_000, "cifar10": 50_000, "cifar100": 50_000}
+TRAIN_SIZES = {"digits": 1438, "fashion-mnist": 60_000, "cifar10": 50_000, "cifar100": 50_000}
 
 
 @dataclass(frozen=True)
