@@ -53,3 +53,5 @@ def test_a_sweep_without_its_data_is_refused_and_list_marks_the_runs(tmp_path, c
     assert sweep_module.main([str(sweep_file), "--out", str(tmp_path / "out"), "--list"]) == 0
     captured = capsys.readouterr()
     assert captured.out.count("unavailable") == 2 and "does not exist" in captured.err
+    # each run's estimate (4 clients, 2 a round, 60,000 / 4 examples: 300 batches of 32 … on digits' defaults)
+    assert captured.out.count("on 2 CPU cores; GPU not measured") == 2 and "all 2 estimated runs: ≈" in captured.out

@@ -24,7 +24,24 @@ def test_a_run_is_its_steps_times_its_models_step_scaled_by_the_measured_run():
     assert expected.client_steps == 10 * 10 * 5 * 50
     assert expected.cpu_seconds == pytest.approx(expected.client_steps * 0.05 * 1044.0 / 180_000 / 0.01)
     assert expected.gpu_seconds is None and "GPU not measured" in expected.text()
-    assert "no measured step of resnet20-gn on cifar100 at batch 100" in estimate({**other, "batch-size": 100}, costs).why
+    # another batch: from the measured ones; another model: none
+    # (batch 40: half the steps, each twice batch 20's one measured step)
+    assert estimate({**other, "batch-size": 40}, costs).cpu_seconds == pytest.approx(expected.cpu_seconds)
+    assert "no measured step of vgg11-gn on cifar100" in estimate({**other, "model": "vgg11-gn"}, costs).why
+
+
+def test_a_step_at_an_unmeasured_batch_is_on_the_line_through_the_nearest_two():
+    from experiments.reproduction.estimates import step_at_batch
+
+    costs = {("m", "d", 50): 0.010, ("m", "d", 100): 0.016, ("m", "d", 200): 0.030, ("n", "d", 10): 0.002}
+    assert step_at_batch(costs, "m", "d", 100) == 0.016
+    assert step_at_batch(costs, "m", "d", 75) == pytest.approx(0.013)  # between 50 and 100
+    assert step_at_batch(costs, "m", "d", 32) == pytest.approx(0.010 - 0.006 * 18 / 50)  # beyond: the same line
+    assert step_at_batch(costs, "m", "d", 1) == pytest.approx(0.010 - 0.006 * 49 / 50)
+    steep = {("k", "d", 10): 0.001, ("k", "d", 20): 0.010}
+    assert step_at_batch(steep, "k", "d", 1) == pytest.approx(0.001 / 20)  # never below per-example scaling
+    assert step_at_batch(costs, "n", "d", 20) == pytest.approx(0.004)  # one measurement: scaled
+    assert step_at_batch(costs, "x", "d", 20) is None
 
 
 def test_gpu_advised_over_an_hour_on_the_cpu_or_by_steps_where_the_step_is_unmeasured():

@@ -288,6 +288,8 @@ def test_dry_run_prints_every_cell_with_the_papers_value(capsys):
     assert out.count(" acc-last-k ") == 192
     assert "FedFA | FMNIST (CNN), #C = 2 | + IMA 88.06" in " ".join(out.split())
     assert "192 run cells × 3 seeds:" in out
+    # each FMNIST cell's estimate on 2 CPU cores and on the H100 (experiments/reproduction/estimates.py)
+    assert " ".join(out.split()).count("≈ 17 min on 2 CPU cores; ≈ 44 s on one H100") == 32
 
 
 def test_usage_errors_are_named_before_anything_starts():

@@ -3,7 +3,8 @@ cores and, where Basin has measured the model there, on one GPU; the listings
 (``experiments.run --list-presets``, ``experiments.sweep --list``, ``experiments.reproduce
 --list`` and ``--dry-run``) print it, saying which.
 
-The CPU estimate scales FedAvg's step of the run's model (``experiments/measured/step-costs.csv``:
+The CPU estimate scales FedAvg's step of the run's model (at the run's batch size, or from
+the nearest measured ones: :func:`step_at_batch`) (``experiments/measured/step-costs.csv``:
 median seconds of one step, one client at a time, 2 CPU cores, as
 ``.venv/bin/python -m experiments.reproduction.step_costs`` measures them) by what a whole Flower
 run took per step on the same cores (a 300-round Fashion-MNIST cell: 17 min 24 s for 180,000
@@ -22,6 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from clients.model_names import resolve_model_name
 from strategies.cohort import cohort_size
 
 STEP_COSTS = Path(__file__).resolve().parents[1] / "measured" / "step-costs.csv"
@@ -103,9 +105,27 @@ def estimate(config: Mapping[str, Any], costs: Mapping[tuple[str, str, int], flo
     steps = client_steps(config)
     if steps is None:
         return Estimate(None, None, None, why=f"{config['dataset']}'s size is known once it loads")
-    key = (str(config["model"]), str(config["dataset"]), int(config["batch-size"]))
-    if key not in costs:
-        return Estimate(steps, None, None, why=f"no measured step of {key[0]} on {key[1]} at batch {key[2]}")
+    key = (resolve_model_name(str(config["model"]), str(config["dataset"])), str(config["dataset"]),
+           int(config["batch-size"]))
+    seconds = step_at_batch(costs, *key)
+    if seconds is None:
+        return Estimate(steps, None, None, why=f"no measured step of {key[0]} on {key[1]}")
     run_per_step = REFERENCE_RUN["seconds"] / REFERENCE_RUN["client-steps"] / costs[REFERENCE_RUN["key"]]
     gpu_rate, gpu = GPU_STEPS_PER_SECOND.get(key, (None, ""))
-    return Estimate(steps, steps * costs[key] * run_per_step, steps / gpu_rate if gpu_rate else None, gpu)
+    return Estimate(steps, steps * seconds * run_per_step, steps / gpu_rate if gpu_rate else None, gpu)
+
+
+def step_at_batch(costs: Mapping[tuple[str, str, int], float], model: str, dataset: str, batch: int) -> float | None:
+    """The measured step of ``model`` on ``dataset`` at ``batch``: the measurement itself, else
+    the line through the two measured batches nearest to it (a step's cost is a fixed part plus
+    one per example), else one measurement scaled by the batch; None without any."""
+    measured = sorted((b, seconds) for (m, d, b), seconds in costs.items() if (m, d) == (model, dataset))
+    if not measured:
+        return None
+    exact = dict(measured)
+    if batch in exact:
+        return exact[batch]
+    if len(measured) == 1:
+        return measured[0][1] * batch / measured[0][0]
+    (b1, s1), (b2, s2) = sorted(sorted(measured, key=lambda m: abs(m[0] - batch))[:2])
+    return max(s1 + (s2 - s1) * (batch - b1) / (b2 - b1), min(s1, s2) * batch / max(b1, b2))
