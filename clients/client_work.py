@@ -20,13 +20,14 @@ from clients.client_info import ClientInfo
 from clients.data import client_tensors, node_tensors
 from clients.faults import inject_faults
 from clients.halves import installed
-from clients.local_round import LocalRound, round_randomness
+from clients.local_round import LocalRound, round_randomness, training_config
 from clients.log import log
 from clients.memory_format import CHANNELS_LAST, memory_format
 from clients.mime import full_gradient
 from clients.models import build_model, resolve_model_name, uses_projection_head
 from clients.protocol import partition_of
 from clients.state_store import ClientStateStore, last_checkpoint_round
+from clients.system_speed import message_bytes, simulated_work
 from clients.training import evaluate, select_device
 from partitions.datasets import load_dataset
 
@@ -119,6 +120,13 @@ def training_reply(msg: Message, context: Context, started: float, device: torch
     partition_id, _ = partition_of(context)
     round_config = msg.content["config"]
     x, y, x_held_out, y_held_out = tensors
+    work = simulated_work(round_config, training_config(round_config).planned_steps(len(y)), message_bytes(msg.content))
+    if work is not None and work.late:  # dropped at the deadline: no work, its client state untouched
+        late = {protocol.LATE: 1.0, protocol.SIMULATED_SECONDS: work.seconds, protocol.PLANNED_STEPS: work.planned,
+                "num-examples": len(y)}
+        return Message(content=RecordDict({"metrics": MetricRecord(late)}), reply_to=msg)
+    if work is not None and work.steps < work.planned:  # partial work: the steps it has time for
+        round_config[protocol.STEP_BUDGET] = work.steps
     # client-evaluation: the received model on this client's held-out split, before it trains
     # (with federated evaluation the server asks for it after aggregation instead)
     held_out = {}
@@ -154,6 +162,8 @@ def training_reply(msg: Message, context: Context, started: float, device: torch
         every = int(round_config[protocol.CHECKPOINT_EVERY])
         snapshots.save(context.state, server_round, last_checkpoint_round(server_round, every, resumed_after), attempt)
     metrics.update({**held_out, **process_usage(started, device)})
+    if work is not None:
+        metrics.update({protocol.SIMULATED_SECONDS: work.seconds, protocol.PLANNED_STEPS: work.planned})
     trained_in = memory_format(resolve_model_name(str(run_config["model"]), str(run_config["dataset"])), device.type)
     metrics[protocol.CHANNELS_LAST] = float(trained_in == CHANNELS_LAST)
     state = model.state_dict()

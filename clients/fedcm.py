@@ -47,7 +47,8 @@ class MomentumDirection(ClientComponent):
         self.per_client = config[protocol.FEDCM_SCALE] == "client"
 
     def gradient_terms(self, config: LocalTrainingConfig, num_examples: int) -> list:
-        step_scale = 1.0 / (config.lr * config.num_steps(num_examples)) if self.per_client else 1.0
+        # K_i as planned: under partial work (clients/system_speed.py) Δ_t is set before the cut
+        step_scale = 1.0 / (config.lr * config.planned_steps(num_examples)) if self.per_client else 1.0
         return [fedcm_term(self.model, self.direction, self.alpha, step_scale)]
 
 

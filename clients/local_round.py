@@ -36,6 +36,7 @@ def training_config(round_config: Mapping[str, Any]) -> LocalTrainingConfig:
         step_lr_start=float(round_config.get(protocol.STEP_LR_START, 1.0)),
         step_lr_end=float(round_config.get(protocol.STEP_LR_END, 1.0)),
         nesterov=bool(round_config.get("nesterov", False)),
+        step_budget=int(round_config.get(protocol.STEP_BUDGET, 0)),
     )
 
 

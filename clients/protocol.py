@@ -46,6 +46,16 @@ CLIENT_STATE_ATTEMPT = "client-state-attempt"  # a token per start of the Server
 # hold no state of that round or later has lost its client state (clients/client_work.py).
 CLIENT_STATE_TRAINED_ROUND = "client-state-trained-round"
 CLIENT_STATE_LOST = "ClientStateLost"  # the error a node that lost its client state replies with
+# The simulated clock (strategies/system_clock.py, clients/system_speed.py): to one node, its
+# compute speed (1 = a step takes step-seconds) and bandwidth (bytes per simulated second);
+# to all, a step's simulated seconds at speed 1, the straggler policy and the round's deadline
+# in simulated seconds (0: none).
+CLIENT_SPEED = "client-speed"
+CLIENT_BANDWIDTH = "client-bandwidth"
+STEP_SECONDS = "step-seconds"
+STRAGGLER_POLICY = "straggler-policy"
+ROUND_DEADLINE = "round-deadline"
+STEP_BUDGET = "step-budget"  # set by the client itself under partial work: the steps it has time for
 
 # Client state (context.state) entries.
 # Node config entry: where this SuperNode keeps its state snapshots instead of CLIENT_STATE_ROOT.
@@ -75,6 +85,12 @@ EVALUATED_EXAMPLES = "examples"
 EVALUATED_BASE_MODEL, EVALUATED_AVERAGED_MODEL = "base", "averaged"
 CHANNELS_LAST = "channels-last"  # 1.0 where the client trained in channels-last (clients/memory_format.py), else 0.0
 GPU_PEAK_MIB = "gpu-peak-mib"  # the client process's peak CUDA memory allocated so far (MiB; CUDA only)
+# With the simulated clock: the client's simulated seconds for the round (its steps and its
+# message's bytes both ways), the steps it planned (more than local-steps: partial work), and
+# LATE = 1 in the reply of a client that missed the deadline and did no work.
+SIMULATED_SECONDS = "simulated-seconds"
+PLANNED_STEPS = "planned-steps"
+LATE = "late"
 
 # ArrayRecords.
 MODEL_RECORD = "arrays"  # both ways: the model (the ArrayRecord key of Flower's strategies)

@@ -52,12 +52,20 @@ class LocalTrainingConfig:
     step_lr_start: float = 1.0
     step_lr_end: float = 1.0
     nesterov: bool = False
+    # Partial work (straggler-policy = partial, clients/system_speed.py): stop after this many
+    # of the K planned steps, on the planned steps' lrs (0: all K).
+    step_budget: int = 0
 
-    def num_steps(self, num_examples: int) -> int:
+    def planned_steps(self, num_examples: int) -> int:
         """K: ``local_steps`` when set, else ``local_epochs`` passes of ⌈n/B⌉ batches."""
         if self.local_steps > 0:
             return self.local_steps
         return self.local_epochs * -(-num_examples // self.batch_size)
+
+    def num_steps(self, num_examples: int) -> int:
+        """The steps the client runs: K, or its step budget where that is fewer."""
+        planned = self.planned_steps(num_examples)
+        return min(planned, self.step_budget) if self.step_budget > 0 else planned
 
 
 def in_round_lrs(lr: float, num_steps: int, start_factor: float, end_factor: float) -> list[float]:
@@ -122,7 +130,8 @@ def train_local(
     objective = objective or CrossEntropy()
     model.train()
     num_steps = config.num_steps(len(y))
-    lrs = in_round_lrs(config.lr, num_steps, config.step_lr_start, config.step_lr_end)
+    # A client cut short keeps the lrs it planned (FedSWA's in-round decay is not squeezed).
+    lrs = in_round_lrs(config.lr, config.planned_steps(len(y)), config.step_lr_start, config.step_lr_end)[:num_steps]
     sizes = batch_sizes(len(y), config.batch_size, num_steps)
     draws = [()] * num_steps
     if augment is not None:

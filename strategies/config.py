@@ -31,6 +31,7 @@ from partitions.stats import LABEL_SCHEMES
 from strategies.cohort import cohort_size
 from strategies.general_keys import AVERAGING_AND_RUN, DATA_AND_TRAINING, DEFAULT_PARTICIPATION
 from strategies.methods.registry import AVERAGINGS_BY_NAME, METHODS_BY_NAME, method, method_options, refuse_broken_plugin
+from strategies.system_clock import read_trace
 
 # Every declared method (strategies/methods/registry.py): server-side methods, then methods that only
 # change the clients' local objective.
@@ -203,6 +204,7 @@ def validate_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
         rule.check(config)
     if config["evaluation"] == "federated":
         _check_federated_evaluation(config)
+    _check_participation_and_clock(config)
     if config["min-replies"] > cohort_size(config):
         raise ConfigError(
             f"run config key 'min-replies' = {config['min-replies']} exceeds the cohort size {cohort_size(config)} "
@@ -234,6 +236,51 @@ def _check_federated_evaluation(config: Mapping[str, Any]) -> None:
             f"which federated evaluation does not read; allowed: round-indicators = false, augment = 'none', or "
             f"evaluation = 'central'"
         )
+
+
+def _check_participation_and_clock(config: Mapping[str, Any]) -> None:
+    """The participation model's and the simulated clock's keys together (each alone is checked by its Option)."""
+    model = config["participation-model"]
+    if config["availability-min"] > config["availability-max"]:
+        raise ConfigError(
+            f"run config key 'availability-min' = {config['availability-min']:g} exceeds availability-max = "
+            f"{config['availability-max']:g}; allowed: availability-min <= availability-max"
+        )
+    needs_data = model == "data-correlated" or (model == "availability" and config["availability-source"] == "data-size")
+    if needs_data and config["evaluation"] == "federated":
+        what = "'data-correlated'" if model == "data-correlated" else "'availability' with availability-source = 'data-size'"
+        raise ConfigError(
+            f"run config key 'participation-model' = {what} needs each client's label counts or size on the server, "
+            f"which under evaluation = 'federated' holds no data; allowed: participation-model 'uniform', 'cyclic', "
+            f"or 'availability' with availability-source = 'random'"
+        )
+    if model == "cyclic" and config["cyclic-groups"] > config["num-clients"]:
+        raise ConfigError(
+            f"run config key 'cyclic-groups' = {config['cyclic-groups']} exceeds num-clients = {config['num-clients']} "
+            f"(a group would be empty); allowed: 2..{config['num-clients']}"
+        )
+    speeds, policy, deadline = config["system-speeds"], config["straggler-policy"], config["round-deadline"]
+    if policy != "wait" and (speeds == "none" or deadline == 0):
+        raise ConfigError(
+            f"run config key 'straggler-policy' = {policy!r} acts at round-deadline on the simulated clock, but "
+            f"system-speeds = {speeds!r} and round-deadline = {deadline:g}; allowed: system-speeds 'lognormal' or "
+            f"'trace' with round-deadline > 0, or straggler-policy = 'wait'"
+        )
+    if deadline > 0 and policy == "wait":
+        raise ConfigError(
+            f"run config key 'round-deadline' = {deadline:g} does nothing under straggler-policy = 'wait'; allowed: "
+            f"round-deadline = 0, or straggler-policy 'deadline' or 'partial'"
+        )
+    if (speeds == "trace") != bool(config["speed-trace"]):
+        raise ConfigError(
+            f"run config key 'speed-trace' = {config['speed-trace']!r} with system-speeds = {speeds!r}; allowed: a "
+            f"trace file exactly when system-speeds = 'trace'"
+        )
+    if speeds == "trace":
+        try:
+            read_trace(config["speed-trace"])
+        except ValueError as error:
+            raise ConfigError(f"run config key 'speed-trace': {error}") from None
 
 
 def _check_model_plugin(spec: ModelSpec, config: Mapping[str, Any]) -> None:

@@ -24,6 +24,7 @@ from flwr.serverapp import Grid
 from clients import protocol
 from clients.flower_internals import pull_replies
 from clients.simulation_engine import expect_replies, wait_for_reply
+from clients.system_speed import message_bytes
 
 
 @dataclass
@@ -63,9 +64,7 @@ def with_config_entries(message: Message, own: dict[str, int]) -> Message:
 
 def array_bytes(message: Message) -> int:
     """The bytes of the arrays a message carries (0 for an error reply)."""
-    if not message.has_content():
-        return 0
-    return sum(len(array.data) for record in message.content.array_records.values() for array in record.values())
+    return message_bytes(message.content) if message.has_content() else 0
 
 
 class Replies(list):

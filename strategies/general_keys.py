@@ -13,12 +13,15 @@ from clients.model_names import DEFAULT_MODEL, MODEL_NAMES
 from clients.model_plugins import MODEL_PLUGINS
 from clients.options import Option
 from clients.options import one_of as _one_of
+from clients.system_speed import STRAGGLER_POLICIES
 from partitions.client_dirichlet import CONCENTRATIONS as CLIENT_CONCENTRATIONS
 from partitions.client_dirichlet import EXHAUSTIONS as CLIENT_EXHAUSTIONS
 from partitions.datasets import BUILTIN_DATASETS, is_known_dataset
 from partitions.stats import PARTITION_SCHEMES
+from strategies.participation import AVAILABILITY_SOURCES, PARTICIPATION_MODELS
 from strategies.privacy import DP_ORDERS
 from strategies.schedules import EXPLORATIONS, LR_SCHEDULES
+from strategies.system_clock import SYSTEM_SPEEDS, parse_epochs_range
 from strategies.tracking import TRACKERS, tracker_names
 
 # participation's default (pyproject.toml's): with clients-per-round > 0 it must stay so.
@@ -52,6 +55,14 @@ def _parses_as_faults(spec: str) -> bool:
     return True
 
 
+def _parses_as_epochs_range(text: str) -> bool:
+    try:
+        bounds = parse_epochs_range(text)
+    except ValueError:
+        return False
+    return bounds is None or 1 <= bounds[0] <= bounds[1] <= MAX_LOCAL_EPOCHS
+
+
 # The keys listed before the method's (``strategy``, ``server-lr``, then each method's own).
 DATA_AND_TRAINING: dict[str, Option] = {
     "dataset": Option(str, f"one of {', '.join(BUILTIN_DATASETS)} or 'hf:<hub id or local path>'", is_known_dataset),
@@ -81,6 +92,44 @@ DATA_AND_TRAINING: dict[str, Option] = {
     "clients-per-round": Option(int,
             "an integer >= 0 (clients sampled each round; 0 = participation · num-clients; else participation "
             f"stays at its default {DEFAULT_PARTICIPATION})", lambda v: v >= 0),
+    "participation-model": Option(str,
+            "'uniform' (every client available every round), 'availability' (client k available with its own "
+            "probability p_k: availability-source), 'cyclic' (cyclic-groups groups available in turn, "
+            "cyclic-rounds rounds each) or 'data-correlated' (p_k set by the share of its examples in the first "
+            "correlated-classes classes); the cohort is sampled from the available clients",
+            lambda v: v in PARTICIPATION_MODELS, PARTICIPATION_MODELS),
+    "availability-min": Option(float, "a probability in (0, 1] (the least available client's p_k)",
+            lambda v: 0 < v <= 1),
+    "availability-max": Option(float, "a probability in (0, 1], at least availability-min (the most available "
+            "client's p_k)", lambda v: 0 < v <= 1),
+    "availability-source": Option(str, "'random' (p_k drawn once per client, uniform between availability-min "
+            "and -max) or 'data-size' (p_k rising linearly with the client's number of examples)",
+            lambda v: v in AVAILABILITY_SOURCES, AVAILABILITY_SOURCES),
+    "cyclic-groups": Option(int, "an integer >= 2 (participation-model = 'cyclic': client k is in group k mod "
+            "this)", lambda v: v >= 2),
+    "cyclic-rounds": Option(int, "an integer >= 1 (participation-model = 'cyclic': rounds each group stays "
+            "available)", lambda v: v >= 1),
+    "correlated-classes": Option(int, "an integer >= 0 (participation-model = 'data-correlated': the first this "
+            "many classes make a client available; 0 = the first half)", lambda v: v >= 0),
+    "system-speeds": Option(str, "'none' (no simulated clock), 'lognormal' (each client's compute speed and "
+            "bandwidth drawn once, speed-sigma, bandwidth-mbps, bandwidth-sigma) or 'trace' (read from the CSV "
+            "file speed-trace); results.csv then has each round's simulated-seconds and the run's simulated-time",
+            lambda v: v in SYSTEM_SPEEDS, SYSTEM_SPEEDS),
+    "speed-sigma": Option(float, "a number >= 0 (σ of ln compute speed; the median client runs a step in "
+            "step-seconds)", lambda v: v >= 0),
+    "bandwidth-mbps": Option(float, "a number > 0 (the median client's bandwidth, megabits per second)",
+            lambda v: v > 0),
+    "bandwidth-sigma": Option(float, "a number >= 0 (σ of ln bandwidth)", lambda v: v >= 0),
+    "speed-trace": Option(str, "'' or the path of a CSV file with columns speed, bandwidth-mbps (client k "
+            "takes row k mod its rows)"),
+    "step-seconds": Option(float, "a number > 0 (simulated seconds of one local step at speed 1)", lambda v: v > 0),
+    "straggler-policy": Option(str, "'wait' (a round lasts as long as its slowest client), 'deadline' (a client "
+            "that cannot finish by round-deadline is dropped) or 'partial' (it sends the local steps it finished "
+            "by then)", lambda v: v in STRAGGLER_POLICIES, STRAGGLER_POLICIES),
+    "round-deadline": Option(float, "a number of simulated seconds >= 0 (straggler-policy 'deadline' and "
+            "'partial'; 0 = none)", lambda v: v >= 0),
+    "local-epochs-range": Option(str, "'' or 'A-B' (each client draws its local epochs from A..B every round, "
+            "FedNova's heterogeneous epochs; replaces local-epochs)", _parses_as_epochs_range),
     "num-rounds": Option(int, f"an integer from 1 to {MAX_ROUNDS:,}", lambda v: 1 <= v <= MAX_ROUNDS),
     "local-epochs": Option(int, f"an integer from 1 to {MAX_LOCAL_EPOCHS:,}", lambda v: 1 <= v <= MAX_LOCAL_EPOCHS),
     "batch-size": Option(int, f"an integer from 1 to {MAX_BATCH:,}", lambda v: 1 <= v <= MAX_BATCH),

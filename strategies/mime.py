@@ -97,6 +97,8 @@ class Mime(ServerUpdate, InPlaceFedAvg):
             return
         node_of_partition = self.node_of_partition
         cohort = self.sample_partitions(server_round)  # the cohort configure_train will address
+        if not cohort:  # too few available clients: the round is skipped
+            return
         messages = [
             Message(content=RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": server_round})}),
                     dst_node_id=node_of_partition[p], message_type=f"query.{FULL_GRADIENT_ACTION}")

@@ -107,6 +107,10 @@ def summarize(rows: Sequence[Mapping[str, Any]], last_k: int, target: float) -> 
         "bytes-received": int(sum(v for r in rows if not math.isnan(v := float(r.get("bytes-received", 0))))),
         # with server-side DP: the ε spent after the last round (NaN where no accountant applies)
         **({"dp-epsilon": float(rows[-1]["dp-epsilon"])} if "dp-epsilon" in rows[-1] else {}),
+        # with the simulated clock: the run's simulated seconds, and those until target-accuracy was reached
+        **({"simulated-time": float(rows[-1]["simulated-time"]),
+            "time-to-target": next((float(r["simulated-time"]) for r in rows if int(r["round"]) == reached), None)}
+           if "simulated-time" in rows[-1] else {}),
     }
 
 
@@ -169,7 +173,7 @@ class RunRecorder:
     def extend_columns(self, extra: tuple[str, ...]) -> None:
         """Add columns a run knows only once its data is loaded (per-domain accuracies);
         before its first new round: the file is written again with them."""
-        self.columns = ROUND_COLUMNS + tuple(c for c in extra if c not in ROUND_COLUMNS)
+        self.columns = self.columns + tuple(c for c in extra if c not in self.columns)
         self._write_rows()
 
     def _write_rows(self) -> None:

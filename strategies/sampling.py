@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -23,8 +23,10 @@ from clients import protocol
 from clients.log import log
 from strategies.discovery import query_partitions
 from strategies.exchange import ASSIGNED_PARTITIONS, with_config_entries
+from strategies.participation import ParticipationModel
 from strategies.reply_screening import NODE_UNAVAILABLE, ClientFailure, Layout, layout_of, screen_replies
 from strategies.round_interface import RoundStrategy
+from strategies.system_clock import SystemClock
 from strategies.weighted_mean import array_view
 
 
@@ -82,7 +84,9 @@ class CohortSampling(RoundStrategy):
     min_replies: int = 1
 
     def bind_partitions(self, partition_of_node: dict[int, int], cohort_size: int, seed: int, min_replies: int = 1,
-                        skip_unavailable: bool = False, follow_trained_rounds: bool = False) -> None:
+                        skip_unavailable: bool = False, follow_trained_rounds: bool = False,
+                        participation: ParticipationModel | None = None, clock: SystemClock | None = None,
+                        local_epochs: Callable[[int, list[int]], dict[int, int] | None] | None = None) -> None:
         if not 1 <= min_replies <= cohort_size:
             raise ValueError(f"min_replies must be between 1 and the cohort size {cohort_size}, got {min_replies}")
         self.partition_of_node = dict(partition_of_node)
@@ -107,6 +111,12 @@ class CohortSampling(RoundStrategy):
         # With client-state snapshots (strategies/server_work.py): {partition: the last round its
         # reply was accepted in}, sent to it, so a node that lost its client state says so.
         self.trained_rounds: dict[int, int] | None = {} if follow_trained_rounds else None
+        # Who is available each round (strategies/participation.py; uniform: everyone, no draw),
+        # the simulated clock (strategies/system_clock.py) and per-client local epochs, or None.
+        self.participation = participation or ParticipationModel()
+        self.clock = clock
+        self.local_epochs = local_epochs
+        self.round_available = 0
 
     def _assign_partitions(self) -> None:
         """Tell the exchange each named node's partition id (strategies/exchange.py)."""
@@ -149,17 +159,46 @@ class CohortSampling(RoundStrategy):
             log.info(f"partitions {sorted(moved)} now on nodes {sorted(found)} (rejoined)")
 
     def sample_partitions(self, server_round: int) -> list[int]:
-        """The sorted partition ids of a round's cohort: by default from every partition
-        (depends only on seed and round, so a dead node's partition is still sampled and
-        counted failed); with ``skip_unavailable``, from the partitions whose node Flower
-        has not reported unavailable (the cohort then depends on when nodes died)."""
+        """The sorted partition ids of a round's cohort, sampled from the partitions available in
+        the round: by default every partition (depends only on seed and round, so a dead node's
+        partition is still sampled and counted failed); under a participation model those it
+        makes available (a function of seed, round and partition), none when fewer than
+        ``min_replies`` are; with ``skip_unavailable``, without the partitions whose node Flower
+        has reported unavailable (the cohort then depends on when nodes died)."""
         rng = np.random.default_rng([self.seed, server_round])
-        if not (self.skip_unavailable and self.unavailable_nodes):
-            chosen = rng.choice(len(self.partition_of_node), size=self.cohort_size, replace=False)
+        num_partitions = len(self.partition_of_node)
+        available = self.participation.available(server_round, num_partitions)
+        dead = self.skip_unavailable and self.unavailable_nodes
+        if available is None and not dead:
+            self.round_available = num_partitions
+            chosen = rng.choice(num_partitions, size=self.cohort_size, replace=False)
             return sorted(int(p) for p in chosen)
-        available = sorted(p for n, p in self.partition_of_node.items() if n not in self.unavailable_nodes)
-        chosen = rng.choice(len(available), size=min(self.cohort_size, len(available)), replace=False)
-        return sorted(available[int(i)] for i in chosen)
+        pool = np.flatnonzero(available) if available is not None else np.arange(num_partitions)
+        if dead:
+            gone = {p for n, p in self.partition_of_node.items() if n in self.unavailable_nodes}
+            pool = np.array([p for p in pool if p not in gone], dtype=np.int64)
+        self.round_available = len(pool)
+        if available is not None and len(pool) < self.min_replies:
+            return []
+        chosen = rng.choice(len(pool), size=min(self.cohort_size, len(pool)), replace=False)
+        return sorted(int(pool[int(i)]) for i in chosen)
+
+    def client_entries(self, server_round: int, partitions: list[int]) -> dict[int, dict[str, Any]]:
+        """Each sampled partition's own config entries: the round its reply was last accepted in
+        (client-state snapshots), its speed and bandwidth (the clock), its local epochs
+        (local-epochs-range)."""
+        entries: dict[int, dict[str, Any]] = {p: {} for p in partitions}
+        if self.trained_rounds:
+            for p in partitions:
+                if trained := self.trained_rounds.get(p):
+                    entries[p][protocol.CLIENT_STATE_TRAINED_ROUND] = trained
+        if self.clock is not None:
+            for p in partitions:
+                entries[p].update(self.clock.client_entries(p))
+        epochs = self.local_epochs(server_round, partitions) if self.local_epochs is not None else None
+        for p, local_epochs in (epochs or {}).items():
+            entries[p]["local-epochs"] = local_epochs
+        return entries
 
     @property
     def node_of_partition(self) -> dict[int, int]:
@@ -191,20 +230,29 @@ class CohortSampling(RoundStrategy):
         node_of_partition = self.node_of_partition
         self.sent_to = {node_of_partition[p]: p for p in self.sample_partitions(server_round)}
         self.sent_layout = layout_of(arrays)
+        if not self.sent_to:  # too few available clients: the round is skipped (aggregate_train says so)
+            return []
         messages = super().configure_train(server_round, arrays, config, CohortGrid(grid, list(self.sent_to)))
-        if not self.trained_rounds:
-            return messages
-        return [with_config_entries(message, {protocol.CLIENT_STATE_TRAINED_ROUND: trained})
-                if (trained := self.trained_rounds.get(self.sent_to[message.metadata.dst_node_id])) else message
-                for message in messages]
+        own = self.client_entries(server_round, sorted(self.sent_to.values()))
+        return [with_config_entries(message, entries) if (entries := own[self.sent_to[message.metadata.dst_node_id]])
+                else message for message in messages]
 
     def aggregate_train(self, server_round, replies):
+        replies = list(replies) if not hasattr(replies, "destinations") else replies
+        # missed the deadline (the clock): dropped, not failed
+        late = late_replies(replies) if self.clock is not None else {}
+        sent_to = {node: p for node, p in self.sent_to.items() if node not in late} if late else self.sent_to
         accepted, self.round_failures = screen_replies(
-            replies, self.sent_to, self.partition_of_node, self.arrayrecord_key, self.sent_layout,
+            [reply for reply in replies if reply.metadata.src_node_id not in late] if late else replies,
+            sent_to, self.partition_of_node, self.arrayrecord_key, self.sent_layout,
             getattr(replies, "destinations", None),
         )
         self.unavailable_nodes.update(f.node_id for f in self.round_failures if NODE_UNAVAILABLE in f.reason.lower())
         self.round_clients = {"clients-ok": len(accepted), "clients-failed": len(self.round_failures), **client_usage(accepted)}
+        if self.participation.name != "uniform":
+            self.round_clients["clients-available"] = self.round_available
+        if self.clock is not None:
+            self.round_clients.update(self.clock_of_round(accepted, late))
         self.round_replies = accepted
         if self.trained_rounds is not None:
             self.trained_rounds.update({self.sent_to[reply.metadata.src_node_id]: server_round for reply in accepted})
@@ -214,11 +262,29 @@ class CohortSampling(RoundStrategy):
         key = self.arrayrecord_key  # type: ignore[attr-defined]  # Flower's FedAvg's
         self.round_records = [{name: reply.content.pop(name) for name in list(reply.content.array_records) if name != key}
                               for reply in accepted]
+        if not self.sent_to and self.round_available < self.min_replies:
+            self.round_status = (f"skipped: {self.round_available} available clients "
+                                 f"({self.participation.name} participation), fewer than min-replies = {self.min_replies}")
+            return None, None
         if len(accepted) < self.min_replies:
             self.round_status = f"skipped: {len(accepted)} accepted replies, fewer than min-replies = {self.min_replies}"
             return None, None
         self.round_status = "aggregated"
         return self.aggregate_accepted(server_round, accepted)
+
+    def clock_of_round(self, accepted: list[Message], late: dict[int, float]) -> dict[str, float]:
+        """The round on the simulated clock: its seconds (the slowest client's, the deadline at
+        most), the clients dropped at the deadline and those that sent partial work."""
+        seconds, partial = list(late.values()), 0
+        for reply in accepted:
+            metrics = reply_metrics(reply)
+            seconds.append(float(metrics.get(protocol.SIMULATED_SECONDS, 0.0)))
+            partial += int(metrics.get("local-steps", 0)) < int(metrics.get(protocol.PLANNED_STEPS, 0))
+        assert self.clock is not None
+        # a client cut short or dropped works until the deadline: the server waits until then
+        round_seconds = self.clock.deadline if late or partial else self.clock.round_seconds(seconds)
+        return {"simulated-seconds": round_seconds, "clients-late": len(late),
+                "clients-partial": partial}
 
     def aggregate_accepted(self, server_round: int, replies: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate screened replies (partition order): the Flower strategy's own rule."""
@@ -271,6 +337,19 @@ class CohortSampling(RoundStrategy):
             partition[reply.metadata.src_node_id]: (model, float(reported["num-examples"]))
             for reply, model, reported in zip(replies, models, metrics)
         }
+
+
+def reply_metrics(reply: Message) -> dict[str, Any]:
+    """A reply's metrics ({} for an error reply or one without any)."""
+    if reply.has_error() or not reply.has_content() or not reply.content.metric_records:
+        return {}
+    return dict(next(iter(reply.content.metric_records.values())))
+
+
+def late_replies(replies: Iterable[Message]) -> dict[int, float]:
+    """{node: the simulated seconds it would have needed} of the replies that say LATE."""
+    return {reply.metadata.src_node_id: float(metrics[protocol.SIMULATED_SECONDS])
+            for reply in replies if protocol.LATE in (metrics := reply_metrics(reply))}
 
 
 def client_usage(replies: Iterable[Message]) -> dict[str, float]:

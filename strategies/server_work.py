@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid
@@ -47,7 +48,7 @@ from strategies.arrays import to_numpy
 from strategies.central_evaluation import CentralEvaluation
 from strategies.checkpoint import CHECKPOINT_FILE, read_checkpoint, restore_checkpoint, write_checkpoint
 from strategies.cohort import cohort_size
-from strategies.config import refuse_buffers_under_dp, summary_horizon, validate_run_config
+from strategies.config import ConfigError, refuse_buffers_under_dp, summary_horizon, validate_run_config
 from strategies.discovery import discover_partitions
 from strategies.exchange import TRAFFIC, send_and_receive
 from strategies.federated_evaluation import FederatedEvaluation
@@ -55,6 +56,7 @@ from strategies.indicators import round_indicators
 from strategies.methods.registry import hand_over_client_halves, method
 from strategies.methods.strategy_builder import build_client_schedule, build_strategy
 from strategies.model_store import discard_rounds_after, save_round_models, saves_round
+from strategies.participation import ParticipationModel, build_participation
 from strategies.privacy import privacy_summary
 from strategies.reply_screening import (
     ClientOutOfGpuMemory,
@@ -68,6 +70,7 @@ from strategies.reply_screening import (
 from strategies.results import RunRecorder
 from strategies.round_interface import RoundStrategy
 from strategies.schedules import ClientSchedule
+from strategies.system_clock import SystemClock, local_epochs_of
 from strategies.tracking import Trackers
 
 
@@ -130,6 +133,7 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
     recorder.describe(arithmetic=arithmetic_record(device, config, config["cuda-deterministic"]))
     if config["dp-clipping-norm"] > 0:
         recorder.describe(privacy=privacy_summary(config))
+    describe_participation_and_clock(config, recorder)
     if config["evaluation"] == "federated":  # the server reads no data set
         recorder.describe(evaluation=FederatedEvaluation.description(config))
         recorder.extend_columns(("clients-evaluated",))
@@ -145,6 +149,34 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
         statistics.finish(raise_error=False)
         raise
     statistics.finish()
+
+
+def describe_participation_and_clock(config: dict[str, Any], recorder: RunRecorder) -> None:
+    """results.csv's columns and summary.json's entries of a participation model and the clock."""
+    if config["participation-model"] != "uniform":
+        recorder.extend_columns(("clients-available",))
+    if config["system-speeds"] != "none":
+        recorder.extend_columns(("simulated-seconds", "simulated-time", "clients-late", "clients-partial"))
+        recorder.describe(clock=SystemClock(config).describe(config))
+
+
+def participation_of(config: dict[str, Any], data) -> ParticipationModel:
+    """The run's participation model, with the partition sizes or label counts it needs (``data``
+    None: federated evaluation, where strategies/config.py refuses the models that need them)."""
+    model = config["participation-model"]
+    if data is None or not (model == "data-correlated" or (model == "availability"
+                                                           and config["availability-source"] == "data-size")):
+        return build_participation(config)
+    indices = partition_indices(config["dataset"], config["data-dir"], config["normalize"], partition_settings(config))
+    if model == "availability":
+        return build_participation(config, np.array([len(part) for part in indices]))
+    if config["correlated-classes"] > data.num_classes:
+        raise ConfigError(
+            f"run config key 'correlated-classes' = {config['correlated-classes']} exceeds {config['dataset']}'s "
+            f"{data.num_classes} classes; allowed: 0..{data.num_classes}")
+    labels = data.y_train.numpy()
+    return build_participation(config, None, np.stack([np.bincount(labels[part], minlength=data.num_classes)
+                                                            for part in indices]))
 
 
 def round_timeout(config: dict[str, Any], first_contact: bool) -> float:
@@ -178,6 +210,9 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
 
     strategy = build_strategy(config)
     schedule = build_client_schedule(config)
+    participation = participation_of(config, data)
+    if participation.name != "uniform":
+        recorder.describe(participation=participation.describe())
     federation = discover_partitions(grid, config["num-clients"], config["node-timeout"], (num_classes, input_shape),
                                      checkpoint.get("partition-names") if checkpoint else None)
     if federation.data_problems:  # the nodes whose rounds will fail: named in the summary too
@@ -189,6 +224,9 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
         config["min-replies"], skip_unavailable=config["dead-nodes"] == "skip",
         # with client-state snapshots, each node is told when it last trained (a lost state is then its error)
         follow_trained_rounds=bool(method(config["strategy"]).client_state and config["checkpoint-every"]),
+        participation=participation,
+        clock=SystemClock(config) if config["system-speeds"] != "none" else None,
+        local_epochs=(lambda t, partitions: local_epochs_of(config, t, partitions)) if config["local-epochs-range"] else None,
     )
     # In a simulation discovery read the engine's map: round 1 is the client processes' first message.
     clients_unasked = simulated_partitions(timeout=0) is not None
@@ -217,6 +255,8 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
         if not clients_unasked:  # simulated nodes never rejoin; asking the link for them costs O(K) a round
             strategy.follow_rejoined_nodes(grid, config["round-timeout"])
         train_config = round_train_config(config, schedule, server_round, black)
+        if strategy.clock is not None:
+            train_config.update(strategy.clock.round_entries())
         if snapshots:
             train_config.update({**snapshots, protocol.RESUMED_AFTER_ROUND: first_round - 1})
         strategy.prepare_round(server_round, arrays, grid)  # a method's exchange before training (MIME's)
@@ -265,6 +305,7 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
             "train-seconds": trained - started,
             "eval-seconds": time.perf_counter() - trained,
             **strategy.round_clients,
+            **simulated_time(recorder.rows, strategy.round_clients),
             "bytes-sent": TRAFFIC.sent,
             "bytes-received": TRAFFIC.received,
             **traffic_per_client(strategy.round_clients),
@@ -294,6 +335,14 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
     torch.save(strategy.final_arrays(arrays).to_torch_state_dict(), recorder.directory / "final_model.pt")
     if snapshots:  # the run is complete: no resume will need them
         remove_run_snapshots(run_snapshots)
+
+
+def simulated_time(rows: Sequence[Mapping[str, Any]], round_clients: Mapping[str, float]) -> dict[str, float]:
+    """The run's simulated time after this round: the rows' last (a resume's too) plus this round's seconds."""
+    if "simulated-seconds" not in round_clients:
+        return {}
+    before = float(rows[-1]["simulated-time"]) if rows else 0.0
+    return {"simulated-time": before + float(round_clients["simulated-seconds"])}
 
 
 def indicators_of_round(strategy, model, cka_inputs) -> dict[str, float]:
