@@ -107,6 +107,7 @@ METHODS: tuple[MethodSpec, ...] = (
         "fedcm", "FedCM",
         lambda config: FedCm(**COHORT, alpha=config["fedcm-alpha"], variant=config["fedcm-variant"],
                              server_learning_rate=METHODS[0].server_lr(config)),
+        partial_work=lambda config: "planned-steps" if config["fedcm-variant"] == "per-client" else "steps-taken",
         options=FEDCM_OPTIONS, client_components=(ImplementedIn("clients.fedcm:momentum_direction"),), plain_sgd=True,
         cost_table={"fedcm": {}}, smoke_runs={"fedcm": {"grad-clip": 10.0, "momentum": 0.0}},
         table_row=TableRow("FedCM (Xu et al. 2021; the form of three authors' codes): client step v = α·g + (1 − "

@@ -216,6 +216,7 @@ METHODS = (
                                   '0.6/0.4)')),
     MethodSpec(
         "fedmoswa", "FedMoSWA", lambda config: _build(config, True),
+        partial_work=lambda config: "fixed-count" if config["fedswa-variant"] == "official-code" else "steps-taken",
         options={**FEDSWA_OPTIONS, "fedmoswa-gamma": Option(float,
             "a number in (0, 1] (FedMoSWA's server control momentum γ: m ← (1 − γ)·m + γ·mean c_i⁺)",
             lambda v: 0 < v <= 1, default=0.4)},

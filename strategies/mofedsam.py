@@ -48,6 +48,7 @@ METHODS: tuple[MethodSpec, ...] = (
         "mofedsam", "MoFedSAM",
         lambda config: MoFedSam(**COHORT, rho=config["sam-rho"] or MOFEDSAM_DEFAULT_RHO, alpha=config["fedcm-alpha"],
                                 variant=config["fedcm-variant"], server_learning_rate=METHODS[0].server_lr(config)),
+        partial_work=lambda config: "planned-steps" if config["fedcm-variant"] == "per-client" else "steps-taken",
         options={**FEDCM_OPTIONS, "sam-rho": SAM_RHO},
         objective=ImplementedIn("clients.objectives.sam:esam_objective"), objective_keys=("sam-rho",),
         client_components=(ImplementedIn("clients.fedcm:momentum_direction"),),

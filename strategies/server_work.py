@@ -53,6 +53,7 @@ from strategies.discovery import discover_partitions
 from strategies.exchange import TRAFFIC, send_and_receive
 from strategies.federated_evaluation import FederatedEvaluation
 from strategies.indicators import round_indicators
+from strategies.methods.method_spec import PARTIAL_WORK_RULES
 from strategies.methods.registry import hand_over_client_halves, method
 from strategies.methods.strategy_builder import build_client_schedule, build_strategy
 from strategies.model_store import discard_rounds_after, save_round_models, saves_round
@@ -157,7 +158,9 @@ def describe_participation_and_clock(config: dict[str, Any], recorder: RunRecord
         recorder.extend_columns(("clients-available",))
     if config["system-speeds"] != "none":
         recorder.extend_columns(("simulated-seconds", "simulated-time", "clients-late", "clients-partial"))
-        recorder.describe(clock=SystemClock(config).describe(config))
+        rule = method(config["strategy"]).partial_work_rule(config)  # its declaration's
+        recorder.describe(clock={**SystemClock(config).describe(config), "partial-work": rule,
+                                 "partial-work-means": PARTIAL_WORK_RULES[rule]})
 
 
 def participation_of(config: dict[str, Any], data) -> ParticipationModel:

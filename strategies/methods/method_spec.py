@@ -36,6 +36,16 @@ MODEL_NEEDS = ("any", "image", "slimmable-residual")
 # cover, so a run with dp-clipping-norm > 0 refuses it. The first two reach the mean only
 # through strategies/weighted_mean.InPlaceFedAvg, where DP puts its private mean.
 DP_AGGREGATES = ("mean", "step-on-mean", "own")
+# How a method counts local steps when a client sends partial work (straggler-policy =
+# partial, clients/system_speed.py: it runs τ of its K planned steps, on the planned lrs).
+PARTIAL_WORK_RULES = {
+    "steps-taken": "its step counts are the τ steps run: the reply's local-steps, FedNova's τ_i and ‖a_i‖₁, "
+                   "SCAFFOLD's K·η as the sum of the τ steps' lrs, AdaBest's n/K",
+    "planned-steps": "its per-client scale 1/(η·K_i) is set before the cut, with the K_i planned (FedCM's "
+                     "per-client Δ_t); the reply's local-steps is τ",
+    "fixed-count": "its control update divides by η·50 whatever ran (FedMoSWA's official code); the reply's "
+                   "local-steps is τ",
+}
 
 
 def refuse_options_without_default(name: str, options: Mapping[str, Option]) -> None:
@@ -82,6 +92,8 @@ class MethodSpec:
     - what it needs: ``plain_sgd`` (its paper steps with plain SGD: no client momentum),
       ``model_needs`` ("image": one label per image; "slimmable-residual"), and
       ``default_server_lr`` (``server-lr = 0``);
+    - ``partial_work``: how it counts local steps when a client sends partial work, one of
+      :data:`PARTIAL_WORK_RULES` (or a function of the run config giving one, for a variant);
     - ``projection_head``: on the models that have one to add (FedAlign's ResNet-56), train
       with a two-layer projection head (MOON);
     - ``cost_table``: its rows in ``python -m experiments.costs``'s default table, each a name
@@ -115,6 +127,7 @@ class MethodSpec:
     model_needs: str = "any"
     default_server_lr: float = 1.0
     projection_head: bool = False
+    partial_work: str | Callable[[Mapping[str, Any]], str] = "steps-taken"
     cost_table: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     smoke_runs: Mapping[str, Mapping[str, Any]] | None = None
     table_row: TableRow | None = None
@@ -133,6 +146,13 @@ class MethodSpec:
         """Its smoke runs' run-config overrides, ``strategy`` included."""
         runs = {self.name: {}} if self.smoke_runs is None else self.smoke_runs
         return {name: {"strategy": self.name, **overrides} for name, overrides in runs.items()}
+
+    def partial_work_rule(self, config: Mapping[str, Any]) -> str:
+        """How this run of the method counts steps under partial work (:data:`PARTIAL_WORK_RULES`)."""
+        rule = self.partial_work(config) if callable(self.partial_work) else self.partial_work
+        if rule not in PARTIAL_WORK_RULES:
+            raise DeclarationError(f"{self.name}: partial_work = {rule!r}; allowed: {', '.join(PARTIAL_WORK_RULES)}")
+        return rule
 
     def steps_plain_sgd(self, config: Mapping[str, Any]) -> bool:
         """Whether this run of the method steps with plain SGD (client momentum must be 0)."""
