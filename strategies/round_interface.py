@@ -21,7 +21,7 @@ without asking what kind of strategy they hold.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -30,7 +30,9 @@ if TYPE_CHECKING:
     import numpy as np
     from flwr.serverapp import Grid
 
+    from strategies.participation import ParticipationModel
     from strategies.reply_screening import ClientFailure
+    from strategies.system_clock import SystemClock
 
 from clients.flower_internals import STRATEGY_STATE_ATTRIBUTES
 
@@ -69,9 +71,13 @@ class RoundStrategy:
         def aggregate_train(self, server_round: int,
                             replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]: ...
 
+        clock: SystemClock | None
+
         def bind_partitions(self, partition_of_node: dict[int, int], cohort_size: int, seed: int,
                             min_replies: int = 1, skip_unavailable: bool = False,
-                            follow_trained_rounds: bool = False) -> None: ...
+                            follow_trained_rounds: bool = False, participation: ParticipationModel | None = None,
+                            clock: SystemClock | None = None,
+                            local_epochs: Callable[[int, list[int]], dict[int, int] | None] | None = None) -> None: ...
 
         def follow_rejoined_nodes(self, grid: Grid, timeout: float) -> None: ...
 
@@ -140,9 +146,15 @@ class WrappingStrategy(RoundStrategy):
         return self.wrapped.round_status
 
     def bind_partitions(self, partition_of_node: dict[int, int], cohort_size: int, seed: int,
-                        min_replies: int = 1, skip_unavailable: bool = False, follow_trained_rounds: bool = False) -> None:
+                        min_replies: int = 1, skip_unavailable: bool = False, follow_trained_rounds: bool = False,
+                        participation: ParticipationModel | None = None, clock: SystemClock | None = None,
+                        local_epochs: Callable[[int, list[int]], dict[int, int] | None] | None = None) -> None:
         self.wrapped.bind_partitions(partition_of_node, cohort_size, seed, min_replies, skip_unavailable,
-                                     follow_trained_rounds)
+                                     follow_trained_rounds, participation, clock, local_epochs)
+
+    @property
+    def clock(self) -> SystemClock | None:  # type: ignore[override]
+        return self.wrapped.clock
 
     def follow_rejoined_nodes(self, grid: Grid, timeout: float) -> None:
         self.wrapped.follow_rejoined_nodes(grid, timeout)

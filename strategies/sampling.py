@@ -117,6 +117,7 @@ class CohortSampling(RoundStrategy):
         self.clock = clock
         self.local_epochs = local_epochs
         self.round_available = 0
+        self.too_few_available = False
 
     def _assign_partitions(self) -> None:
         """Tell the exchange each named node's partition id (strategies/exchange.py)."""
@@ -230,7 +231,8 @@ class CohortSampling(RoundStrategy):
         node_of_partition = self.node_of_partition
         self.sent_to = {node_of_partition[p]: p for p in self.sample_partitions(server_round)}
         self.sent_layout = layout_of(arrays)
-        if not self.sent_to:  # too few available clients: the round is skipped (aggregate_train says so)
+        self.too_few_available = not self.sent_to
+        if self.too_few_available:  # under a participation model: the round is skipped (aggregate_train says so)
             return []
         messages = super().configure_train(server_round, arrays, config, CohortGrid(grid, list(self.sent_to)))
         own = self.client_entries(server_round, sorted(self.sent_to.values()))
@@ -262,7 +264,7 @@ class CohortSampling(RoundStrategy):
         key = self.arrayrecord_key  # type: ignore[attr-defined]  # Flower's FedAvg's
         self.round_records = [{name: reply.content.pop(name) for name in list(reply.content.array_records) if name != key}
                               for reply in accepted]
-        if not self.sent_to and self.round_available < self.min_replies:
+        if self.too_few_available:
             self.round_status = (f"skipped: {self.round_available} available clients "
                                  f"({self.participation.name} participation), fewer than min-replies = {self.min_replies}")
             return None, None
