@@ -334,6 +334,12 @@ def _check_privacy(config: Mapping[str, Any], model: str) -> None:
             f"sensitivity the noise σ·C/m does not cover; allowed: dp-clipping-norm = 0, or one of {', '.join(private)}"
         )
     refuse_buffers_under_dp(model, config)
+    if config["participation-model"] != "uniform":
+        raise ConfigError(
+            f"{norm} accounts ε for a cohort sampled uniformly from all num-clients clients, but participation-model "
+            f"= {config['participation-model']!r} samples from the round's available ones, a sampling the accountant's "
+            f"amplification does not cover; allowed: participation-model = 'uniform', or dp-clipping-norm = 0"
+        )
     rule = config["averaging"]
     if config["dp-order"] != "outside" or rule == "none":
         return

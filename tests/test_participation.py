@@ -106,6 +106,7 @@ def test_keys_are_checked_together_in_one_line():
         ({"local-epochs-range": "5-2"}, "'local-epochs-range' = '5-2' is not allowed"),
         ({"participation-model": "data-correlated", "evaluation": "federated", "client-evaluation": 0.2},
          "holds no data"),
+        ({"participation-model": "cyclic", "dp-clipping-norm": 1.0}, "amplification does not cover"),
     ]
     for keys, phrase in cases:
         with pytest.raises(ConfigError) as error:
