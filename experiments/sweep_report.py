@@ -6,7 +6,8 @@ Reads ``SWEEP_DIR/results.parquet`` and ``curves.parquet`` and writes to
 ``SWEEP_DIR/report/`` the views the IMA and WIMA papers show: the accuracy table with
 each averaging method's gain over its base run (the same seed, split and settings), the
 gains, gain against α, participation, local epochs and clients, rounds to target against
-the averaging start, the window ablation, and the accuracy curves.
+the averaging start, the window ablation, the heat maps of a sweep crossing two axes
+(experiments/sweep_heatmaps.py), and the accuracy curves.
 
 In detail: docs/command-lines.md (``.venv/bin/python -m experiments.sweep_report``)."""
 
@@ -364,7 +365,9 @@ def write_report(directory: str | Path, out: str | Path | None = None) -> list[P
     figures += [plot_rounds_to_target_vs_start(results, out / "rounds-to-target-vs-start.png"),
                 plot_window_ablation(results, out / "window-ablation.png")]
     paths = [out / "accuracy-table.csv", out / "accuracy-table.md", out / "intervals.md", out / "gains.csv"]
-    return paths + [f for f in figures if f is not None] + plot_curves(results, curves, out)
+    from experiments.sweep_heatmaps import plot_heatmaps  # it builds on this module's tables
+
+    return paths + [f for f in figures if f is not None] + plot_heatmaps(results, out) + plot_curves(results, curves, out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ from clients import protocol
 from clients.log import log
 from strategies.exchange import send_and_receive
 from strategies.round_interface import RoundStrategy
-from strategies.sampling import client_accuracy
+from strategies.round_metrics import client_accuracy
 
 BASE_MODEL, AVERAGED_MODEL = protocol.EVALUATED_BASE_MODEL, protocol.EVALUATED_AVERAGED_MODEL
 

@@ -13,9 +13,8 @@ round. Which ones are is the participation model's:
   "A unified analysis of federated learning with arbitrary client participation" (NeurIPS 2022).
 - ``cyclic``: the clients are split into ``cyclic-groups`` groups, client k in group k mod G,
   and group g is available in rounds t with ⌊(t − 1)/R⌋ mod G = g (R = ``cyclic-rounds``):
-  each group in turn for R rounds, as Cho et al., "On the convergence of federated averaging
-  with cyclic client participation" (ICML 2023) model clients that come online with the
-  time of day.
+  each group in turn for R rounds (Cho et al., "On the convergence of federated averaging
+  with cyclic client participation", ICML 2023: clients online with the time of day).
 - ``data-correlated``: p_k = min + (max − min)·s_k, where s_k is the share of client k's
   examples whose label is one of the first ``correlated-classes`` classes (0: the first half):
   who takes part depends on what it holds, the case where FedAvg's sampled mean is biased.
@@ -35,8 +34,6 @@ import numpy as np
 
 PARTICIPATION_MODELS = ("uniform", "availability", "cyclic", "data-correlated")
 AVAILABILITY_SOURCES = ("random", "data-size")
-# The models that need each client's data (sizes, label counts) on the server.
-NEEDS_CLIENT_DATA = ("data-correlated",)
 
 # Independent streams of counter_uniforms: availability per round, p_k per client, and
 # the simulated clock's draws (strategies/system_clock.py).

@@ -25,7 +25,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid
@@ -48,16 +47,14 @@ from strategies.arrays import to_numpy
 from strategies.central_evaluation import CentralEvaluation
 from strategies.checkpoint import CHECKPOINT_FILE, read_checkpoint, restore_checkpoint, write_checkpoint
 from strategies.cohort import cohort_size
-from strategies.config import ConfigError, refuse_buffers_under_dp, summary_horizon, validate_run_config
+from strategies.config import refuse_buffers_under_dp, summary_horizon, validate_run_config
 from strategies.discovery import discover_partitions
 from strategies.exchange import TRAFFIC, send_and_receive
 from strategies.federated_evaluation import FederatedEvaluation
 from strategies.indicators import round_indicators
-from strategies.methods.method_spec import PARTIAL_WORK_RULES
 from strategies.methods.registry import hand_over_client_halves, method
 from strategies.methods.strategy_builder import build_client_schedule, build_strategy
 from strategies.model_store import discard_rounds_after, save_round_models, saves_round
-from strategies.participation import ParticipationModel, build_participation
 from strategies.privacy import privacy_summary
 from strategies.reply_screening import (
     ClientOutOfGpuMemory,
@@ -69,6 +66,7 @@ from strategies.reply_screening import (
     out_of_gpu_memory,
 )
 from strategies.results import RunRecorder
+from strategies.round_conditions import describe_participation_and_clock, participation_of, simulated_time
 from strategies.round_interface import RoundStrategy
 from strategies.schedules import ClientSchedule
 from strategies.system_clock import SystemClock, local_epochs_of
@@ -150,36 +148,6 @@ def run(grid: Grid, config: dict[str, Any], recorder: RunRecorder, checkpoint: d
         statistics.finish(raise_error=False)
         raise
     statistics.finish()
-
-
-def describe_participation_and_clock(config: dict[str, Any], recorder: RunRecorder) -> None:
-    """results.csv's columns and summary.json's entries of a participation model and the clock."""
-    if config["participation-model"] != "uniform":
-        recorder.extend_columns(("clients-available",))
-    if config["system-speeds"] != "none":
-        recorder.extend_columns(("simulated-seconds", "simulated-time", "clients-late", "clients-partial"))
-        rule = method(config["strategy"]).partial_work_rule(config)  # its declaration's
-        recorder.describe(clock={**SystemClock(config).describe(config), "partial-work": rule,
-                                 "partial-work-means": PARTIAL_WORK_RULES[rule]})
-
-
-def participation_of(config: dict[str, Any], data) -> ParticipationModel:
-    """The run's participation model, with the partition sizes or label counts it needs (``data``
-    None: federated evaluation, where strategies/config.py refuses the models that need them)."""
-    model = config["participation-model"]
-    if data is None or not (model == "data-correlated" or (model == "availability"
-                                                           and config["availability-source"] == "data-size")):
-        return build_participation(config)
-    indices = partition_indices(config["dataset"], config["data-dir"], config["normalize"], partition_settings(config))
-    if model == "availability":
-        return build_participation(config, np.array([len(part) for part in indices]))
-    if config["correlated-classes"] > data.num_classes:
-        raise ConfigError(
-            f"run config key 'correlated-classes' = {config['correlated-classes']} exceeds {config['dataset']}'s "
-            f"{data.num_classes} classes; allowed: 0..{data.num_classes}")
-    labels = data.y_train.numpy()
-    return build_participation(config, None, np.stack([np.bincount(labels[part], minlength=data.num_classes)
-                                                            for part in indices]))
 
 
 def round_timeout(config: dict[str, Any], first_contact: bool) -> float:
@@ -338,14 +306,6 @@ def train_rounds(grid: Grid, config: dict[str, Any], recorder: RunRecorder, chec
     torch.save(strategy.final_arrays(arrays).to_torch_state_dict(), recorder.directory / "final_model.pt")
     if snapshots:  # the run is complete: no resume will need them
         remove_run_snapshots(run_snapshots)
-
-
-def simulated_time(rows: Sequence[Mapping[str, Any]], round_clients: Mapping[str, float]) -> dict[str, float]:
-    """The run's simulated time after this round: the rows' last (a resume's too) plus this round's seconds."""
-    if "simulated-seconds" not in round_clients:
-        return {}
-    before = float(rows[-1]["simulated-time"]) if rows else 0.0
-    return {"simulated-time": before + float(round_clients["simulated-seconds"])}
 
 
 def indicators_of_round(strategy, model, cka_inputs) -> dict[str, float]:

@@ -10,7 +10,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from strategies.fedavg import FedAvg
 from strategies.results import RunRecorder, summarize
-from strategies.sampling import union_length
+from strategies.round_metrics import union_length
 from tests.fakes import FakeGrid, train_reply
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py

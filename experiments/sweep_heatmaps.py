@@ -1,0 +1,93 @@
+"""Heat maps of a sweep that crosses data heterogeneity with another axis (a participation
+model, a straggler policy, a speed spread): accuracy and averaging's paired gain per method,
+row value and column setting, written by experiments/sweep_report.py's report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.sweep_report import AVERAGING_KEYS, _completed, _value, label_runs, paired_gains, varied_keys
+
+# The heat maps' row axis: the first of these the sweep varies (data heterogeneity first).
+HEATMAP_ROW_KEYS = ("alpha", "classes-per-client", "participation", "clients-per-round", "local-epochs", "num-clients")
+HEATMAP_UNITS = ("Last-k test accuracy (percent) and the paired gain of averaging over its base method (percentage "
+                 "points), means over seeds, per method, row value and column setting.")
+
+
+def heatmap_data(results: pd.DataFrame) -> pd.DataFrame | None:
+    """The 2-D view of a sweep crossing a heterogeneity key (the rows: :data:`HEATMAP_ROW_KEYS`)
+    with other settings (the columns: the remaining varied keys, e.g. a participation model):
+    one row per method, row value and column, with ``acc-last-k`` and ``gain`` (means over
+    seeds, fractions) and the seeds of each; None where the sweep varies one axis or none."""
+    completed = _completed(results)
+    setting_keys = [k for k in varied_keys(completed) if k not in {"strategy", "seed", *AVERAGING_KEYS}]
+    row_key = next((k for k in HEATMAP_ROW_KEYS if k in setting_keys), None)
+    column_keys = [k for k in setting_keys if k not in (row_key, "partition")]
+    if row_key is None or not column_keys:
+        return None
+    labelled = label_runs(completed, exclude=setting_keys)
+    labelled["row"] = labelled[row_key]
+    labelled["column"] = [", ".join(f"{k}={_value(r[k])}" for k in column_keys) for _, r in labelled.iterrows()]
+    gains = paired_gains(results)[["run", "gain"]]
+    labelled = labelled.merge(gains, on="run", how="left")
+    table = (labelled.groupby(["method", "row", "column"], sort=False)
+             .agg(**{"acc-last-k": ("acc-last-k", "mean"), "seeds": ("acc-last-k", "size"),
+                     "gain": ("gain", "mean"), "gain-seeds": ("gain", "count")}).reset_index())
+    table.insert(1, "row-key", row_key)
+    return table
+
+
+def plot_heatmaps(results: pd.DataFrame, out: Path) -> list[Path]:
+    """``heatmap-accuracy.png`` (one panel per method) and ``heatmap-gain.png`` (one per averaged
+    method, a diverging scale centred on 0) of :func:`heatmap_data`, with ``heatmap.csv``;
+    nothing for a sweep without two crossed axes."""
+    table = heatmap_data(results)
+    if table is None:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    row_key = table["row-key"].iloc[0]
+    rows, columns = sorted(table["row"].unique()), list(dict.fromkeys(table["column"]))
+    table.to_csv(out / "heatmap.csv", index=False)
+    paths = [out / "heatmap.csv"]
+    for value, name, unit, methods in (
+        ("acc-last-k", "accuracy", "last-k test accuracy (%)", list(dict.fromkeys(table["method"]))),
+        ("gain", "gain", "gain over the base method (points)",
+         list(dict.fromkeys(table.loc[table["gain"].notna(), "method"]))),
+    ):
+        if not methods:
+            continue
+        grids = []
+        for method in methods:
+            cells = table[table["method"] == method].set_index(["row", "column"])[value]
+            grids.append(np.array([[100 * cells.get((r, c), np.nan) for c in columns] for r in rows]))
+        if value == "gain":
+            bound = max(np.nanmax(np.abs(np.stack(grids))), 1e-9)
+            scale = {"cmap": "RdBu", "vmin": -bound, "vmax": bound}
+        else:
+            scale = {"cmap": "viridis", "vmin": np.nanmin(np.stack(grids)), "vmax": np.nanmax(np.stack(grids))}
+        fig, axes = plt.subplots(1, len(methods), figsize=(1.6 + 2.4 * len(columns) * len(methods), 1.4 + 0.8 * len(rows)),
+                                 squeeze=False)
+        for ax, method, grid in zip(axes[0], methods, grids):
+            image = ax.imshow(grid, aspect="auto", **scale)
+            for (i, j), cell in np.ndenumerate(grid):
+                if np.isfinite(cell):
+                    ax.text(j, i, f"{cell:+.1f}" if value == "gain" else f"{cell:.1f}", ha="center", va="center",
+                            fontsize="small", color="black" if value == "gain" else "white")
+            ax.set_xticks(range(len(columns)), [c.replace(", ", "\n") for c in columns], fontsize="x-small")
+            ax.set_yticks(range(len(rows)), [_value(r) for r in rows])
+            ax.set_ylabel(row_key)
+            ax.set_title(method, fontsize="medium")
+        fig.colorbar(image, ax=list(axes[0]), label=unit)
+        fig.suptitle(f"{name}: {row_key} × {', '.join(dict.fromkeys(k.split('=')[0] for c in columns for k in c.split(', ')))}")
+        path = out / f"heatmap-{name}.png"
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        paths.append(path)
+    return paths
