@@ -29,7 +29,7 @@ def heatmap_data(results: pd.DataFrame) -> pd.DataFrame | None:
         return None
     labelled = label_runs(completed, exclude=setting_keys)
     labelled["row"] = labelled[row_key]
-    labelled["column"] = [", ".join(f"{k}={_value(r[k])}" for k in column_keys) for _, r in labelled.iterrows()]
+    labelled["column"] = column_labels(labelled, column_keys)
     gains = paired_gains(results)[["run", "gain"]]
     labelled = labelled.merge(gains, on="run", how="left")
     table = (labelled.groupby(["method", "row", "column"], sort=False)
@@ -37,6 +37,22 @@ def heatmap_data(results: pd.DataFrame) -> pd.DataFrame | None:
                      "gain": ("gain", "mean"), "gain-seeds": ("gain", "count")}).reset_index())
     table.insert(1, "row-key", row_key)
     return table
+
+
+def column_labels(frame: pd.DataFrame, keys: list[str]) -> list[str]:
+    """Each run's column as its sweep file would say it: a key that rides along with the first
+    (a table axis: ``{participation-model = "cyclic", cyclic-groups = 4}``) is named only where it
+    differs from its most common value."""
+    primary, riding = keys[0], []
+    for key in keys[1:]:
+        if frame.groupby(primary, sort=False)[key].nunique(dropna=False).max() == 1:
+            riding.append(key)
+    usual = {key: frame[key].mode(dropna=False).iloc[0] for key in riding}
+    labels = []
+    for _, row in frame.iterrows():
+        parts = [f"{k}={_value(row[k])}" for k in keys if k not in riding or row[k] != usual[k]]
+        labels.append(", ".join(parts))
+    return labels
 
 
 def plot_heatmaps(results: pd.DataFrame, out: Path) -> list[Path]:
