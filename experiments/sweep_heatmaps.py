@@ -88,20 +88,24 @@ def plot_heatmaps(results: pd.DataFrame, out: Path) -> list[Path]:
             scale = {"cmap": "RdBu", "vmin": -bound, "vmax": bound}
         else:
             scale = {"cmap": "viridis", "vmin": np.nanmin(np.stack(grids)), "vmax": np.nanmax(np.stack(grids))}
-        fig, axes = plt.subplots(1, len(methods), figsize=(1.6 + 2.4 * len(columns) * len(methods), 1.4 + 0.8 * len(rows)),
+        primary = columns[0].split("=")[0]  # every column starts with the first column key
+        ticks = [c.replace(f"{primary}=", "", 1).replace(", ", "\n") for c in columns]
+        fig, axes = plt.subplots(1, len(methods), figsize=(1.8 + 2.2 * len(columns) * len(methods), 1.8 + 0.8 * len(rows)),
                                  squeeze=False)
+        middle = (scale["vmin"] + scale["vmax"]) / 2
         for ax, method, grid in zip(axes[0], methods, grids):
             image = ax.imshow(grid, aspect="auto", **scale)
             for (i, j), cell in np.ndenumerate(grid):
-                if np.isfinite(cell):
+                if np.isfinite(cell):  # dark text on the light half of the scale
+                    light = abs(cell) < 0.6 * scale["vmax"] if value == "gain" else cell > middle
                     ax.text(j, i, f"{cell:+.1f}" if value == "gain" else f"{cell:.1f}", ha="center", va="center",
-                            fontsize="small", color="black" if value == "gain" else "white")
-            ax.set_xticks(range(len(columns)), [c.replace(", ", "\n") for c in columns], fontsize="x-small")
+                            fontsize="small", color="black" if light else "white")
+            ax.set_xticks(range(len(columns)), ticks, fontsize="x-small")
             ax.set_yticks(range(len(rows)), [_value(r) for r in rows])
+            ax.set_xlabel(primary)
             ax.set_ylabel(row_key)
-            ax.set_title(method, fontsize="medium")
+            ax.set_title(f"{name} of {method}", fontsize="medium")
         fig.colorbar(image, ax=list(axes[0]), label=unit)
-        fig.suptitle(f"{name}: {row_key} × {', '.join(dict.fromkeys(k.split('=')[0] for c in columns for k in c.split(', ')))}")
         path = out / f"heatmap-{name}.png"
         fig.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(fig)

@@ -53,13 +53,17 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
-def counter_uniforms(seed: int, stream: int, server_round: int, clients: np.ndarray) -> np.ndarray:
-    """One uniform draw in [0, 1) per client, a function of (seed, stream, round, client) only."""
+def counter_bits(seed: int, stream: int, server_round: int, clients: np.ndarray) -> np.ndarray:
+    """53 random bits per client (uint64), a function of (seed, stream, round, client) only."""
     key = _splitmix64(np.array([seed], dtype=np.uint64))
     key = _splitmix64(key ^ np.uint64(stream))
     key = _splitmix64(key ^ np.uint64(server_round))
-    bits = _splitmix64(key ^ np.asarray(clients, dtype=np.uint64))
-    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+    return _splitmix64(np.asarray(clients, dtype=np.uint64) ^ key[0]) >> np.uint64(11)  # a scalar key: 2× faster
+
+
+def counter_uniforms(seed: int, stream: int, server_round: int, clients: np.ndarray) -> np.ndarray:
+    """One uniform draw in [0, 1) per client, a function of (seed, stream, round, client) only."""
+    return counter_bits(seed, stream, server_round, clients).astype(np.float64) * (1.0 / 2**53)
 
 
 class ParticipationModel:
@@ -81,11 +85,14 @@ class Availability(ParticipationModel):
         if np.any((probabilities <= 0) | (probabilities > 1)):
             raise ValueError("availability probabilities must lie in (0, 1]")
         self.name, self.probabilities, self.seed = name, np.asarray(probabilities, dtype=np.float64), seed
+        # u < p_k as integers: the 53 bits n give u = n·2⁻⁵³, and n·2⁻⁵³ < p ⇔ n < ⌈p·2⁵³⌉ (exact)
+        self.thresholds = np.ceil(self.probabilities * 2.0**53).astype(np.uint64)
 
     def available(self, server_round: int, num_clients: int) -> np.ndarray:
-        clients = np.arange(num_clients)
-        probabilities = self.probabilities[clients % len(self.probabilities)]  # a client that joined: cycled
-        return counter_uniforms(self.seed, AVAILABLE_IN_ROUND, server_round, clients) < probabilities
+        thresholds = self.thresholds
+        if num_clients != len(thresholds):  # a named node that joined: the probabilities cycle
+            thresholds = thresholds[np.arange(num_clients) % len(thresholds)]
+        return counter_bits(self.seed, AVAILABLE_IN_ROUND, server_round, np.arange(num_clients)) < thresholds
 
     def describe(self) -> dict[str, Any]:
         p = self.probabilities
