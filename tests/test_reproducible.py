@@ -16,6 +16,7 @@ import importlib.metadata
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -31,9 +32,14 @@ from strategies.cohort import cohort_size
 CONFIG = {"num-clients": 8, "participation": 0.5, "num-rounds": 3, "local-epochs": 2, "device": "cpu"}
 # The reference: two client processes of one CPU each (this machine's 2 cores), on the Ray
 # cluster of the session's other reference runs (tests/conftest.py's flower_runs).
-FLOWER_RUNS = {"reproducible-reference": CONFIG}
+# Heterogeneity beyond the data: clients available with their own probabilities, device
+# speeds spread over an order of magnitude, a deadline that cuts some clients' work short,
+# local epochs drawn per client and round. Every draw depends on (seed, round, client) only.
+SYSTEMS = {**CONFIG, "participation-model": "availability", "availability-min": 0.4, "system-speeds": "lognormal",
+           "speed-sigma": 1.0, "straggler-policy": "partial", "round-deadline": 0.5, "local-epochs-range": "1-3"}
+FLOWER_RUNS = {"reproducible-reference": CONFIG, "reproducible-systems-reference": SYSTEMS}
 # Real runs compared bit for bit: the second tier (.ci/run).
-pytestmark = [pytest.mark.slow, pytest.mark.flower_runs("reproducible-reference")]
+pytestmark = [pytest.mark.slow, pytest.mark.flower_runs("reproducible-reference", "reproducible-systems-reference")]
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +70,20 @@ def test_as_many_client_processes_as_the_cohort_give_the_same_bits(reference, tm
     with LocalRayCluster(True, cohort) as address:
         launch(resolve_config(CONFIG), tmp_path, ClientResources(1.0), progress=False, ray_address=address)
     _assert_same(reference, tmp_path)
+
+
+def test_participation_and_the_clock_draw_the_same_in_as_many_processes_as_the_cohort(flower_runs, tmp_path):
+    """The reference ran its clients in two processes; here the whole cohort trains at once.
+    Same cohorts, available counts, partial work, simulated time and model, bit for bit."""
+    reference = flower_runs["reproducible-systems-reference"].completed()
+    config = resolve_config(SYSTEMS)
+    with LocalRayCluster(True, cohort_size(config)) as address:
+        launch(config, tmp_path, ClientResources(1.0), progress=False, ray_address=address)
+    comparison = compare_runs(reference, tmp_path)
+    assert comparison.identical, comparison.report(reference, tmp_path)
+    rows = pd.read_csv(reference / "results.csv")
+    assert rows["clients-partial"].sum() > 0 and rows["simulated-time"].iloc[-1] > 0  # the clock cut some work
+    assert (rows["clients-available"] < CONFIG["num-clients"]).any()
 
 
 def test_check_reproducible_says_the_first_round_and_tensor_that_differ(reference, tmp_path, capsys):

@@ -21,7 +21,8 @@ MACHINE_COLUMNS = ("client-gpu-mib",)
 
 
 def _is_machine_column(column: str) -> bool:
-    return column.endswith("-seconds") or column in MACHINE_COLUMNS
+    # simulated-seconds is the simulated clock's (strategies/system_clock.py): seeded, compared
+    return (column.endswith("-seconds") and column != "simulated-seconds") or column in MACHINE_COLUMNS
 
 
 @dataclass
