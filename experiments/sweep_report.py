@@ -26,7 +26,8 @@ from experiments.seed_intervals import SeedInterval, seed_interval
 
 AVERAGING_KEYS = ("averaging", "window", "avg-start", "avg-feedback", "avg-subset", "ima-exploration", "ima-decay",
                   "swa-cycle")
-SUMMARY_COLUMNS = ("acc-last-k", "last-k", "acc-best", "best-round", "acc-final", "rounds-to-target", "rounds",
+SUMMARY_COLUMNS = ("acc-last-k", "last-k", "acc-best", "best-round", "acc-final", "rounds-to-target", "time-to-target",
+                   "simulated-time", "rounds",
                    "wall-seconds", "run-seconds")
 # Columns that describe a run but are not part of its config (paths differ per run).
 NOT_CONFIG = {"run", "status", "error", "run-dir", "output-dir", "data-dir", *SUMMARY_COLUMNS}

@@ -204,3 +204,20 @@ def test_the_summary_gives_time_to_target_beside_rounds_to_target():
     summary = summarize(rows, 2, 0.5)
     assert (summary["rounds-to-target"], summary["time-to-target"], summary["simulated-time"]) == (2, 7.5, 9.0)
     assert summarize(rows, 2, 0.9)["time-to-target"] is None
+
+
+def test_a_runs_and_a_sweeps_tables_carry_the_clocks_columns(tmp_path):
+    """experiments.api's job.summary (finished_runs.summary_table) and a sweep's results table
+    (sweep_runs) have time-to-target and simulated-time beside rounds-to-target."""
+    import json
+
+    from experiments.runtime.finished_runs import summary_table
+    from experiments.runtime.sweep_runs import _summary_columns
+
+    summary = {"status": "completed", "rounds": 3, "acc-last-k": 0.5, "rounds-to-target": 2, "time-to-target": 7.5,
+               "simulated-time": 9.0}
+    row = summary_table({"run": summary}).loc["run"]
+    assert (row["rounds-to-target"], row["time-to-target"], row["simulated-time"]) == (2, 7.5, 9.0)
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    columns = _summary_columns(tmp_path)
+    assert (columns["time-to-target"], columns["simulated-time"]) == (7.5, 9.0)

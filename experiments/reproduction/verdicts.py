@@ -62,6 +62,8 @@ class Measured:
     note: str = ""  # why there is no value yet
     reached: int | None = None  # rounds-to-target where some seeds missed: how many reached (value: a lower bound)
     per_seed: dict[int, float] = field(default_factory=dict)  # accuracy (%) by seed: the intervals' values
+    # rounds-to-target with the simulated clock (system-speeds): the seeds' mean simulated seconds to the target
+    time_to_target: float | None = None
 
 
 def _run_rows(results: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
@@ -96,7 +98,9 @@ def measure_cell(cell: Cell, results: pd.DataFrame, runs_of: Mapping[str, list[s
         # seed, each missed one counted at its last round, is a lower bound, not a value.
         bound = rounds.fillna(done["rounds"].astype(float)).mean()
         return Measured(float(bound), 0.0, len(done), reached=len(reached))
-    return Measured(float(reached.mean()), float(reached.std(ddof=1)) if len(reached) > 1 else 0.0, len(done))
+    seconds = done["time-to-target"].astype(float) if "time-to-target" in done else pd.Series(dtype=float)
+    return Measured(float(reached.mean()), float(reached.std(ddof=1)) if len(reached) > 1 else 0.0, len(done),
+                    time_to_target=float(seconds.mean()) if len(seconds) and seconds.notna().all() else None)
 
 
 def verdict(cell: Cell, basin: Measured, tolerances: Tolerances = TOLERANCES) -> tuple[str, float | None]:
@@ -173,6 +177,7 @@ def compare(table: PaperTable, results: pd.DataFrame, runs_of: Mapping[str, list
             "basin censored": basin.censored, "basin reached": basin.reached,
             "difference": (basin.value - cell.paper.value) if basin.value is not None and cell.paper.value is not None
             and not basin.censored and not cell.paper.censored and basin.reached is None else None,
+            "basin time-to-target": basin.time_to_target,
             "tolerance": tolerance, "verdict": outcome, "paper gain": None, "basin gain": None, "gain verdict": "",
             "note": cell.note,
         }

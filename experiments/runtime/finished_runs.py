@@ -32,6 +32,9 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
             "best-round": s.get("best-round"),
             "acc-final": s.get("acc-final"),
             "rounds-to-target": s.get("rounds-to-target"),
+            # with the simulated clock (system-speeds): simulated seconds to the target, and in all
+            "time-to-target": s.get("time-to-target"),
+            "simulated-time": s.get("simulated-time"),
             "target-accuracy": s.get("target-accuracy"),
             "rounds": s.get("rounds"),
             "rounds-skipped": s.get("rounds-skipped"),

@@ -45,8 +45,8 @@ from strategies.cohort import cohort_size
 from strategies.results import RENAMED_ROUND_COLUMNS, current_summary, write_json_atomic
 
 # The summary.json keys the results table has a column of, under the same names.
-SUMMARY_COLUMNS = ("acc-last-k", "acc-best", "best-round", "acc-final", "rounds-to-target", "rounds", "wall-seconds",
-                   "last-k")
+SUMMARY_COLUMNS = ("acc-last-k", "acc-best", "best-round", "acc-final", "rounds-to-target", "time-to-target",
+                   "simulated-time", "rounds", "wall-seconds", "last-k")
 
 
 def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
