@@ -10,7 +10,7 @@ Two measurements, printed as ratios:
    draws, each sampled client's config entries): milliseconds per round under ``uniform`` and
    under the models, and the models' cost as a fraction of the round time measured in 1.
 
-    python -m experiments.participation_benchmark [--rounds 12]
+    .venv/bin/python -m experiments.participation_benchmark [--rounds 12] [--repeats 3]
 """
 
 from __future__ import annotations

@@ -8,35 +8,35 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.sweep_report import AVERAGING_KEYS, _completed, _value, label_runs, paired_gains, varied_keys
-
 # The heat maps' row axis: the first of these the sweep varies (data heterogeneity first).
 HEATMAP_ROW_KEYS = ("alpha", "classes-per-client", "participation", "clients-per-round", "local-epochs", "num-clients")
 HEATMAP_UNITS = ("Last-k test accuracy (percent) and the paired gain of averaging over its base method (percentage "
                  "points), means over seeds, per method, row value and column setting.")
 
 
-def heatmap_data(results: pd.DataFrame) -> pd.DataFrame | None:
+def heatmap_data(labelled: pd.DataFrame, gains: pd.DataFrame, setting_keys: list[str]) -> pd.DataFrame | None:
     """The 2-D view of a sweep crossing a heterogeneity key (the rows: :data:`HEATMAP_ROW_KEYS`)
-    with other settings (the columns: the remaining varied keys, e.g. a participation model):
+    with other settings (the columns: the remaining ``setting_keys``, e.g. a participation model):
     one row per method, row value and column, with ``acc-last-k`` and ``gain`` (means over
-    seeds, fractions) and the seeds of each; None where the sweep varies one axis or none."""
-    completed = _completed(results)
-    setting_keys = [k for k in varied_keys(completed) if k not in {"strategy", "seed", *AVERAGING_KEYS}]
+    seeds, fractions) and the seeds of each; None where the sweep varies one axis or none.
+    ``labelled``: the completed runs with their ``method`` (experiments/sweep_report.label_runs);
+    ``gains``: each averaged run's paired ``gain``."""
     row_key = next((k for k in HEATMAP_ROW_KEYS if k in setting_keys), None)
     column_keys = [k for k in setting_keys if k not in (row_key, "partition")]
     if row_key is None or not column_keys:
         return None
-    labelled = label_runs(completed, exclude=setting_keys)
-    labelled["row"] = labelled[row_key]
-    labelled["column"] = column_labels(labelled, column_keys)
-    gains = paired_gains(results)[["run", "gain"]]
-    labelled = labelled.merge(gains, on="run", how="left")
+    labelled = labelled.assign(row=labelled[row_key], column=column_labels(labelled, column_keys))
+    labelled = labelled.merge(gains[["run", "gain"]], on="run", how="left")
     table = (labelled.groupby(["method", "row", "column"], sort=False)
              .agg(**{"acc-last-k": ("acc-last-k", "mean"), "seeds": ("acc-last-k", "size"),
                      "gain": ("gain", "mean"), "gain-seeds": ("gain", "count")}).reset_index())
     table.insert(1, "row-key", row_key)
     return table
+
+
+def value_text(v: object) -> str:
+    """A config value as a label shows it (floats without trailing zeros)."""
+    return f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def column_labels(frame: pd.DataFrame, keys: list[str]) -> list[str]:
@@ -50,16 +50,15 @@ def column_labels(frame: pd.DataFrame, keys: list[str]) -> list[str]:
     usual = {key: frame[key].mode(dropna=False).iloc[0] for key in riding}
     labels = []
     for _, row in frame.iterrows():
-        parts = [f"{k}={_value(row[k])}" for k in keys if k not in riding or row[k] != usual[k]]
+        parts = [f"{k}={value_text(row[k])}" for k in keys if k not in riding or row[k] != usual[k]]
         labels.append(", ".join(parts))
     return labels
 
 
-def plot_heatmaps(results: pd.DataFrame, out: Path) -> list[Path]:
+def plot_heatmaps(table: pd.DataFrame | None, out: Path) -> list[Path]:
     """``heatmap-accuracy.png`` (one panel per method) and ``heatmap-gain.png`` (one per averaged
-    method, a diverging scale centred on 0) of :func:`heatmap_data`, with ``heatmap.csv``;
-    nothing for a sweep without two crossed axes."""
-    table = heatmap_data(results)
+    method, a diverging scale centred on 0) of :func:`heatmap_data`'s ``table``, with
+    ``heatmap.csv``; nothing for a sweep without two crossed axes (``table`` None)."""
     if table is None:
         return []
     import matplotlib
@@ -101,7 +100,7 @@ def plot_heatmaps(results: pd.DataFrame, out: Path) -> list[Path]:
                     ax.text(j, i, f"{cell:+.1f}" if value == "gain" else f"{cell:.1f}", ha="center", va="center",
                             fontsize="small", color="black" if light else "white")
             ax.set_xticks(range(len(columns)), ticks, fontsize="x-small")
-            ax.set_yticks(range(len(rows)), [_value(r) for r in rows])
+            ax.set_yticks(range(len(rows)), [value_text(r) for r in rows])
             ax.set_xlabel(primary)
             ax.set_ylabel(row_key)
             ax.set_title(f"{name} of {method}", fontsize="medium")

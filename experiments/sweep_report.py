@@ -23,6 +23,7 @@ import pandas as pd
 from experiments.runtime.cli import exit_command, guarded, nonempty_path
 from experiments.runtime.finished_runs import save_figure
 from experiments.seed_intervals import SeedInterval, seed_interval
+from experiments.sweep_heatmaps import heatmap_data, plot_heatmaps, value_text
 
 AVERAGING_KEYS = ("averaging", "window", "avg-start", "avg-feedback", "avg-subset", "ima-exploration", "ima-decay",
                   "swa-cycle")
@@ -71,10 +72,6 @@ def varied_keys(frame: pd.DataFrame) -> list[str]:
     return [c for c in config_columns(frame) if frame[c].nunique(dropna=False) > 1]
 
 
-def _value(v: object) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
 def setting_label(row: pd.Series, keys: Iterable[str], exclude: Iterable[str] = ()) -> str:
     """Human-readable setting: the partition in paper notation (always: a sweep on one
     partition still says which, e.g. ``#C=2``), other varied keys as key=value. An
@@ -83,13 +80,13 @@ def setting_label(row: pd.Series, keys: Iterable[str], exclude: Iterable[str] = 
     keys, exclude = list(keys), set(exclude)
     parts = []
     if "partition" in row:
-        alpha = "α" if "alpha" in exclude else _value(row.get("alpha"))
-        classes = "k" if "classes-per-client" in exclude else _value(row.get("classes-per-client"))
+        alpha = "α" if "alpha" in exclude else value_text(row.get("alpha"))
+        classes = "k" if "classes-per-client" in exclude else value_text(row.get("classes-per-client"))
         notation = {"dirichlet": f"Dir({alpha})", "dirichlet-client": f"client-wise Dir({alpha})",
                     "shards": f"#C={classes}", "iid": "IID"}
         parts.append(notation.get(row["partition"], str(row["partition"])))
         keys = [k for k in keys if k not in PARTITION_KEYS]
-    parts += [f"{k}={_value(row[k])}" for k in keys]
+    parts += [f"{k}={value_text(row[k])}" for k in keys]
     return ", ".join(parts) or "all"
 
 
@@ -104,7 +101,7 @@ def label_runs(completed: pd.DataFrame, exclude: Iterable[str] = ()) -> pd.DataF
     def method(row: pd.Series) -> str:
         if row["averaging"] == "none":
             return row["strategy"]
-        suffix = ", ".join(f"{k}={_value(row[k])}" for k in method_keys)
+        suffix = ", ".join(f"{k}={value_text(row[k])}" for k in method_keys)
         return f"{row['strategy']}+{row['averaging']}" + (f" ({suffix})" if suffix else "")
 
     labelled = completed.copy()
@@ -265,7 +262,7 @@ def _errorbar_lines(ax, stats: pd.DataFrame, key: str, colours: dict[str, str]) 
         used[colour] = used.get(colour, 0) + 1
         ax.errorbar(points[key], points["mean"], yerr=points["std"], color=colour, marker=marker, capsize=3, label=line)
     values = sorted(stats[key].unique())
-    ax.set_xticks(values, [_value(v) for v in values])
+    ax.set_xticks(values, [value_text(v) for v in values])
     ax.minorticks_off()
 
 
@@ -366,9 +363,15 @@ def write_report(directory: str | Path, out: str | Path | None = None) -> list[P
     figures += [plot_rounds_to_target_vs_start(results, out / "rounds-to-target-vs-start.png"),
                 plot_window_ablation(results, out / "window-ablation.png")]
     paths = [out / "accuracy-table.csv", out / "accuracy-table.md", out / "intervals.md", out / "gains.csv"]
-    from experiments.sweep_heatmaps import plot_heatmaps  # it builds on this module's tables
+    return (paths + [f for f in figures if f is not None] + plot_heatmaps(crossed_axes(results), out)
+            + plot_curves(results, curves, out))
 
-    return paths + [f for f in figures if f is not None] + plot_heatmaps(results, out) + plot_curves(results, curves, out)
+
+def crossed_axes(results: pd.DataFrame) -> pd.DataFrame | None:
+    """experiments/sweep_heatmaps.heatmap_data of the sweep's completed runs: None without two crossed axes."""
+    completed = _completed(results)
+    setting_keys = [k for k in varied_keys(completed) if k not in {"strategy", "seed", *AVERAGING_KEYS}]
+    return heatmap_data(label_runs(completed, exclude=setting_keys), paired_gains(results), setting_keys)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -23,6 +24,7 @@ from strategies.participation import Cyclic, build_participation, counter_unifor
 from strategies.results import summarize
 from strategies.system_clock import SystemClock, local_epochs_of, read_trace
 from tests.test_compositions import Rows
+from tests.test_reproduce import FAKE_TABLE, fake_results
 
 pytestmark = pytest.mark.usefixtures("server_identity")  # tests/conftest.py
 
@@ -221,3 +223,22 @@ def test_a_runs_and_a_sweeps_tables_carry_the_clocks_columns(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     columns = _summary_columns(tmp_path)
     assert (columns["time-to-target"], columns["simulated-time"]) == (7.5, 9.0)
+
+
+def test_rounds_cells_of_runs_on_the_simulated_clock_give_time_to_target_beside_rounds(tmp_path):
+    """With system-speeds, each run's summary has time-to-target: a rounds cell reports the
+    seeds' mean beside its rounds, and the report says it; without the clock nothing is added."""
+    from experiments.reproduction.report_files import basin_text
+    from experiments.reproduction.table_cells import load_table
+    from experiments.reproduction.verdicts import compare
+
+    (tmp_path / "fake-table.toml").write_text(FAKE_TABLE)
+    fake_table = load_table(str(tmp_path / "fake-table.toml"))
+    results, runs_of = fake_results(fake_table, {}, {"FedProx | Rounds": [3, 4]})
+    plain = compare(fake_table, results, runs_of).set_index(["row", "column", "variant"]).loc[("FedProx", "Rounds", "")]
+    assert pd.isna(plain["basin time-to-target"]) and basin_text(plain.to_dict()) == "4"
+    seconds = {run: s for run, s in zip(runs_of["FedProx | Rounds"], (120.0, 180.0))}
+    results["time-to-target"] = results["run"].map(seconds)
+    cell = compare(fake_table, results, runs_of).set_index(["row", "column", "variant"]).loc[("FedProx", "Rounds", "")]
+    assert cell["basin"] == 3.5 and cell["basin time-to-target"] == 150.0
+    assert basin_text(cell.to_dict()) == "4 (150 s simulated)"

@@ -392,16 +392,3 @@ def test_each_cell_carries_its_95_percent_interval_and_a_pairs_gain_its_paired_i
     markdown = report_markdown(fake_table, report.reset_index())
     assert "Verdicts: an accuracy matches within 3 points of a paper value without ±" in markdown
     assert "| [68.29, 93.71] covers the paper's |  |" in markdown
-
-
-def test_rounds_cells_of_runs_on_the_simulated_clock_give_time_to_target_beside_rounds(fake_table):
-    """With system-speeds, each run's summary has time-to-target: a rounds cell reports the
-    seeds' mean beside its rounds, and the report says it; without the clock nothing is added."""
-    results, runs_of = fake_results(fake_table, {}, {"FedProx | Rounds": [3, 4]})
-    plain = compare(fake_table, results, runs_of).set_index(["row", "column", "variant"]).loc[("FedProx", "Rounds", "")]
-    assert pd.isna(plain["basin time-to-target"]) and basin_text(plain.to_dict()) == "4"
-    seconds = {run: s for run, s in zip(runs_of["FedProx | Rounds"], (120.0, 180.0))}
-    results["time-to-target"] = results["run"].map(seconds)
-    cell = compare(fake_table, results, runs_of).set_index(["row", "column", "variant"]).loc[("FedProx", "Rounds", "")]
-    assert cell["basin"] == 3.5 and cell["basin time-to-target"] == 150.0
-    assert basin_text(cell.to_dict()) == "4 (150 s simulated)"

@@ -94,6 +94,8 @@ def resolve_config(*layers: Mapping[str, Any], build_partition: bool = True) -> 
     for layer in layers:
         config.update(layer)
     config = validate_run_config(config)
+    if config["speed-trace"]:  # read by the ServerApp, whose working directory is not the caller's
+        config["speed-trace"] = str(Path(config["speed-trace"]).expanduser().resolve())
     if local_label_directory(config) is not None:  # the partition below reads its labels: a damaged file is named first
         check_data([config])
     if not build_partition:
