@@ -186,7 +186,13 @@ def nothing_trained_reason(rows: Iterable[Mapping[str, object]], config: Mapping
     if not rows or any(row.get("round-status") == "aggregated" for row in rows):
         return None
     failures = str(rows[0].get("failures") or "no client replied")
-    if "non-finite" in failures:
+    status = str(rows[0].get("round-status", ""))
+    if "available clients" in status:  # a participation model left too few to sample
+        what, hint = "too few clients were available", (
+            f"make more clients available (a higher availability-min, fewer cyclic-groups) or lower min-replies (= "
+            f"{config['min-replies']})")
+        failures = status.removeprefix("skipped: ")
+    elif "non-finite" in failures:
         what, hint = "all client replies were non-finite", f"local training diverged: is lr = {config['lr']} too large?"
     elif TIMEOUT_REASON in failures:
         what, hint = "clients did not reply in time", f"raise round-timeout (= {config['round-timeout']} s)"
