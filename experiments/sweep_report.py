@@ -123,16 +123,19 @@ def _completed(results: pd.DataFrame) -> pd.DataFrame:
 
 def paired_gains(results: pd.DataFrame) -> pd.DataFrame:
     """One row per completed averaged run: its config, method, setting, accuracy, its base run's
-    accuracy and rounds-to-target, and ``gain`` = acc-last-k − base acc-last-k (NaN if unpaired)."""
+    accuracy and rounds-to-target (and time-to-target, on the simulated clock), and ``gain`` =
+    acc-last-k − base acc-last-k (NaN if unpaired)."""
     labelled = label_runs(_completed(results))
     pair_keys = [c for c in config_columns(results) if c not in AVERAGING_KEYS]
     # A repeated base config (a re-run) pairs once, with its first completed run.
+    # runs on the simulated clock (system-speeds) also have their simulated time to target
+    targets = ["rounds-to-target", *(["time-to-target"] if "time-to-target" in labelled else [])]
     base = (labelled[labelled["averaging"] == "none"].drop_duplicates(pair_keys)
-            [[*pair_keys, "run", "acc-last-k", "rounds-to-target"]]
+            [[*pair_keys, "run", "acc-last-k", *targets]]
             .rename(columns={"run": "base-run", "acc-last-k": "base-acc-last-k",
-                             "rounds-to-target": "base-rounds-to-target"}))
+                             **{target: f"base-{target}" for target in targets}}))
     averaged = labelled[labelled["averaging"] != "none"]
-    columns = ["run", *config_columns(results), "method", "setting", "acc-last-k", "rounds-to-target"]
+    columns = ["run", *config_columns(results), "method", "setting", "acc-last-k", *targets]
     gains = averaged[columns].merge(base, on=pair_keys, how="left")
     gains["gain"] = gains["acc-last-k"] - gains["base-acc-last-k"]
     return gains

@@ -264,3 +264,14 @@ def test_the_gains_interval_is_over_the_paired_seeds_not_the_two_means():
     assert ima["gain"] == pytest.approx(0.01) and ima["gain-seeds"] == 3
     assert ima["gain-ci95-low"] == pytest.approx(0.01) and ima["gain-ci95-high"] == pytest.approx(0.01)
     assert ima["acc-last-k-ci95-high"] - ima["acc-last-k-ci95-low"] > 0.4  # 0.71 ± 0.248
+
+
+def test_paired_gains_carry_the_simulated_time_to_target_of_both_runs():
+    """A sweep on the simulated clock: gains.csv has each run's time to target beside its base run's."""
+    results = grid()
+    results["time-to-target"] = range(len(results))
+    gains = paired_gains(results)
+    for _, row in gains.iterrows():
+        base = results[results["run"] == row["base-run"]].iloc[0]
+        mine = results[results["run"] == row["run"]].iloc[0]
+        assert (row["time-to-target"], row["base-time-to-target"]) == (mine["time-to-target"], base["time-to-target"])
