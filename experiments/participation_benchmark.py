@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from clients.flower_internals import task_identity
 from experiments.measurement.in_process_grid import InProcessGrid
 from experiments.runtime.run_config import resolve_config
 from partitions import load_dataset
@@ -62,11 +63,8 @@ class _Rows(list):
 
 def round_seconds(keys: dict, rounds: int) -> list[float]:
     """The train-seconds of each round of a run (send, client work, aggregate)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     config = resolve_config({}, {**SMALL, "num-rounds": rounds, **keys})
-    with tempfile.TemporaryDirectory() as directory:
+    with tempfile.TemporaryDirectory() as directory, task_identity(1, 0, 1):
         rows = _Rows(Path(directory))
         train_rounds(InProcessGrid(config, config["num-clients"]), config, rows, None,
                      load_dataset("digits", "", True), torch.device("cpu"))

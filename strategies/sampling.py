@@ -5,7 +5,10 @@ Node ids are random per start of a federation, so a seed alone cannot make Flowe
 once (in simulation from the engine in the ServerApp's own process, in a deployment by a
 ``query`` message to every node: strategies/discovery.py), samples *partition ids* with a generator seeded by
 (seed, round), and sorts replies by partition id before aggregating, so floating-point
-sums happen in the same order in every run and in every engine.
+sums happen in the same order in every run and in every engine. A participation model
+(strategies/participation.py) narrows each round's draw to the partitions available in it;
+the simulated clock (strategies/system_clock.py) adds each sampled client's speed and
+bandwidth to its message, and its late replies are dropped, not failed.
 """
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ def test_the_bytes_of_a_message_are_its_arrays():
 
 
 def test_the_cohorts_accuracy_on_held_out_splits_is_mean_worst_decile_and_spread():
-    from strategies.sampling import client_accuracy
+    from strategies.round_metrics import client_accuracy
 
     stats = client_accuracy([0.9, 0.5, 0.7, 0.8, 0.6, 0.95, 0.85, 0.75, 0.65, 0.55, 0.4])  # 11 clients
     assert stats["client-accuracy-mean"] == pytest.approx(sum([0.9, 0.5, 0.7, 0.8, 0.6, 0.95, 0.85, 0.75, 0.65, 0.55, 0.4]) / 11)
