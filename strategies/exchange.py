@@ -92,10 +92,11 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float, ma
     while pending:
         expect_replies()
         pull_started = time.monotonic()
-        pulled = pull_replies(grid, pending, deadline)
+        pulled, left_out = pull_replies(grid, pending, deadline)
         TRAFFIC.received += sum(array_bytes(reply) for reply in pulled)
         replies.extend(pulled)
-        pending.difference_update(reply.metadata.reply_to_message_id for reply in pulled)
+        # a reply left out (its arrays not in by the deadline) is not asked for again: no reply in time
+        pending.difference_update({reply.metadata.reply_to_message_id for reply in pulled} | left_out)
         # The last pull starts at the deadline or after it: a reply that arrived while an
         # earlier pull waited for another reply's arrays is still taken.
         if not pending or pull_started >= deadline:

@@ -74,6 +74,7 @@ class DeploymentGrid:
                                                 tree=get_object_tree(reply), objects=objects))
         self.frozen_object = list(self.replies[0].objects)[0]  # an array's: the message object comes last
         self.expired, self.healthy_after, self.handed_out = expired, healthy_after, set()
+        self.error_objects: dict[str, bytes] = {}
         self.grid = HttpGrid.__new__(HttpGrid)
         self.grid._run, self.grid.node, self.grid._client = SimpleNamespace(run_id=1), Node(node_id=1), self
 
@@ -83,19 +84,31 @@ class DeploymentGrid:
     def PullMessages(self, request):  # noqa: N802 (Flower's runtime client's names)
         from flwr.proto.runtime_pb2 import PullAppMessagesResponse
 
+        from flwr.common.serde import message_to_proto
+        from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_ins_message
+        from flwr.supercore.inflatable.inflatable_object import get_object_tree
+
         arrived = [0] + ([1] if time.monotonic() - self.pushed_at >= self.healthy_after else [])
         ready = [self.replies[node] for node in arrived if node not in self.handed_out
                  and self.replies[node].request.metadata.message_id in request.message_ids]
-        self.handed_out.update(arrived)  # the SuperLink hands a reply out once
-        return PullAppMessagesResponse(messages_list=[reply.proto for reply in ready],
-                                       message_object_trees=[reply.tree for reply in ready])
+        messages, trees = [reply.proto for reply in ready], [reply.tree for reply in ready]
+        # The SuperLink hands a reply out once: asked again, it answers as Flower's does.
+        for node in self.handed_out:
+            if (asked := self.replies[node].request.metadata.message_id) in request.message_ids:
+                error = create_message_error_unavailable_ins_message(asked, run_id=1)
+                self.error_objects[error.object_id] = error.deflate()
+                messages.append(message_to_proto(error))
+                trees.append(get_object_tree(error))
+        self.handed_out.update(arrived)
+        return PullAppMessagesResponse(messages_list=messages, message_object_trees=trees)
 
     def PullObject(self, request):  # noqa: N802
         from flwr.proto.message_pb2 import PullObjectResponse
 
         if request.object_id == self.frozen_object:
             return PullObjectResponse(object_found=not self.expired, object_available=False)
-        content = next(reply.objects[request.object_id] for reply in self.replies if request.object_id in reply.objects)
+        content = self.error_objects.get(request.object_id) or next(
+            reply.objects[request.object_id] for reply in self.replies if request.object_id in reply.objects)
         return PullObjectResponse(object_found=True, object_available=True, object_content=content)
 
     def ConfirmMessageReceived(self, request):  # noqa: N802
@@ -157,7 +170,7 @@ def test_on_another_flower_a_deployments_replies_are_pulled_by_flowers_own_code(
     monkeypatch.setattr(flower_internals.releases, "installed_flower", lambda: "9.9.9")
     flower_internals.bounded_reply_pulls_available.cache_clear()
     try:
-        assert flower_internals.pull_replies(grid.grid, ["m0"], time.monotonic()) == ["Flower's pull"]
+        assert flower_internals.pull_replies(grid.grid, ["m0"], time.monotonic()) == (["Flower's pull"], set())
     finally:
         flower_internals.bounded_reply_pulls_available.cache_clear()
     assert "replies are pulled by Flower's own code" in capsys.readouterr().err

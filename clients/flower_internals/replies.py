@@ -29,9 +29,10 @@ def bounded_reply_pulls_available() -> bool:
 REPLY_PULL_BACKOFF_S, REPLY_PULL_BACKOFF_CAP_S = 0.01, 0.2
 
 
-def pull_replies(grid: Any, message_ids: Iterable[str], deadline: float) -> list:
+def pull_replies(grid: Any, message_ids: Iterable[str], deadline: float) -> tuple[list, set[str]]:
     """``grid.pull_messages(message_ids)``, where a deployment's grid waits for each reply's
-    arrays until ``deadline`` (a ``time.monotonic()`` time) at most.
+    arrays until ``deadline`` (a ``time.monotonic()`` time) at most; with the ids of the
+    messages whose replies were left out for it.
 
     Over HTTP (``HttpGrid``), flwr 1.41.0 and 1.42.0's ``pull_messages`` hands a reply out
     once the SuperNode has sent its metadata, then waits for its arrays until they are all
@@ -39,11 +40,12 @@ def pull_replies(grid: Any, message_ids: Iterable[str], deadline: float) -> list
     off mid-upload held its round ~3 minutes past round-timeout, and the replies that arrived
     meanwhile stayed unpulled. This is that method with each reply's object pulls bounded by
     ``deadline``: a reply whose arrays are not all there by then is left out (its node did not
-    reply in time; the SuperLink hands a reply out once). Any other grid, or a release
-    whose method differs, runs ``grid.pull_messages``."""
+    reply in time; the SuperLink hands a reply out once, and asked for it again it answers
+    "Message Unavailable", so the caller must not ask). Any other grid, or a release whose
+    method differs, runs ``grid.pull_messages``."""
     module = sys.modules.get(HTTP_GRID_MODULE)
     if module is None or not isinstance(grid, module.HttpGrid) or not bounded_reply_pulls_available():
-        return list(grid.pull_messages(message_ids))
+        return list(grid.pull_messages(message_ids)), set()
     import httpx
     from flwr.app import Metadata
     from flwr.app.error import Error
@@ -63,9 +65,9 @@ def pull_replies(grid: Any, message_ids: Iterable[str], deadline: float) -> list
     except httpx.HTTPStatusError as error:
         if error.response.status_code == httpx.codes.REQUEST_ENTITY_TOO_LARGE:
             log.error(module.ERROR_MESSAGE_PULL_MESSAGES_PAYLOAD_TOO_LARGE)
-            return []
+            return [], set()
         raise
-    replies = []
+    replies, left_out = [], set()
     for reply, tree in zip(response.messages_list, response.message_object_trees, strict=True):
         message_id = reply.metadata.message_id
         try:
@@ -77,6 +79,7 @@ def pull_replies(grid: Any, message_ids: Iterable[str], deadline: float) -> list
             )
         except ObjectPullError as error:
             if time.monotonic() >= deadline:
+                left_out.add(reply.metadata.reply_to_message_id)
                 continue
             # Flower's reply for arrays the SuperLink no longer holds.
             replies.append(make_message(
@@ -94,4 +97,4 @@ def pull_replies(grid: Any, message_ids: Iterable[str], deadline: float) -> list
         message = inflate_object_from_contents(message_id, contents)
         message.metadata.__dict__["_message_id"] = message_id
         replies.append(message)
-    return replies
+    return replies, left_out
