@@ -50,7 +50,7 @@ def _rounds(out_dir: Path) -> pd.DataFrame:
     return rows[[c for c in rows.columns if not c.endswith("-seconds")]]
 
 
-ROUND_TIMEOUT = 12.0  # seconds (see _over_tls)
+ROUND_TIMEOUT = 20.0  # seconds (see _over_tls)
 
 
 @dataclass
@@ -85,7 +85,10 @@ def _over_tls(folder: Path, once_broken: Callable[[], None]) -> OverTls:
     # once round 1's row is written, while round 2's ClientApps are starting, so round 2
     # already waits round-timeout for them: 12 s, over twice round 1's 5.1 s, when the three
     # nodes trained at once (in round 2 the healthy one trains alone). The test took 46 s
-    # with 20 s, 37-38 s with 12 s (2 cores, 2026-12-05): ROUND_TIMEOUT.
+    # with 20 s, 37-38 s with 12 s (2 cores, 2026-12-05). But round 3's two nodes train while
+    # the deployments on the nodes' own data start beside it (the fixture overlaps them),
+    # and on 2 cores their replies came 12-13 s after the round's messages in 3 of 4 runs
+    # (2026-12-07): 20 s (ROUND_TIMEOUT).
     # SCAFFOLD, whose nodes keep c_i: the killed node, restarted, goes on with its state.
     config = resolve_config({**SHORT, "num-clients": 3, "participation": 1.0, "min-replies": 1, "num-rounds": 3,
                              "round-timeout": ROUND_TIMEOUT, "strategy": "scaffold", "momentum": 0.0,

@@ -82,9 +82,8 @@ class DeploymentGrid:
         self.pushed_at = time.monotonic()
 
     def PullMessages(self, request):  # noqa: N802 (Flower's runtime client's names)
-        from flwr.proto.runtime_pb2 import PullAppMessagesResponse
-
         from flwr.common.serde import message_to_proto
+        from flwr.proto.runtime_pb2 import PullAppMessagesResponse
         from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_ins_message
         from flwr.supercore.inflatable.inflatable_object import get_object_tree
 
